@@ -1,0 +1,96 @@
+"""exactedit command line: parses flags, builds configs, calls one library function, reports.
+
+This module only wires. Library code never imports click and never prints; domain errors
+(`ExacteditError` subclasses) become click errors in `main` below, in one place.
+"""
+from __future__ import annotations
+
+import sys
+
+import click
+
+
+class _Group(click.Group):
+    """Turns the library's domain errors into clean click errors (exit code 2, one line)."""
+
+    def invoke(self, ctx):
+        from quant.errors import ExacteditError
+
+        try:
+            return super().invoke(ctx)
+        except ExacteditError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
+@click.group(cls=_Group)
+@click.version_option(package_name="exactedit")
+def main() -> None:
+    """Exact offline edits of a GGUF model's output head and last layer."""
+
+
+@main.group()
+def bench() -> None:
+    """Benchmarks, reported as ratios against a baseline measured in the same run."""
+
+
+@main.group()
+def dump() -> None:
+    """Activation dumps."""
+
+
+@main.group()
+def fixture() -> None:
+    """The bundled tiny hc4 model and its dumps."""
+
+
+@main.group()
+def solve() -> None:
+    """Solvers: `solve head`, `solve wfld`."""
+
+
+@main.group(name="eval")
+def eval_() -> None:
+    """Pre-registered protocol, splits, bars, blind sign-off."""
+
+
+@main.group()
+def verify() -> None:
+    """Live verification on a compiled engine."""
+
+
+@main.group()
+def engine() -> None:
+    """Compiled engines (llama.cpp) behind the production engine's CLI contract."""
+
+
+# ---- section: quant (inspect, bench quant) ---------------------------------------------------
+
+# ---- end section: quant ----------------------------------------------------------------------
+
+# ---- section: dumps + forwards (dump inspect, logits, kld, bench head) ------------------------
+
+# ---- end section: dumps + forwards -----------------------------------------------------------
+
+# ---- section: fixture + demo -----------------------------------------------------------------
+
+# ---- end section: fixture + demo -------------------------------------------------------------
+
+# ---- section: native (engine run, verify live, mine) -----------------------------------------
+
+# ---- end section: native ---------------------------------------------------------------------
+
+# ---- section: evals --------------------------------------------------------------------------
+
+# ---- end section: evals ----------------------------------------------------------------------
+
+# ---- section: solve head + apply -------------------------------------------------------------
+
+# ---- end section: solve head -----------------------------------------------------------------
+
+# ---- section: solve wfld ---------------------------------------------------------------------
+
+# ---- end section: solve wfld -----------------------------------------------------------------
+
+
+if __name__ == "__main__":
+    sys.exit(main())
