@@ -1,0 +1,234 @@
+"""Read a dump: validated, memory-mapped read-only. Every error is a DumpFormatError naming the
+dump directory, the field and what was expected."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from dumps.errors import DumpFormatError
+from dumps.format import (
+    MANIFEST, MANIFEST_MAX_BYTES, ROLE_NAMES, DocInfo, DumpExpect, Manifest, check_shapes, field_spec,
+    parse_manifest,
+)
+
+Progress = Callable[[int, int], None]
+CHUNK_BYTES = 32 << 20
+_NPY_ERRORS = (ValueError, TypeError, SyntaxError, EOFError, OSError, KeyError, UnicodeError, RecursionError)
+
+
+@dataclass(frozen=True)
+class NpyHeader:
+    """Where an .npy file's data starts and what it holds."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    offset: int
+
+
+def read_npy_header(file: Path, dump_path, field: str, expected_dtype: str) -> NpyHeader:
+    """Parse an .npy header without trusting it: version 1.0/2.0, C order, the exact little-endian
+    dtype, and a file size equal to header + data (no truncation, no trailing bytes)."""
+    try:
+        if not file.is_file():
+            raise DumpFormatError(dump_path, field, f"file {file.name} is missing")
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            else:
+                raise DumpFormatError(dump_path, field, f"{file.name}: npy version {version}; expected 1.0 or 2.0")
+            offset = f.tell()
+    except _NPY_ERRORS as exc:
+        raise DumpFormatError(dump_path, field, f"{file.name}: not a valid .npy file ({exc})") from None
+    want = np.dtype(expected_dtype).newbyteorder("<")
+    if dtype.hasobject:
+        raise DumpFormatError(dump_path, field, f"{file.name}: holds Python objects (pickles are refused); "
+                              f"expected {want.str}")
+    if dtype.str != want.str or dtype.names is not None:
+        hint = " (big-endian)" if dtype.byteorder == ">" else ""
+        raise DumpFormatError(dump_path, field, f"{file.name}: dtype {dtype.str}{hint}; expected {want.str} "
+                              f"({want.name}, little-endian)")
+    if fortran:
+        raise DumpFormatError(dump_path, field, f"{file.name}: Fortran order; expected C order")
+    data = math.prod(shape) * dtype.itemsize
+    if size != offset + data:
+        what = "truncated" if size < offset + data else "has trailing bytes"
+        raise DumpFormatError(dump_path, field, f"{file.name}: {what}: {size} bytes; expected {offset + data} "
+                              f"for shape {list(shape)} {want.name}")
+    return NpyHeader(tuple(shape), dtype, offset)
+
+
+def check_values(path, arrays: Mapping[str, np.ndarray], vocab: int | None = None,
+                 progress: Progress | None = None) -> None:
+    """Finite float values; `tokens` in [0, vocab) and `next` in [0, vocab) or -1 (vocab None:
+    only the lower bounds). Scans in row chunks, so memory stays bounded on memmaps."""
+    total = sum(int(a.nbytes) for a in arrays.values())
+    done = 0
+    for name, arr in arrays.items():
+        row_bytes = max(1, int(arr[:1].nbytes))
+        step = max(1, CHUNK_BYTES // row_bytes)
+        for start in range(0, arr.shape[0], step):
+            chunk = np.asarray(arr[start:start + step])
+            _check_chunk(path, name, chunk, start, vocab)
+            done += int(chunk.nbytes)
+            if progress is not None:
+                progress(done, total)
+
+
+def _check_chunk(path, name: str, chunk: np.ndarray, start: int, vocab: int | None) -> None:
+    if chunk.dtype.kind == "f":
+        bad = ~np.isfinite(chunk.reshape(chunk.shape[0], -1)).all(axis=1)
+        if bad.any():
+            row = start + int(np.argmax(bad))
+            raise DumpFormatError(path, name, f"row {row}: non-finite value (NaN or inf); expected finite float32")
+    elif name in ("tokens", "next"):
+        low = -1 if name == "next" else 0
+        bad = chunk < low
+        if vocab is not None:
+            bad |= chunk >= vocab
+        if bad.any():
+            row = start + int(np.argmax(bad))
+            bound = f"[0, {vocab})" if vocab is not None else ">= 0"
+            extra = " or -1 (unknown)" if name == "next" else ""
+            raise DumpFormatError(path, name, f"row {row}: token id {int(chunk[row - start])}; expected {bound}{extra}")
+
+
+def file_sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def canonical_json(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+
+
+@dataclass(frozen=True, eq=False)
+class Dump:
+    """A validated dump. `fields` maps each field name to a read-only memmap."""
+
+    path: Path
+    manifest: Manifest
+    fields: Mapping[str, np.ndarray]
+    dims: Mapping[str, int]
+
+    arch = property(lambda self: self.manifest.arch)
+    layer = property(lambda self: self.manifest.layer)
+    rows = property(lambda self: self.manifest.rows)
+    docs = property(lambda self: self.manifest.docs)
+    model_sha256 = property(lambda self: self.manifest.model_sha256)
+    meta = property(lambda self: self.manifest.meta)
+
+    def field(self, name: str) -> np.ndarray:
+        if name not in self.fields:
+            raise DumpFormatError(self.path, name, f"not in this {self.arch} dump (has {', '.join(self.fields)})")
+        return self.fields[name]
+
+    tokens = property(lambda self: self.field("tokens"))
+    next = property(lambda self: self.field("next"))
+    R = property(lambda self: self.field("R"))
+    hh = property(lambda self: self.field("hh"))
+    inj = property(lambda self: self.field("inj"))
+    sgv = property(lambda self: self.field("sgv"))
+    yr = property(lambda self: self.field("yr"))
+
+    @property
+    def roles(self) -> np.ndarray | None:
+        """The uint8 role bitmask per row, or None when the dump has no `roles` field."""
+        return self.fields.get("roles")
+
+    def doc(self, name: str) -> slice:
+        for doc in self.docs:
+            if doc.name == name:
+                return slice(doc.first_row, doc.stop)
+        raise DumpFormatError(self.path, "docs", f"no document named {name!r} "
+                              f"(have {', '.join(d.name for d in self.docs)})")
+
+    def doc_index(self) -> np.ndarray:
+        """int32 [T]: the index into `.docs` of each row's document."""
+        index = np.empty(self.rows, dtype=np.int32)
+        for i, doc in enumerate(self.docs):
+            index[doc.first_row:doc.stop] = i
+        return index
+
+    def rows_where(self, role_bits: int, exclude: int = 0) -> np.ndarray:
+        """int64 row ids whose roles share a bit with `role_bits` and none with `exclude`."""
+        roles = self.roles
+        if roles is None:
+            raise DumpFormatError(self.path, "roles", "this dump has no roles field (see docs/dump-format.md)")
+        roles = np.asarray(roles)
+        return np.flatnonzero(((roles & role_bits) != 0) & ((roles & exclude) == 0))
+
+    def role_counts(self) -> dict[str, int]:
+        """Rows carrying each role bit, by name (empty when the dump has no roles)."""
+        if self.roles is None:
+            return {}
+        roles = np.asarray(self.roles)
+        return {name: int(np.count_nonzero(roles & bit)) for name, bit in ROLE_NAMES.items()}
+
+    def sha256(self) -> str:
+        """A stable identity: sha256 of the canonical manifest, which holds every field file's hash."""
+        return hashlib.sha256(canonical_json(self.manifest.to_json())).hexdigest()
+
+
+def load_manifest(path) -> Manifest:
+    """Read and type-check `path/manifest.json` (shapes and values are not checked here)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise DumpFormatError(path, "path", "not a directory; expected a dump directory with manifest.json")
+    file = path / MANIFEST
+    try:
+        if not file.is_file():
+            raise DumpFormatError(path, MANIFEST, "missing")
+        if file.stat().st_size > MANIFEST_MAX_BYTES:
+            raise DumpFormatError(path, MANIFEST, f"larger than {MANIFEST_MAX_BYTES} bytes")
+        obj = json.loads(file.read_bytes().decode("utf-8"), parse_constant=_refuse_constant)
+    except (ValueError, RecursionError, OSError) as exc:
+        raise DumpFormatError(path, MANIFEST, f"not valid UTF-8 JSON ({exc})") from None
+    return parse_manifest(obj, path)
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def read_dump(path, expect: DumpExpect | None = None, *, verify_hashes: bool = False,
+              check_finite: bool = True, progress: Progress | None = None) -> Dump:
+    """Open and validate a dump directory. `expect` checks it against a model (n, h, vocab, ...);
+    `verify_hashes` re-hashes every field file against the manifest; `check_finite=False` skips the
+    value scan (finite floats, token ranges), which reads every byte once."""
+    path = Path(path)
+    manifest = load_manifest(path)
+    if expect is not None:
+        expect.check(path, manifest.arch, manifest.layer)
+    headers = {}
+    for name, file in manifest.fields.items():
+        spec = field_spec(path, manifest.arch, name)
+        headers[name] = read_npy_header(path / file, path, name, spec.dtype)
+    dims = check_shapes(path, manifest.arch, manifest.rows, {k: h.shape for k, h in headers.items()}, expect)
+    if verify_hashes:
+        for name, file in manifest.fields.items():
+            if file_sha256(path / file) != manifest.sha256[name]:
+                raise DumpFormatError(path, name, f"{file}: sha256 differs from the manifest's {manifest.sha256[name]}")
+    arrays = {}
+    for name, file in manifest.fields.items():
+        h = headers[name]
+        try:
+            arrays[name] = np.memmap(path / file, dtype=h.dtype, mode="r", offset=h.offset, shape=h.shape)
+        except (ValueError, OSError) as exc:
+            raise DumpFormatError(path, name, f"{file}: cannot be memory-mapped ({exc})") from None
+    if check_finite:
+        check_values(path, arrays, expect.vocab if expect is not None else None, progress)
+    return Dump(path=path, manifest=manifest, fields=MappingProxyType(arrays), dims=MappingProxyType(dims))
