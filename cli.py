@@ -69,6 +69,36 @@ def engine() -> None:
 
 # ---- section: dumps + forwards (dump inspect, logits, kld, bench head) ------------------------
 
+def _dump_scan_bar(stack, label: str):
+    """A progress(done, total) callback drawing a click progress bar on stderr, opened lazily."""
+    bar = None
+
+    def update(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = stack.enter_context(click.progressbar(length=total, label=label, file=sys.stderr))
+        bar.update(done - bar.pos)
+
+    return update
+
+
+@dump.command("inspect")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--verify-hashes", is_flag=True, help="Re-hash every field file against the manifest.")
+def dump_inspect(directory: str, as_json: bool, verify_hashes: bool) -> None:
+    """Validate the dump DIRECTORY; show arch, rows, fields, documents and role counts."""
+    import contextlib
+    import json
+
+    from dumps.summary import format_table, inspect_dump
+
+    with contextlib.ExitStack() as stack:
+        summary = inspect_dump(directory, verify_hashes=verify_hashes,
+                               progress=_dump_scan_bar(stack, "validating"))
+    click.echo(json.dumps(summary.to_json(), indent=1) if as_json else format_table(summary))
+
+
 # ---- end section: dumps + forwards -----------------------------------------------------------
 
 # ---- section: fixture + demo -----------------------------------------------------------------
