@@ -1,0 +1,335 @@
+"""The pre-registered evaluation protocol: a TOML file read into a frozen `Protocol`.
+
+The file fixes, before any solve, which traces play which role, how pooled documents are split
+(by source and character, never by row; seeded), the stopping rule, the bars and their thresholds
+(SPEC.md section 7) and the edit-set rule. Its sha256 is what the ledger registers. The format is
+documented in docs/evals.md; every error names the file, the field and what was expected.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from quant.errors import ExacteditError
+
+TRACE_ROLES = ("pool", "train", "dev", "test", "blind", "anchors", "collateral")
+SPLIT_KEYS = ("source", "character")
+EDIT_SET_RULES = ("explicit", "top-train-style")
+
+Token = str | int
+
+
+class ProtocolError(ExacteditError):
+    """A protocol file is malformed or asks for something impossible."""
+
+    def __init__(self, path, field: str, message: str):
+        self.path, self.field = str(path), field
+        super().__init__(f"{self.path}: {field}: {message}")
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One dump directory and the role of its documents."""
+
+    name: str
+    path: Path
+    role: str
+    domain: str = ""
+
+
+@dataclass(frozen=True)
+class SplitRule:
+    """How pooled documents become train / dev / test: whole (source, character) groups, seeded."""
+
+    by: tuple[str, ...] = SPLIT_KEYS
+    seed: int = 0
+    train: float = 0.6
+    dev: float = 0.2
+    test: float = 0.2
+    same_doc_heldout: float = 0.33
+
+    def __post_init__(self):
+        if not self.by or any(k not in SPLIT_KEYS for k in self.by) or len(set(self.by)) != len(self.by):
+            raise ValueError(f"split.by must be distinct keys from {SPLIT_KEYS}, got {list(self.by)}")
+        shares = (self.train, self.dev, self.test)
+        if any(not (0.0 <= s <= 1.0) for s in shares) or not math.isclose(sum(shares), 1.0, abs_tol=1e-9):
+            raise ValueError(f"split.train + dev + test must be shares summing to 1, got {shares}")
+        if not 0.0 <= self.same_doc_heldout < 1.0:
+            raise ValueError(f"split.same_doc_heldout must be in [0, 1), got {self.same_doc_heldout}")
+
+
+@dataclass(frozen=True)
+class StoppingRule:
+    """Every `every` steps up to `max_steps`: keep the last step with dev/train >= min_ratio and
+    dev gain > min_dev_gain on the `metric` token class; if none qualifies, ship no edit."""
+
+    every: int = 5
+    max_steps: int = 300
+    metric: str = "style"
+    min_ratio: float = 0.75
+    min_dev_gain: float = 0.0
+
+    def __post_init__(self):
+        if self.every < 1 or self.max_steps < self.every:
+            raise ValueError(f"stopping needs 1 <= every <= max_steps, got {self.every}, {self.max_steps}")
+        if self.metric not in ("style", "ordinary", "all"):
+            raise ValueError(f"stopping.metric must be style, ordinary or all, got {self.metric!r}")
+
+    def choose(self, steps: Sequence[int], train_gain: Sequence[float], dev_gain: Sequence[float]) -> int | None:
+        """The step the rule keeps from a trajectory, or None (ship no edit)."""
+        chosen = None
+        for step, tr, dv in zip(steps, train_gain, dev_gain, strict=True):
+            if step % self.every or step > self.max_steps:
+                continue
+            if tr > 0 and dv > self.min_dev_gain and dv / tr >= self.min_ratio:
+                chosen = step
+        return chosen
+
+
+@dataclass(frozen=True)
+class Bars:
+    """Thresholds of SPEC.md section 7 (letters as there) and of the blind sign-off."""
+
+    slop_min_reduction: float = 0.5          # (a)-(c): 1 - mean p'(rejected) / mean p(rejected)
+    new_argmax_max_special: int = 0          # (c): slop positions whose new argmax became a special
+    collateral_min_mean: float = -0.05       # (d): each word's mean dlogp
+    collateral_low: float = -0.10            # (d): an occurrence counts as low below this
+    collateral_max_low_share: float = 0.10   # (d): each word's share of low occurrences
+    engine_max_kld: float = 0.01             # (e): mean KLD vs base per eval domain
+    max_special_flips: int = 0               # (f): argmax flips to specials, non-terminal rows
+    turn_end_min_dlogp: float = -0.05        # (f): mean dlogp of the turn end at real turn ends
+    chat_max_kld: float = 0.005              # (g): non-slop KLD on held-out chat
+    ordinary_min_dlogp: float = -0.01        # (g): ordinary-token mean dlogp on held-out chat
+    persona_min_ratio: float = 0.70          # persona: held-out / train gain on style tokens
+    persona_max_kl: float = 0.005            # persona: blind and held-out KL
+    blind_factor: float = 1.5                # blind lands within this factor of the dev numbers
+    bootstrap: int = 1000                    # resamples over documents
+    ci_level: float = 0.95
+    bootstrap_seed: int = 0
+
+    def __post_init__(self):
+        if not 0.0 < self.ci_level < 1.0:
+            raise ValueError(f"bars.ci_level must be in (0, 1), got {self.ci_level}")
+        if self.bootstrap < 0 or self.blind_factor < 1.0:
+            raise ValueError("bars.bootstrap must be >= 0 and bars.blind_factor >= 1")
+        if self.new_argmax_max_special < 0 or self.max_special_flips < 0:
+            raise ValueError("bars' flip counts must be >= 0")
+
+
+@dataclass(frozen=True)
+class EditSetRule:
+    """Which output rows an edit may touch: an explicit list, or the train split's most frequent
+    style tokens (never dev or test)."""
+
+    rule: str = "top-train-style"
+    count: int = 16
+    tokens: tuple[Token, ...] = ()
+
+    def __post_init__(self):
+        if self.rule not in EDIT_SET_RULES:
+            raise ValueError(f"edit_set.rule must be one of {EDIT_SET_RULES}, got {self.rule!r}")
+        if self.rule == "explicit" and not self.tokens:
+            raise ValueError("edit_set.rule = 'explicit' needs edit_set.tokens")
+        if self.count < 1:
+            raise ValueError(f"edit_set.count must be >= 1, got {self.count}")
+
+
+@dataclass(frozen=True)
+class TokenSets:
+    """Token strings (as the model's table decodes them) or ids the bars and rules refer to."""
+
+    specials: tuple[Token, ...] = ("<|im_end|>", "<|im_start|>", "<think>", "</think>", "<|endoftext|>")
+    turn_end: Token = "<|im_end|>"
+    style: tuple[Token, ...] = ()
+    phrases: tuple[tuple[Token, ...], ...] = ()
+    collateral_words: tuple[Token, ...] = ()
+
+    def __post_init__(self):
+        if any(len(p) < 2 for p in self.phrases):
+            raise ValueError("every slop phrase needs a prefix and a final token (>= 2 tokens)")
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A parsed protocol file. `sha256` is over the file's bytes: what the ledger registers."""
+
+    path: Path
+    sha256: str
+    name: str
+    traces: tuple[Trace, ...]
+    split: SplitRule = field(default_factory=SplitRule)
+    stopping: StoppingRule = field(default_factory=StoppingRule)
+    bars: Bars = field(default_factory=Bars)
+    edit_set: EditSetRule = field(default_factory=EditSetRule)
+    tokens: TokenSets = field(default_factory=TokenSets)
+    description: str = ""
+
+    def __post_init__(self):
+        names = [t.name for t in self.traces]
+        if len(set(names)) != len(names):
+            raise ValueError(f"trace names must be unique, got {names}")
+
+    def trace(self, name: str) -> Trace:
+        for t in self.traces:
+            if t.name == name:
+                return t
+        raise ProtocolError(self.path, "traces", f"no trace named {name!r} (have {[t.name for t in self.traces]})")
+
+    def word_list(self) -> tuple[Token, ...]:
+        """The collateral words: as listed, else each phrase's final token."""
+        if self.tokens.collateral_words:
+            return self.tokens.collateral_words
+        return tuple(dict.fromkeys(p[-1] for p in self.tokens.phrases))
+
+
+_TOP_KEYS = {"name", "description", "traces", "split", "stopping", "bars", "edit_set", "tokens"}
+
+
+def load_protocol(path) -> Protocol:
+    """Read and validate a protocol file; raise ProtocolError naming the bad field."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ProtocolError(path, "file", f"cannot read: {exc.strerror}") from exc
+    try:
+        doc = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ProtocolError(path, "toml", f"not valid UTF-8 TOML: {exc}") from exc
+    _no_unknown(path, "", doc, _TOP_KEYS)
+    name = _get(path, doc, "name", str)
+    if not name.strip():
+        raise ProtocolError(path, "name", "expected a non-empty string")
+    traces = tuple(_trace(path, i, t) for i, t in enumerate(_get(path, doc, "traces", list)))
+    if not traces:
+        raise ProtocolError(path, "traces", "expected at least one [[traces]] table")
+    sections = {
+        "split": (SplitRule, {"by": tuple}),
+        "stopping": (StoppingRule, {}),
+        "bars": (Bars, {}),
+        "edit_set": (EditSetRule, {"tokens": tuple}),
+        "tokens": (TokenSets, {"specials": tuple, "style": tuple, "collateral_words": tuple,
+                               "phrases": lambda ps: tuple(tuple(p) for p in ps)}),
+    }
+    built = {key: _section(path, key, doc.get(key, {}), cls, conv) for key, (cls, conv) in sections.items()}
+    try:
+        return Protocol(path=path, sha256=hashlib.sha256(raw).hexdigest(), name=name, traces=traces,
+                        description=str(doc.get("description", "")), **built)
+    except ValueError as exc:
+        raise ProtocolError(path, "traces", str(exc)) from exc
+
+
+def _trace(path: Path, i: int, t) -> Trace:
+    where = f"traces[{i}]"
+    if not isinstance(t, dict):
+        raise ProtocolError(path, where, "expected a table")
+    _no_unknown(path, where, t, {"name", "path", "role", "domain"})
+    role = _get(path, t, "role", str, where)
+    if role not in TRACE_ROLES:
+        raise ProtocolError(path, f"{where}.role", f"expected one of {TRACE_ROLES}, got {role!r}")
+    rel = Path(_get(path, t, "path", str, where))
+    return Trace(name=_get(path, t, "name", str, where), path=rel if rel.is_absolute() else path.parent / rel,
+                 role=role, domain=str(t.get("domain", "")))
+
+
+def _section(path: Path, key: str, table, cls, conv: Mapping):
+    if not isinstance(table, dict):
+        raise ProtocolError(path, key, "expected a table")
+    known = set(cls.__dataclass_fields__)
+    _no_unknown(path, key, table, known)
+    kwargs = {}
+    for name, value in table.items():
+        default = cls.__dataclass_fields__[name].default
+        if name in conv:
+            if not isinstance(value, list):
+                raise ProtocolError(path, f"{key}.{name}", f"expected an array, got {type(value).__name__}")
+            _check_tokens(path, f"{key}.{name}", value)
+            value = conv[name](value)
+        elif isinstance(default, bool) or not _same_kind(default, value):
+            raise ProtocolError(path, f"{key}.{name}",
+                                f"expected {type(default).__name__}, got {type(value).__name__} {value!r}")
+        kwargs[name] = float(value) if isinstance(default, float) else value
+    try:
+        return cls(**kwargs)
+    except ValueError as exc:
+        raise ProtocolError(path, key, str(exc)) from exc
+
+
+def _same_kind(default, value) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    if isinstance(default, (int, str)):
+        return isinstance(value, type(default)) or (isinstance(default, str) and isinstance(value, int))
+    return True
+
+
+def _check_tokens(path: Path, where: str, values: list) -> None:
+    for i, v in enumerate(values):
+        items = v if isinstance(v, list) else [v]
+        for x in items:
+            if isinstance(x, bool) or not isinstance(x, (str, int)) or (isinstance(x, int) and x < 0):
+                raise ProtocolError(path, f"{where}[{i}]", f"expected token strings or ids >= 0, got {x!r}")
+
+
+def _get(path: Path, table: dict, key: str, kind: type, where: str = ""):
+    name = f"{where}.{key}" if where else key
+    if key not in table:
+        raise ProtocolError(path, name, "missing")
+    if not isinstance(table[key], kind):
+        raise ProtocolError(path, name, f"expected {kind.__name__}, got {type(table[key]).__name__}")
+    return table[key]
+
+
+def _no_unknown(path: Path, where: str, table: dict, known: set) -> None:
+    extra = sorted(set(table) - known)
+    if extra:
+        raise ProtocolError(path, where or "file", f"unknown keys {extra} (known: {sorted(known)})")
+
+
+@dataclass(frozen=True)
+class ResolvedTokens:
+    """TokenSets as ids of one model's table."""
+
+    specials: tuple[int, ...]
+    turn_end: int
+    style: tuple[int, ...]
+    phrases: tuple[tuple[int, ...], ...]
+    collateral_words: tuple[int, ...]
+    edit_set: tuple[int, ...]
+
+
+def resolve_tokens(protocol: Protocol, vocab: Sequence[str]) -> ResolvedTokens:
+    """Map the protocol's token strings to ids of `vocab` (id -> decoded text); ids pass through."""
+    index: dict[str, list[int]] = {}
+    for i, text in enumerate(vocab):
+        index.setdefault(text, []).append(i)
+
+    def one(tok: Token, where: str) -> int:
+        if isinstance(tok, int):
+            if tok >= len(vocab):
+                raise ProtocolError(protocol.path, where, f"token id {tok} >= vocabulary size {len(vocab)}")
+            return tok
+        ids = index.get(tok, [])
+        if len(ids) != 1:
+            what = "is not in" if not ids else f"is ambiguous ({len(ids)} ids) in"
+            raise ProtocolError(protocol.path, where, f"token {tok!r} {what} the model's table")
+        return ids[0]
+
+    ts = protocol.tokens
+    many = lambda toks, where: tuple(one(t, f"{where}[{i}]") for i, t in enumerate(toks))  # noqa: E731
+    specials = many(ts.specials, "tokens.specials")
+    turn_end = one(ts.turn_end, "tokens.turn_end")
+    edit = many(protocol.edit_set.tokens, "edit_set.tokens")
+    if set(edit) & set(specials) or turn_end in edit:
+        raise ProtocolError(protocol.path, "edit_set.tokens", "special tokens are never in the edit set")
+    return ResolvedTokens(
+        specials=tuple(dict.fromkeys(specials + (turn_end,))), turn_end=turn_end,
+        style=many(ts.style, "tokens.style"),
+        phrases=tuple(many(p, f"tokens.phrases[{i}]") for i, p in enumerate(ts.phrases)),
+        collateral_words=many(protocol.word_list(), "tokens.collateral_words"), edit_set=edit)
