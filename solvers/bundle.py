@@ -1,0 +1,269 @@
+"""Bundle directories: what a solver ships. Generic over solvers (head, wfld).
+
+A bundle holds a list of tensor edits, each either a row patch (`kind = "rows"`, the quant.patch
+file format: the edited rows' ids and raw bytes) or a whole tensor's raw bytes (`kind = "tensor"`),
+plus any report files, and `manifest.json`:
+
+    kind "exactedit.bundle", version 1, solver, created (UTC),
+    inputs:  [{role, path, sha256}]            model, dumps, protocol, ...
+    config:  the solver's full config
+    edits:   [{tensor, kind, type, shape, file, sha256, rows (row patches)}]
+    files:   {name: sha256}                     every other file (reports, PNG)
+    record:  solver-specific JSON (trajectory, chosen step, summary)
+
+Writing: every file goes into `DIR.tmp/` (fsynced), then the directory is renamed to DIR. Reading
+validates the manifest and re-hashes every file; `Bundle.sha256` (the manifest's sha256, which
+covers every file's hash) is the bundle's identity.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+import quant
+from quant.errors import ExacteditError
+from quant.gguf_write import fsync_dir
+from quant.patch import RowPatchError, read_row_patch, write_row_patch
+
+KIND = "exactedit.bundle"
+VERSION = 1
+MANIFEST = "manifest.json"
+EDIT_KINDS = ("rows", "tensor")
+
+
+class BundleError(ExacteditError):
+    """A bundle directory is malformed, altered, or cannot be written."""
+
+    def __init__(self, path, field: str, message: str):
+        self.path, self.field = str(path), field
+        super().__init__(f"{self.path}: {field}: {message}")
+
+
+@dataclass(frozen=True)
+class TensorEdit:
+    """New bytes for one tensor: `row_ids` + their rows (kind "rows"), or every row ("tensor")."""
+
+    tensor: str
+    kind: str
+    type_name: str
+    shape: tuple[int, int]          # (rows, cols) of the whole tensor
+    raw: np.ndarray                 # uint8 [k or rows, row_bytes]
+    row_ids: np.ndarray | None = None
+
+    def __post_init__(self):
+        where = f"edit {self.tensor!r}"
+        if self.kind not in EDIT_KINDS:
+            raise BundleError(where, "kind", f"expected one of {EDIT_KINDS}, got {self.kind!r}")
+        rows, cols = (int(x) for x in self.shape)
+        object.__setattr__(self, "shape", (rows, cols))
+        rb = quant.row_bytes(self.type_name, cols)
+        raw = np.asarray(self.raw)
+        if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] != rb:
+            raise BundleError(where, "raw", f"expected uint8 [k, {rb}] ({self.type_name} rows of {cols}), "
+                              f"got {raw.dtype} {list(raw.shape)}")
+        if self.kind == "tensor":
+            if raw.shape[0] != rows or self.row_ids is not None:
+                raise BundleError(where, "raw", f"a whole-tensor edit needs all {rows} rows and no row ids")
+        else:
+            ids = np.asarray(self.row_ids if self.row_ids is not None else [], dtype=np.int64)
+            if ids.shape != (raw.shape[0],) or (ids.size and (ids.min() < 0 or ids.max() >= rows)):
+                raise BundleError(where, "row_ids", f"expected {raw.shape[0]} ids in [0, {rows})")
+            if len(np.unique(ids)) != len(ids):
+                raise BundleError(where, "row_ids", "repeat a row")
+            object.__setattr__(self, "row_ids", ids)
+
+    @property
+    def file_name(self) -> str:
+        suffix = ".q6k" if self.kind == "rows" and self.type_name == "Q6_K" else \
+            (".rows" if self.kind == "rows" else ".raw")
+        return self.tensor + suffix
+
+
+@dataclass(frozen=True)
+class InputRef:
+    role: str
+    path: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Bundle:
+    path: Path
+    sha256: str
+    solver: str
+    inputs: tuple[InputRef, ...]
+    config: Mapping[str, Any]
+    edits: tuple[TensorEdit, ...]
+    files: Mapping[str, str]
+    record: Mapping[str, Any] = field(default_factory=dict)
+
+    def input(self, role: str) -> InputRef:
+        for ref in self.inputs:
+            if ref.role == role:
+                return ref
+        raise BundleError(self.path, "inputs", f"no input with role {role!r}")
+
+
+def _sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def write_bundle(out, *, solver: str, inputs: Sequence[InputRef], config: Mapping[str, Any],
+                 edits: Sequence[TensorEdit], files: Mapping[str, bytes] | None = None,
+                 record: Mapping[str, Any] | None = None, overwrite: bool = False) -> Bundle:
+    """Write a bundle directory at `out` (via `out.tmp`, then rename); returns it as read back."""
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise BundleError(out, "output", "exists; pass overwrite to replace it")
+    names = [e.file_name for e in edits] + list(files or {})
+    if len(set(names)) != len(names) or MANIFEST in names:
+        raise BundleError(out, "files", f"file names must be distinct and not {MANIFEST}: {names}")
+    for name in names:
+        if Path(name).name != name or name.startswith("."):
+            raise BundleError(out, "files", f"{name!r} is not a plain file name")
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        edit_entries = []
+        for e in edits:
+            path = tmp / e.file_name
+            if e.kind == "rows":
+                write_row_patch(path, e.row_ids, e.raw)
+            else:
+                _write_file(path, np.ascontiguousarray(e.raw).tobytes())
+            entry = {"tensor": e.tensor, "kind": e.kind, "type": e.type_name, "shape": list(e.shape),
+                     "file": e.file_name, "sha256": _sha256_file(path)}
+            if e.kind == "rows":
+                entry["rows"] = [int(r) for r in e.row_ids]
+            edit_entries.append(entry)
+        hashes = {}
+        for name, data in (files or {}).items():
+            _write_file(tmp / name, data)
+            hashes[name] = _sha256_bytes(data)
+        manifest = {
+            "kind": KIND, "version": VERSION, "solver": solver,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "inputs": [{"role": r.role, "path": r.path, "sha256": r.sha256} for r in inputs],
+            "config": dict(config), "edits": edit_entries, "files": hashes, "record": dict(record or {}),
+        }
+        _write_file(tmp / MANIFEST, json.dumps(manifest, indent=1, allow_nan=False).encode("utf-8"))
+        fsync_dir(tmp / MANIFEST)
+        if out.exists():
+            old = out.with_name(out.name + ".old")
+            if old.exists():
+                shutil.rmtree(old)
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, out)
+        fsync_dir(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return read_bundle(out)
+
+
+def _need(path, obj: Mapping, key: str, kind, where: str = ""):
+    name = f"{where}.{key}" if where else key
+    if not isinstance(obj, Mapping) or key not in obj:
+        raise BundleError(path, name, "missing")
+    value = obj[key]
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise BundleError(path, name, f"expected {getattr(kind, '__name__', kind)}, got {type(value).__name__}")
+    return value
+
+
+def read_bundle(path) -> Bundle:
+    """Read and validate a bundle: manifest schema, every file's sha256, every edit's bytes."""
+    path = Path(path)
+    file = path / MANIFEST
+    if not file.is_file():
+        raise BundleError(path, MANIFEST, "missing; not a bundle directory")
+    data = file.read_bytes()
+    try:
+        m = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BundleError(path, MANIFEST, f"not valid UTF-8 JSON ({exc})") from None
+    if not isinstance(m, dict) or m.get("kind") != KIND or m.get("version") != VERSION:
+        raise BundleError(path, "kind", f"expected kind {KIND!r} version {VERSION}")
+    solver = _need(path, m, "solver", str)
+    inputs = tuple(InputRef(_need(path, r, "role", str, f"inputs[{i}]"), _need(path, r, "path", str, f"inputs[{i}]"),
+                            _need(path, r, "sha256", str, f"inputs[{i}]"))
+                   for i, r in enumerate(_need(path, m, "inputs", list)))
+    config = _need(path, m, "config", dict)
+    files = _need(path, m, "files", dict)
+    record = _need(path, m, "record", dict)
+    for name, sha in files.items():
+        _check_file(path, name, sha)
+    edits = tuple(_read_edit(path, i, e) for i, e in enumerate(_need(path, m, "edits", list)))
+    return Bundle(path, _sha256_bytes(data), solver, inputs, config, edits, dict(files), record)
+
+
+def _check_file(path: Path, name, sha) -> Path:
+    if not isinstance(name, str) or Path(name).name != name or not isinstance(sha, str):
+        raise BundleError(path, "files", f"bad entry {name!r}: {sha!r}")
+    f = path / name
+    if not f.is_file():
+        raise BundleError(path, name, "listed in the manifest but missing")
+    if _sha256_file(f) != sha:
+        raise BundleError(path, name, f"sha256 differs from the manifest's {sha}: the bundle was altered")
+    return f
+
+
+def _read_edit(path: Path, i: int, e) -> TensorEdit:
+    where = f"edits[{i}]"
+    tensor = _need(path, e, "tensor", str, where)
+    kind = _need(path, e, "kind", str, where)
+    type_name = _need(path, e, "type", str, where)
+    shape = _need(path, e, "shape", list, where)
+    if len(shape) != 2 or not all(isinstance(x, int) and x > 0 for x in shape):
+        raise BundleError(path, f"{where}.shape", f"expected [rows, cols] of positive integers, got {shape}")
+    if type_name not in quant.SUPPORTED:
+        raise BundleError(path, f"{where}.type", f"expected one of {quant.SUPPORTED}, got {type_name!r}")
+    f = _check_file(path, _need(path, e, "file", str, where), _need(path, e, "sha256", str, where))
+    rb = quant.row_bytes(type_name, shape[1])
+    if kind == "rows":
+        try:
+            patch = read_row_patch(f, rb)
+        except RowPatchError as exc:
+            raise BundleError(path, f"{where}.file", str(exc)) from None
+        if [int(r) for r in patch.row_ids] != _need(path, e, "rows", list, where):
+            raise BundleError(path, f"{where}.rows", "differ from the row ids in the patch file")
+        raw, ids = patch.raw, patch.row_ids.astype(np.int64)
+    elif kind == "tensor":
+        blob = np.fromfile(f, dtype=np.uint8)
+        if blob.size != shape[0] * rb:
+            raise BundleError(path, f"{where}.file", f"{blob.size} bytes; expected {shape[0]} rows x {rb}")
+        raw, ids = blob.reshape(shape[0], rb), None
+    else:
+        raise BundleError(path, f"{where}.kind", f"expected one of {EDIT_KINDS}, got {kind!r}")
+    try:
+        return TensorEdit(tensor, kind, type_name, (shape[0], shape[1]), raw, ids)
+    except BundleError as exc:
+        raise BundleError(path, where, str(exc)) from None

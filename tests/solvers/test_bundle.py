@@ -1,0 +1,143 @@
+"""Bundles: write / read round trip, validation of altered or malformed bundles, and apply."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import quant
+from quant import gguf
+from quant.gguf_write import synthetic_model
+from solvers.apply import apply_bundle
+from solvers.bundle import BundleError, InputRef, TensorEdit, read_bundle, write_bundle
+
+
+def _q6k_rows(rng, k, cols=256):
+    return quant.quantize(rng.standard_normal((k, cols)).astype(np.float32), "Q6_K")
+
+
+def _edits(rng):
+    rows = TensorEdit("output.weight", "rows", "Q6_K", (300, 256), _q6k_rows(rng, 3), np.array([7, 2, 299]))
+    whole = TensorEdit("blk.1.ffn_down.weight", "tensor", "Q8_0", (4, 64),
+                       quant.quantize(rng.standard_normal((4, 64)).astype(np.float32), "Q8_0"))
+    return [rows, whole]
+
+
+def _write(tmp_path, rng, **kw):
+    return write_bundle(tmp_path / "b", solver="head", inputs=[InputRef("model", "/m.gguf", "ab" * 32)],
+                        config={"rank": 1}, edits=_edits(rng), files={"report.json": b'{"x": 1}'},
+                        record={"chosen_step": 30}, **kw)
+
+
+def test_round_trip(tmp_path):
+    rng = np.random.default_rng(0)
+    b = _write(tmp_path, rng)
+    again = read_bundle(tmp_path / "b")
+    assert again.sha256 == b.sha256 and again.record == {"chosen_step": 30} and again.config == {"rank": 1}
+    rng = np.random.default_rng(0)
+    for got, want in zip(again.edits, _edits(rng)):
+        assert got.tensor == want.tensor and got.kind == want.kind and np.array_equal(got.raw, want.raw)
+    assert list(again.edits[0].row_ids) == [7, 2, 299] and again.edits[1].row_ids is None
+    assert again.input("model").sha256 == "ab" * 32
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == sorted(
+        ["manifest.json", "report.json", "output.weight.q6k", "blk.1.ffn_down.weight.raw"])
+    assert not (tmp_path / "b.tmp").exists()
+
+
+def test_refuses_to_overwrite_unless_asked(tmp_path):
+    rng = np.random.default_rng(0)
+    _write(tmp_path, rng)
+    with pytest.raises(BundleError, match="exists"):
+        _write(tmp_path, rng)
+    assert _write(tmp_path, rng, overwrite=True).solver == "head"
+
+
+@pytest.mark.parametrize("victim", ["report.json", "output.weight.q6k", "blk.1.ffn_down.weight.raw"])
+def test_altered_file_is_detected(tmp_path, victim):
+    _write(tmp_path, np.random.default_rng(0))
+    f = tmp_path / "b" / victim
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 1
+    f.write_bytes(bytes(data))
+    with pytest.raises(BundleError, match="altered"):
+        read_bundle(tmp_path / "b")
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda m: m.pop("edits"), "edits"),
+    (lambda m: m.update(kind="other"), "kind"),
+    (lambda m: m["edits"][0].update(shape=[300]), "shape"),
+    (lambda m: m["edits"][0].update(rows=[1, 2, 3]), "rows"),
+    (lambda m: m["edits"][1].update(shape=[5, 64]), "file"),
+    (lambda m: m["edits"][0].update(type="Q4_K"), "type"),
+    (lambda m: m["files"].update({"../x": "00"}), "files"),
+    (lambda m: m["inputs"][0].pop("sha256"), "sha256"),
+])
+def test_malformed_manifest_names_the_field(tmp_path, mutate, field):
+    _write(tmp_path, np.random.default_rng(0))
+    f = tmp_path / "b" / "manifest.json"
+    m = json.loads(f.read_text())
+    mutate(m)
+    f.write_text(json.dumps(m))
+    with pytest.raises(BundleError, match=field):
+        read_bundle(tmp_path / "b")
+
+
+def test_not_a_bundle(tmp_path):
+    with pytest.raises(BundleError, match="manifest.json"):
+        read_bundle(tmp_path)
+    (tmp_path / "manifest.json").write_text("{not json")
+    with pytest.raises(BundleError, match="JSON"):
+        read_bundle(tmp_path)
+
+
+def test_edit_validation():
+    rng = np.random.default_rng(0)
+    with pytest.raises(BundleError, match="row_ids"):
+        TensorEdit("output.weight", "rows", "Q6_K", (10, 256), _q6k_rows(rng, 2), np.array([3, 3]))
+    with pytest.raises(BundleError, match="row_ids"):
+        TensorEdit("output.weight", "rows", "Q6_K", (10, 256), _q6k_rows(rng, 1), np.array([10]))
+    with pytest.raises(BundleError, match="raw"):
+        TensorEdit("output.weight", "rows", "Q6_K", (10, 512), _q6k_rows(rng, 1), np.array([0]))
+    with pytest.raises(BundleError, match="whole-tensor"):
+        TensorEdit("output.weight", "tensor", "Q6_K", (10, 256), _q6k_rows(rng, 9))
+
+
+def test_apply_writes_exactly_the_edited_rows(tmp_path):
+    rng = np.random.default_rng(1)
+    model = synthetic_model(tmp_path / "m.gguf", tail="rmsnorm", vocab=300, n=256, h=64)
+    with gguf.open(model.path) as g:
+        down = g.tensors["blk.1.ffn_down.weight"]
+        new_down = quant.quantize(rng.standard_normal(down.shape).astype(np.float32), down.type_name)
+        head_before = np.array(g.read_raw("output.weight"))
+    rows = TensorEdit("output.weight", "rows", "Q6_K", (300, 256), _q6k_rows(rng, 2), np.array([5, 100]))
+    whole = TensorEdit("blk.1.ffn_down.weight", "tensor", down.type_name, down.shape, new_down)
+    b = write_bundle(tmp_path / "b", solver="head", inputs=[InputRef("model", str(model.path), model.sha256)],
+                     config={}, edits=[rows, whole])
+    result = apply_bundle(b.path, model.path, tmp_path / "out.gguf")
+    with gguf.open(tmp_path / "out.gguf") as g2:
+        head_after = np.array(g2.read_raw("output.weight"))
+        assert np.array_equal(np.array(g2.read_raw("blk.1.ffn_down.weight")), new_down)
+        assert g2.sha256() == result.out_sha256
+    changed = np.flatnonzero((head_after != head_before).any(axis=1))
+    assert set(changed) <= {5, 100} and np.array_equal(head_after[[5, 100]], rows.raw)
+    assert [(a.tensor, a.rows_replaced) for a in result.edits] == [("output.weight", 2),
+                                                                   ("blk.1.ffn_down.weight", down.shape[0])]
+
+
+def test_apply_refuses_another_model_or_a_mismatched_tensor(tmp_path):
+    rng = np.random.default_rng(2)
+    model = synthetic_model(tmp_path / "m.gguf", tail="rmsnorm", vocab=300, n=256, h=64)
+    other = synthetic_model(tmp_path / "o.gguf", tail="rmsnorm", vocab=300, n=256, h=64, seed=5)
+    rows = TensorEdit("output.weight", "rows", "Q6_K", (300, 256), _q6k_rows(rng, 1), np.array([5]))
+    b = write_bundle(tmp_path / "b", solver="head", inputs=[InputRef("model", str(model.path), model.sha256)],
+                     config={}, edits=[rows])
+    with pytest.raises(BundleError, match="sha256"):
+        apply_bundle(b.path, other.path, tmp_path / "out.gguf")
+    wide = TensorEdit("output.weight", "rows", "Q6_K", (301, 256), _q6k_rows(rng, 1), np.array([5]))
+    b2 = write_bundle(tmp_path / "b2", solver="head", inputs=[InputRef("model", str(model.path), model.sha256)],
+                      config={}, edits=[wide])
+    with pytest.raises(BundleError, match="shape|301"):
+        apply_bundle(b2.path, model.path, tmp_path / "out.gguf")
+    assert not (tmp_path / "out.gguf").exists()
