@@ -1,0 +1,253 @@
+"""Engine-faithful arithmetic (`--match-engine llamacpp`): the tail as llama.cpp's CPU backend
+computes it, so that an offline prediction equals the engine's logits bit for bit.
+
+The default forwards compute the model's math exactly (dequantized weights, float64 sums). The
+engine does not: before every matmul against quantized weights ggml-cpu quantizes the float32
+activation row (Q8_K for K-quant weights, see quant/q8_k.py) and adds per-block integer dot
+products in float32 in its own order. Ignoring that costs KL ~3e-4 against the engine; modelling
+it gives identical logits. What llama.cpp 0.3.36 (x86-64, AVX2 + FMA build) does for Q6_K
+weights W (rows r) times activations x (rows t), per 256-wide block b:
+
+    q8 = Q8_K(x[t]);  u = the 6-bit codes of W[r] (0..63);  sc = its int8 sub-block scales
+    lane_L(b) = sum_{e in lane L} sc[e/16] u[e] q8[e] - 32 (sc[2L] bsum[2L] + sc[2L+1] bsum[2L+1])
+        with lane L = elements {32 j + 4 L + i : j < 8, i < 4}  (exact int32)
+    tiled path (a micro-batch of >= 8 rows):
+        acc = 0;  for b: acc = fma(f32(d_W[b] * f32(sum_L lane_L(b))), d_x[b], acc)
+    vec_dot path (a micro-batch of < 8 rows):
+        acc_L = 0;  for b: acc_L = fma(f32(d_x[b] * d_W[b]), f32(lane_L(b)), acc_L)
+        result = ((acc_0 + acc_4) + (acc_2 + acc_6)) + ((acc_1 + acc_5) + (acc_3 + acc_7))
+RMSNorm (ggml_compute_forward_rms_norm_f32): sum of float32 squares in float64, in index order;
+mean = f32(sum / n); scale = 1 / sqrtf(mean + eps); y = (x * scale) * w, all float32.
+
+`q6_k_matmul_ref` is the numpy reference (integer dots as exact float64 matmuls, an exact
+float32 fma); `q6_k_matmul` the numba fast path (LLVM's fma). Both must agree bit for bit
+(tests/solvers/head/test_engine_numerics.py); the live tests compare them with the engine.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numba
+import numpy as np
+from numba import prange, types
+from numba.extending import intrinsic
+
+from quant import q6_k, q8_k
+from quant.errors import QuantError
+
+ENGINES = ("llamacpp",)
+TILED_MIN_ROWS = 8    # ggml-cpu's tiled K-quant matmul takes micro-batches of >= 8 rows
+_LANE = np.array([32 * j + 4 * L + i for L in range(8) for j in range(8) for i in range(4)]).reshape(8, 32)
+
+
+@dataclass(frozen=True)
+class MatchEngine:
+    """Which engine to imitate and how the rows were cut into micro-batches when it ran
+    (`ubatch_sizes`, in row order, summing to the row count; recorded in every dump's meta)."""
+
+    engine: str
+    ubatch_sizes: tuple[int, ...]
+
+    def __post_init__(self):
+        if self.engine not in ENGINES:
+            raise QuantError(f"match-engine: expected one of {ENGINES}, got {self.engine!r}")
+        sizes = tuple(self.ubatch_sizes)
+        if not sizes or any(not isinstance(s, (int, np.integer)) or s < 1 for s in sizes):
+            raise QuantError(f"match-engine: ubatch_sizes must be positive integers, got {sizes!r}")
+        object.__setattr__(self, "ubatch_sizes", tuple(int(s) for s in sizes))
+
+    @classmethod
+    def from_meta(cls, engine: str, meta: Mapping, rows: int) -> MatchEngine:
+        """From a dump's meta (`ubatch_sizes`, written by native.llamacpp)."""
+        sizes = meta.get("ubatch_sizes") if isinstance(meta, Mapping) else None
+        if not isinstance(sizes, Sequence) or sum(int(s) for s in sizes) != rows:
+            raise QuantError(f"match-engine {engine}: the dump's meta lacks ubatch_sizes summing to its "
+                             f"{rows} rows (got {sizes!r}); re-dump with native.llamacpp")
+        return cls(engine, tuple(sizes))
+
+    def tiled_rows(self) -> np.ndarray:
+        """bool [rows]: True where the row's micro-batch runs the tiled kernel."""
+        return np.concatenate([np.full(s, s >= TILED_MIN_ROWS) for s in self.ubatch_sizes])
+
+
+# ---- exact float32 fma ----------------------------------------------------------------------
+def fma32_ref(a, b, c) -> np.ndarray:
+    """Correctly rounded float32 a*b + c (numpy): the product is exact in float64, the sum's
+    rounding error comes from TwoSum, and a float64 sum lying exactly on a float32 midpoint is
+    resolved by that error's sign (the only case where rounding twice differs)."""
+    a, b, c = (np.asarray(v, np.float32) for v in (a, b, c))
+    p = a.astype(np.float64) * b.astype(np.float64)
+    c64 = c.astype(np.float64)
+    s = p + c64
+    bb = s - p
+    err = (p - (s - bb)) + (c64 - bb)
+    r = s.astype(np.float32)
+    toward = np.nextafter(r, np.where(s > r.astype(np.float64), np.float32(np.inf), np.float32(-np.inf)))
+    mid = (r.astype(np.float64) + toward.astype(np.float64)) / 2
+    on_mid = (s == mid) & (err != 0) & (s != r.astype(np.float64))
+    up = on_mid & ((err > 0) == (toward > r))  # the exact value lies on toward's side of mid
+    return np.where(up, toward, r).astype(np.float32)
+
+
+@intrinsic
+def _fma32(typingctx, a, b, c):
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.fma(*args)
+    return sig, codegen
+
+
+# ---- Q6_K x Q8_K ----------------------------------------------------------------------------
+def _q6_k_parts(raw: np.ndarray, cols: int):
+    """uint8 [rows, row_bytes] -> unsigned codes u [rows, nb, 256] (0..63), scales [rows, nb, 16]
+    int8, d [rows, nb] float32."""
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    nb = cols // q6_k.QK_K
+    if cols % q6_k.QK_K or raw.ndim != 2 or raw.shape[1] != nb * q6_k.BLOCK_BYTES:
+        raise QuantError(f"Q6_K: expected uint8 [rows, {nb * q6_k.BLOCK_BYTES}] for {cols} columns, "
+                         f"got {list(raw.shape)}")
+    blk = raw.view(q6_k.BLOCK).reshape(raw.shape[0], nb)
+    ql, qh = blk["ql"].astype(np.uint8), blk["qh"].astype(np.uint8)
+    u = np.empty(blk.shape + (q6_k.QK_K,), np.uint8)
+    for half in range(2):
+        l4, h2 = ql[..., 64 * half:64 * half + 64], qh[..., 32 * half:32 * half + 32]
+        o = 128 * half
+        u[..., o + 0:o + 32] = (l4[..., :32] & 15) | ((h2 & 3) << 4)
+        u[..., o + 32:o + 64] = (l4[..., 32:] & 15) | (((h2 >> 2) & 3) << 4)
+        u[..., o + 64:o + 96] = (l4[..., :32] >> 4) | (((h2 >> 4) & 3) << 4)
+        u[..., o + 96:o + 128] = (l4[..., 32:] >> 4) | (((h2 >> 6) & 3) << 4)
+    return u, blk["scales"].astype(np.int8), blk["d"].astype(np.float32)
+
+
+def _lanes_ref(u, sc, xq) -> np.ndarray:
+    """Exact int lanes [rows, T, nb, 8] (as float64) of the AVX2 Q6_K x Q8_K block dot."""
+    rows, nb = u.shape[:2]
+    T = xq.shape[0]
+    w = u.astype(np.float64) * np.repeat(sc.astype(np.float64), 16, axis=-1)      # sc[e/16] u[e]
+    q = xq["qs"].astype(np.float64)                                                # [T, nb, 256]
+    out = np.empty((rows, T, nb, 8), np.float64)
+    for b in range(nb):
+        for L in range(8):
+            out[:, :, b, L] = w[:, b, _LANE[L]] @ q[:, b, _LANE[L]].T             # exact: < 2**53
+    bs = xq["bsums"].astype(np.float64).reshape(T, nb, 8, 2)
+    s2 = sc.astype(np.float64).reshape(rows, nb, 8, 2)
+    out -= 32 * np.einsum("rblk,tblk->rtbl", s2, bs)
+    return out
+
+
+def q6_k_matmul_ref(raw: np.ndarray, cols: int, x: np.ndarray, tiled: np.ndarray,
+                    chunk: int = 2048) -> np.ndarray:
+    """Reference: float32 [T, rows] = W (Q6_K, raw rows) @ x[t] as ggml-cpu computes it; row t
+    takes the tiled kernel where `tiled[t]`, else vec_dot."""
+    x = np.ascontiguousarray(x, np.float32)
+    xq = q8_k.quantize_ref(x)
+    tiled = np.asarray(tiled, bool)
+    out = np.empty((x.shape[0], raw.shape[0]), np.float32)
+    for r0 in range(0, raw.shape[0], chunk):
+        u, sc, d = _q6_k_parts(raw[r0:r0 + chunk], cols)
+        lanes = _lanes_ref(u, sc, xq)                       # [r, T, nb, 8]
+        dw, dx = d[:, None, :], xq["d"][None, :, :]        # [r, 1, nb], [1, T, nb]
+        acc = np.zeros(lanes.shape[:2], np.float32)
+        acc8 = np.zeros(lanes.shape[:2] + (8,), np.float32)
+        for b in range(lanes.shape[2]):
+            res = (dw[..., b] * lanes[:, :, b, :].sum(-1).astype(np.float32)).astype(np.float32)
+            acc = fma32_ref(res, np.broadcast_to(dx[..., b], acc.shape), acc)
+            db = (dx[..., b] * dw[..., b]).astype(np.float32)[..., None]
+            acc8 = fma32_ref(np.broadcast_to(db, acc8.shape), lanes[:, :, b, :].astype(np.float32), acc8)
+        h = acc8[..., 4:] + acc8[..., :4]
+        vec = (h[..., 0] + h[..., 2]) + (h[..., 1] + h[..., 3])
+        out[:, r0:r0 + chunk] = np.where(tiled[None, :], acc, vec).T
+    return out
+
+
+@numba.njit(parallel=True, error_model="numpy", cache=True)
+def _q6_k_matmul_kernel(ql, qh, sc, dw, qs, bsums, dx, tiled, out):
+    rows, nb = dw.shape
+    T = qs.shape[0]
+    for r in prange(rows):
+        w = np.empty(256, np.int32)
+        acc = np.zeros(T, np.float32)
+        acc8 = np.zeros((T, 8), np.float32)
+        for b in range(nb):
+            for half in range(2):
+                for l in range(32):
+                    lo0 = np.int32(ql[r, b, 64 * half + l])
+                    lo1 = np.int32(ql[r, b, 64 * half + 32 + l])
+                    h = np.int32(qh[r, b, 32 * half + l])
+                    o = 128 * half + l
+                    w[o] = (lo0 & 15) | ((h & 3) << 4)
+                    w[o + 32] = (lo1 & 15) | (((h >> 2) & 3) << 4)
+                    w[o + 64] = (lo0 >> 4) | (((h >> 4) & 3) << 4)
+                    w[o + 96] = (lo1 >> 4) | (((h >> 6) & 3) << 4)
+            for e in range(256):
+                w[e] *= np.int32(sc[r, b, e // 16])
+            dwb = dw[r, b]
+            for t in range(T):
+                lanes = np.zeros(8, np.int32)
+                for e in range(256):
+                    lanes[(e % 32) // 4] += w[e] * np.int32(qs[t, b, e])
+                total = np.int32(0)
+                for L in range(8):
+                    lanes[L] -= 32 * (np.int32(sc[r, b, 2 * L]) * np.int32(bsums[t, b, 2 * L])
+                                      + np.int32(sc[r, b, 2 * L + 1]) * np.int32(bsums[t, b, 2 * L + 1]))
+                    total += lanes[L]
+                if tiled[t]:
+                    acc[t] = _fma32(dwb * np.float32(total), dx[t, b], acc[t])
+                else:
+                    db = dx[t, b] * dwb
+                    for L in range(8):
+                        acc8[t, L] = _fma32(db, np.float32(lanes[L]), acc8[t, L])
+        for t in range(T):
+            if tiled[t]:
+                out[t, r] = acc[t]
+            else:
+                a = acc8[t]
+                out[t, r] = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+
+
+def q6_k_matmul(raw: np.ndarray, cols: int, x: np.ndarray, tiled: np.ndarray) -> np.ndarray:
+    """Fast path of `q6_k_matmul_ref` (numba, rows of W in parallel); identical floats."""
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    nb = cols // q6_k.QK_K
+    if cols % q6_k.QK_K or raw.ndim != 2 or raw.shape[1] != nb * q6_k.BLOCK_BYTES:
+        raise QuantError(f"Q6_K: expected uint8 [rows, {nb * q6_k.BLOCK_BYTES}] for {cols} columns, "
+                         f"got {list(raw.shape)}")
+    blk = raw.view(q6_k.BLOCK).reshape(raw.shape[0], nb)
+    xq = q8_k.quantize(np.ascontiguousarray(x, np.float32))
+    out = np.empty((x.shape[0], raw.shape[0]), np.float32)
+    _q6_k_matmul_kernel(np.ascontiguousarray(blk["ql"]), np.ascontiguousarray(blk["qh"]),
+                        np.ascontiguousarray(blk["scales"]), blk["d"].astype(np.float32),
+                        np.ascontiguousarray(xq["qs"]), np.ascontiguousarray(xq["bsums"]),
+                        np.ascontiguousarray(xq["d"]), np.ascontiguousarray(tiled, dtype=np.bool_), out)
+    return out
+
+
+# ---- the rest of the rmsnorm tail -----------------------------------------------------------
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """ggml's RMSNorm times the norm weight, float32 as ggml-cpu computes it (see module doc)."""
+    x = np.ascontiguousarray(x, np.float32)
+    sq = (x * x).astype(np.float64)
+    total = np.cumsum(sq, axis=-1)[..., -1]           # sequential, in index order
+    mean = (total / x.shape[-1]).astype(np.float32)
+    scale = (np.float32(1) / np.sqrt(mean + np.float32(eps))).astype(np.float32)
+    return ((x * scale[..., None]) * np.asarray(w, np.float32)).astype(np.float32)
+
+
+MATMULS = {"Q6_K": q6_k_matmul}
+MATMULS_REF = {"Q6_K": q6_k_matmul_ref}
+
+
+def engine_matmul(raw: np.ndarray, type_name: str, cols: int, x: np.ndarray, match: MatchEngine,
+                  reference: bool = False) -> np.ndarray:
+    """float32 [T, rows] = W @ x[t] as `match.engine` computes it, for W's GGUF type."""
+    table = MATMULS_REF if reference else MATMULS
+    if type_name not in table:
+        raise QuantError(f"match-engine {match.engine}: no engine-faithful matmul for {type_name} "
+                         f"weights (supported: {sorted(table)})")
+    tiled = match.tiled_rows()
+    if tiled.shape[0] != x.shape[0]:
+        raise QuantError(f"match-engine: ubatch_sizes cover {tiled.shape[0]} rows, the activations "
+                         f"have {x.shape[0]}")
+    return table[type_name](raw, cols, x, tiled)
