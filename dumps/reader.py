@@ -2,9 +2,12 @@
 dump directory, the field and what was expected."""
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import math
+import struct
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -20,7 +23,8 @@ from dumps.format import (
 
 Progress = Callable[[int, int], None]
 CHUNK_BYTES = 32 << 20
-_NPY_ERRORS = (ValueError, TypeError, SyntaxError, EOFError, OSError, KeyError, UnicodeError, RecursionError)
+NPY_MAGIC = b"\x93NUMPY"
+NPY_HEADER_MAX = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -33,39 +37,58 @@ class NpyHeader:
 
 
 def read_npy_header(file: Path, dump_path, field: str, expected_dtype: str) -> NpyHeader:
-    """Parse an .npy header without trusting it: version 1.0/2.0, C order, the exact little-endian
+    """Parse an .npy header without trusting it (and without numpy's header parser): version 1.0 or
+    2.0, a literal dict of exactly descr / fortran_order / shape, C order, the exact little-endian
     dtype, and a file size equal to header + data (no truncation, no trailing bytes)."""
+    want = np.dtype(expected_dtype).newbyteorder("<")
+
+    def bad(message: str) -> DumpFormatError:
+        return DumpFormatError(dump_path, field, f"{file.name}: {message}")
+
+    if not file.is_file():
+        raise DumpFormatError(dump_path, field, f"file {file.name} is missing")
     try:
-        if not file.is_file():
-            raise DumpFormatError(dump_path, field, f"file {file.name} is missing")
         size = file.stat().st_size
         with open(file, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-            elif version == (2, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            lead = f.read(12)
+            if len(lead) < 10 or lead[:6] != NPY_MAGIC:
+                raise bad("not an .npy file (bad magic; pickles and other formats are refused)")
+            if lead[6:8] == b"\x01\x00":
+                offset, length = 10, struct.unpack("<H", lead[8:10])[0]
+            elif lead[6:8] == b"\x02\x00" and len(lead) == 12:
+                offset, length = 12, struct.unpack("<I", lead[8:12])[0]
             else:
-                raise DumpFormatError(dump_path, field, f"{file.name}: npy version {version}; expected 1.0 or 2.0")
-            offset = f.tell()
-    except _NPY_ERRORS as exc:
-        raise DumpFormatError(dump_path, field, f"{file.name}: not a valid .npy file ({exc})") from None
-    want = np.dtype(expected_dtype).newbyteorder("<")
-    if dtype.hasobject:
-        raise DumpFormatError(dump_path, field, f"{file.name}: holds Python objects (pickles are refused); "
-                              f"expected {want.str}")
-    if dtype.str != want.str or dtype.names is not None:
-        hint = " (big-endian)" if dtype.byteorder == ">" else ""
-        raise DumpFormatError(dump_path, field, f"{file.name}: dtype {dtype.str}{hint}; expected {want.str} "
-                              f"({want.name}, little-endian)")
-    if fortran:
-        raise DumpFormatError(dump_path, field, f"{file.name}: Fortran order; expected C order")
-    data = math.prod(shape) * dtype.itemsize
-    if size != offset + data:
-        what = "truncated" if size < offset + data else "has trailing bytes"
-        raise DumpFormatError(dump_path, field, f"{file.name}: {what}: {size} bytes; expected {offset + data} "
-                              f"for shape {list(shape)} {want.name}")
-    return NpyHeader(tuple(shape), dtype, offset)
+                raise bad(f"npy version {tuple(lead[6:8])}; expected 1.0 or 2.0")
+            if length > NPY_HEADER_MAX or offset + length > size:
+                raise bad(f"header length {length} does not fit the file ({size} bytes)")
+            f.seek(offset)
+            text = f.read(length).decode("latin1")
+    except OSError as exc:
+        raise bad(f"cannot be read ({exc})") from None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # odd escapes in a mutated header are not our concern
+            header = ast.literal_eval(text.strip())
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        raise bad("header is not a Python literal dict") from None
+    if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
+        raise bad("header must be a dict of exactly descr, fortran_order, shape")
+    descr, fortran, shape = header["descr"], header["fortran_order"], header["shape"]
+    if not isinstance(shape, tuple) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                               for d in shape):
+        raise bad(f"shape {shape!r} is not a tuple of non-negative integers")
+    if descr != want.str:
+        if isinstance(descr, str) and "O" in descr:
+            raise bad(f"holds Python objects (pickles are refused); expected {want.str}")
+        hint = " (big-endian)" if isinstance(descr, str) and descr.startswith(">") else ""
+        raise bad(f"dtype {descr!r}{hint}; expected {want.str!r} ({want.name}, little-endian)")
+    if fortran is not False:
+        raise bad("Fortran order; expected C order")
+    data = math.prod(shape) * want.itemsize
+    if size != offset + length + data:
+        what = "truncated" if size < offset + length + data else "has trailing bytes"
+        raise bad(f"{what}: {size} bytes; expected {offset + length + data} for shape {list(shape)} {want.name}")
+    return NpyHeader(shape, want, offset + length)
 
 
 def check_values(path, arrays: Mapping[str, np.ndarray], vocab: int | None = None,
