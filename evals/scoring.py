@@ -4,7 +4,7 @@ A solver or a shaping rule fills them for the base and the edited model: log p o
 token, KL(base || edited), both argmaxes, the probabilities of the special tokens and the log
 probabilities of a few selected tokens, plus each row's token, next token, role bits and document.
 `rows_from_logits` is the numpy float64 reference that builds them from full-vocabulary logits
-(one chunk of rows at a time); `concat` joins chunks and traces.
+(one chunk of rows at a time); `concat` joins chunks or traces.
 """
 from __future__ import annotations
 
@@ -116,22 +116,23 @@ def rows_from_logits(base: np.ndarray, edited: np.ndarray, tokens, next_tokens, 
         docs=tuple(docs))
 
 
-def concat(parts: Sequence[RowScores]) -> RowScores:
-    """Join chunks (same docs) or traces (different docs: doc indices are offset)."""
+def concat(parts: Sequence[RowScores], *, chunks: bool) -> RowScores:
+    """Join RowScores. `chunks=True`: row chunks of the same documents (their `docs` must be equal);
+    `chunks=False`: different traces, whose documents are appended and doc indices offset."""
     if not parts:
         raise ValueError("concat needs at least one RowScores")
     first = parts[0]
     if any(p.special_ids != first.special_ids or p.selected_ids != first.selected_ids for p in parts):
         raise ValueError("concat: every part must score the same special and selected tokens")
-    same_docs = all(p.docs == first.docs for p in parts)
-    docs, offsets = list(first.docs), [0]
-    if not same_docs:
+    if chunks:
+        if any(p.docs != first.docs for p in parts):
+            raise ValueError("concat(chunks=True): every chunk must carry the same documents")
+        docs, offsets = list(first.docs), [0] * len(parts)
+    else:
         docs, offsets = [], []
         for p in parts:
             offsets.append(len(docs))
             docs.extend(p.docs)
-    else:
-        offsets = [0] * len(parts)
     cat = lambda name: np.concatenate([getattr(p, name) for p in parts])  # noqa: E731
     return RowScores(
         tokens=cat("tokens"), next=cat("next"), roles=cat("roles"),
