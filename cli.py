@@ -11,7 +11,7 @@ import click
 
 
 class _Group(click.Group):
-    """Turns the library's domain errors into clean click errors (exit code 2, one line)."""
+    """Turns the library's domain errors into clean click errors (one line, exit code 1)."""
 
     def invoke(self, ctx):
         from quant.errors import ExacteditError
