@@ -21,6 +21,15 @@ from solvers.head.forward_fast import Matmul, Sgemm
 
 Progress = Callable[[int, int], None]
 
+#: the logits tile [T, tile] is kept at or below this many floats (tiles shrink for large T)
+MAX_TILE_ELEMS = 1 << 24
+
+
+def tile_size(rows: int, tile_rows: int) -> int:
+    """Head rows per tile: at most `tile_rows`, fewer when T rows would make the logits tile
+    larger than MAX_TILE_ELEMS floats (at least 64)."""
+    return max(1, min(tile_rows, max(64, MAX_TILE_ELEMS // max(rows, 1))))
+
 
 class RowSource(Protocol):
     """Rows of a [rows, cols] matrix, read as float32 tiles."""
@@ -160,6 +169,7 @@ def vocab_pass(mix, source: RowSource, *, token_sets=None, topk: int = 0,
     `token_sets`: ids whose logits are returned in `selected`, shared [m] or per row [T, m]
     (ids < 0 give nan). `sink(start, stop, logits_tile)` sees every float32 logits tile (after
     the softcap), e.g. to write full logits to disk. `matmul` defaults to float32 `Sgemm`.
+    `tile_rows` is an upper bound: see `tile_size`.
     `exclude` (ids [m]) adds `lse_rest`, the LSE over all other ids, accumulated directly: exact
     even when the excluded set holds nearly all the mass (compare `partition.lse_rest`).
     """
@@ -181,8 +191,9 @@ def vocab_pass(mix, source: RowSource, *, token_sets=None, topk: int = 0,
     selected = np.full(ids.shape, np.nan, dtype=np.float32)
     excl = None if exclude is None else np.unique(np.asarray(exclude, dtype=np.int64))
     rest = lse_init(T) if excl is not None else None
-    for start in range(0, V, tile_rows):
-        stop = min(start + tile_rows, V)
+    step = tile_size(T, tile_rows)
+    for start in range(0, V, step):
+        stop = min(start + step, V)
         tile = apply_softcap(matmul.tile(prepared, source, start, stop), softcap)
         if sink is not None:
             sink(start, stop, tile)

@@ -1,0 +1,145 @@
+"""Model + dump -> full-vocabulary logits, LSE and argmax per row (`exactedit logits`).
+
+The path is: tail forward (layer-47 write, then the head's mix) in float32, then one streaming
+pass over the head (`vocab_pass`) whose matmul is a pluggable strategy (default float32 sgemm on
+the runtime-dequantized head; an engine-faithful product can be passed as `matmul`). The full
+logits [rows, V] are written into `OUT.tmp` as a .npy, fsynced, renamed to OUT, and a manifest
+`OUT.manifest.json` records the sha256 of the model, the dump and the output.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from quant.errors import ExacteditError
+from solvers.head.forward_fast import Matmul
+from solvers.head.stream import VocabPass, vocab_pass
+
+Progress = Callable[[int, int], None]
+
+
+class RowRangeError(ExacteditError):
+    """A --rows A:B range that does not fit the dump."""
+
+
+def parse_rows(text: str | None, total: int) -> tuple[int, int]:
+    """'A:B' (either side may be empty, negative counts from the end) -> (start, stop) in [0, total]."""
+    if text is None or text.strip() in ("", ":"):
+        return 0, total
+    parts = text.split(":")
+    if len(parts) != 2:
+        raise RowRangeError(f"--rows {text!r}: expected A:B")
+    try:
+        start, stop = (int(p) if p.strip() else d for p, d in zip(parts, (0, total)))
+    except ValueError:
+        raise RowRangeError(f"--rows {text!r}: A and B must be integers") from None
+    start, stop = (v + total if v < 0 else v for v in (start, stop))
+    if not 0 <= start < stop <= total:
+        raise RowRangeError(f"--rows {text!r}: expected 0 <= A < B <= {total} (the dump's rows)")
+    return start, stop
+
+
+def open_pair(model, dump, *, check_finite: bool = True):
+    """(GGUFFile, tail, Dump): the model's tail and the dump, validated against each other."""
+    from dumps import read_dump
+    from quant import gguf
+    from solvers.model import load_tail
+
+    g = gguf.open(model)
+    tail = load_tail(g)
+    d = read_dump(dump, expect=tail.dump_expect(), check_finite=check_finite)
+    return g, tail, d
+
+
+def tail_mix(tail, dump, rows: tuple[int, int] | None = None, dW=None, *,
+             reference: bool = False, chunk: int = 4096) -> np.ndarray:
+    """mix [T, n] for dump rows [start, stop): float32 fast path (float64 with `reference`),
+    computed in chunks of rows so memory stays bounded by the chunk."""
+    start, stop = (0, dump.rows) if rows is None else rows
+    parts = [tail.mix(tail.residual(dump, slice(a, min(a + chunk, stop)), dW, reference=reference),
+                      reference=reference) for a in range(start, stop, chunk)]
+    return np.concatenate(parts, axis=0)
+
+
+def head_pass(tail, mix, *, matmul: Matmul | None = None, progress: Progress | None = None,
+              **kw) -> VocabPass:
+    """`vocab_pass` over the tail's head with its softcap (kw: token_sets, topk, exclude, ...)."""
+    return vocab_pass(mix, tail.head, softcap=tail.softcap, matmul=matmul, progress=progress, **kw)
+
+
+@dataclass(frozen=True)
+class LogitsResult:
+    """What `write_logits` wrote, and the per-row LSE / argmax it saw on the way."""
+
+    out: str
+    manifest: str
+    rows: tuple[int, int]
+    vocab: int
+    lse: np.ndarray        # float64 [rows]
+    argmax: np.ndarray     # int64 [rows]
+    model_sha256: str
+    dump_sha256: str
+    out_sha256: str
+    matmul: str
+
+    def to_dict(self) -> dict:
+        return {"out": self.out, "manifest": self.manifest, "rows": list(self.rows),
+                "vocab": self.vocab, "model_sha256": self.model_sha256,
+                "dump_sha256": self.dump_sha256, "out_sha256": self.out_sha256,
+                "matmul": self.matmul, "mean_lse": float(np.mean(self.lse))}
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 24):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_replace(tmp: Path, dst: Path) -> None:
+    with open(tmp, "rb+") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, dst)
+
+
+def write_logits(model, dump, out, *, rows: str | tuple[int, int] | None = None,
+                 tile_rows: int = 8192, matmul: Matmul | None = None,
+                 progress: Progress | None = None) -> LogitsResult:
+    """Full-vocabulary float32 logits [rows, V] of `model` on the rows of `dump`, as OUT (.npy)."""
+    from solvers.head.forward_fast import Sgemm
+
+    out = Path(out)
+    g, tail, d = open_pair(model, dump)
+    span = rows if isinstance(rows, tuple) else parse_rows(rows, d.rows)
+    matmul = Sgemm() if matmul is None else matmul
+    mix = tail_mix(tail, d, span)
+    V = tail.spec.vocab
+    tmp = out.with_name(out.name + ".tmp")
+    arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(mix.shape[0], V))
+
+    def sink(a, b, tile):
+        arr[:, a:b] = tile
+
+    try:
+        vp = head_pass(tail, mix, matmul=matmul, tile_rows=tile_rows, sink=sink, progress=progress)
+        arr.flush()
+        del arr
+        _fsync_replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    result = LogitsResult(str(out), str(out) + ".manifest.json", span, V, vp.lse, vp.argmax,
+                          g.sha256(), d.sha256(), _sha256_file(out), getattr(matmul, "name", repr(matmul)))
+    man = Path(result.manifest)
+    man_tmp = man.with_name(man.name + ".tmp")
+    man_tmp.write_text(json.dumps({"kind": "exactedit-logits", "model": str(model),
+                                   "dump": str(dump), **result.to_dict()}, indent=2) + "\n")
+    _fsync_replace(man_tmp, man)
+    return result
