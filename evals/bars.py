@@ -273,6 +273,7 @@ class PhraseRow:
     n: int
     base: float
     edited: float
+    text: str = ""
 
 
 def per_phrase(s: RowScores, ctx: BarContext, roles=None) -> tuple[PhraseRow, ...]:
@@ -285,7 +286,8 @@ def per_phrase(s: RowScores, ctx: BarContext, roles=None) -> tuple[PhraseRow, ..
         n = int(m.sum())
         base = float(np.exp(s.logp_base[m]).mean()) if n else math.nan
         edit = float(np.exp(s.logp_edit[m]).mean()) if n else math.nan
-        out.append(PhraseRow(pi, tuple(phrase), n, base, edit))
+        text = "".join(ctx.vocab[t] for t in phrase) if ctx.vocab else ""
+        out.append(PhraseRow(pi, tuple(int(t) for t in phrase), n, base, edit, text))
     return tuple(out)
 
 

@@ -263,7 +263,8 @@ def register_protocol(ledger: Ledger, protocol, command: str, trace_hashes: Mapp
                             f"{e.payload.get('sha256')} (entry {e.seq}); a changed protocol needs a new name")
     inputs = {"protocol": protocol.sha256, **{f"trace:{k}": v for k, v in (trace_hashes or {}).items()}}
     e = ledger.append("register", command, inputs,
-                      {"name": protocol.name, "sha256": protocol.sha256, "path": str(protocol.path)})
+                      {"name": protocol.name, "sha256": protocol.sha256, "path": str(protocol.path),
+                       "traces": {t.name: t.role for t in protocol.traces}})
     return _record(e)
 
 

@@ -1,0 +1,211 @@
+"""Score a model, an edited model and/or shaping rules on dumps: RowScores, then the bars.
+
+For each scored document, rows are taken in chunks: the tail forward gives `mix` for the base and
+the edited model (`solvers.logits.tail_mix`), one streaming head pass per model gives full-vocabulary
+logits of the chunk, the shaping rules (if any) change the edited logits, and `rows_from_logits`
+(float64) reduces both to RowScores. Only the documents whose role the run may read are touched:
+train, the held-out role, anchors and collateral (never test in a dev run, never blind outside the
+blind run). KL statistics in llama.cpp's form come from `evals.kld.kld_stats`, per role and at each
+shaping rule's triggers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from evals import shaping
+from quant.errors import ExacteditError
+from evals.bars import BarContext, anti_slop_bars, per_phrase, persona_bars, same_doc_mask, verdict
+from evals.kld import KlRows, kld_stats
+from evals.protocol import Protocol, ResolvedTokens, resolve_tokens
+from evals.report import BarReport
+from evals.scoring import DocMeta, RowScores, concat, rows_from_logits
+from evals.splits import Splits
+
+Progress = Callable[[int, int], None]
+BAR_SETS = ("anti-slop", "persona", "all")
+
+
+class EvalError(ExacteditError):
+    """A scoring run cannot proceed with these inputs."""
+
+
+@dataclass(frozen=True)
+class ScoreConfig:
+    """What one scoring run computes. `shapes` are `--shape` specs (prefix-penalty=B,
+    step0-guard=B, persona-case); documents tagged `persona_tag` have the persona active."""
+
+    heldout_role: str = "dev"
+    bars: str = "anti-slop"
+    shapes: tuple[str, ...] = ()
+    persona_tag: str = "style"
+    chunk_rows: int = 128
+    tile_rows: int = 8192
+
+    def __post_init__(self):
+        if self.heldout_role not in ("dev", "test", "blind"):
+            raise ValueError(f"heldout_role must be dev, test or blind, got {self.heldout_role!r}")
+        if self.bars not in BAR_SETS:
+            raise ValueError(f"bars must be one of {BAR_SETS}, got {self.bars!r}")
+        if self.chunk_rows < 1 or self.tile_rows < 1:
+            raise ValueError("chunk_rows and tile_rows must be >= 1")
+        names = [shaping.parse_shape(s)[0] for s in self.shapes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"each shaping rule may be given once, got {list(self.shapes)}")
+
+
+@dataclass(frozen=True)
+class TraceInput:
+    """A dump to score and the role of each of its documents (documents not listed are skipped)."""
+
+    name: str
+    path: Path
+    roles: Mapping[str, str]
+    domain: str = ""
+
+
+@dataclass(frozen=True)
+class Scored:
+    report: BarReport
+    scores: RowScores
+    triggers: Mapping[str, np.ndarray]
+    dump_sha256: Mapping[str, str]
+
+
+def readable_roles(heldout_role: str) -> tuple[str, ...]:
+    return ("train", heldout_role, "anchors", "collateral")
+
+
+def protocol_traces(protocol: Protocol, splits: Splits, heldout_role: str) -> tuple[TraceInput, ...]:
+    """The protocol's traces with the documents a run for `heldout_role` may read."""
+    allowed = set(readable_roles(heldout_role))
+    out = []
+    for t in protocol.traces:
+        roles = {d.doc: d.role for d in splits.docs if d.trace == t.name and d.role in allowed}
+        if roles:
+            out.append(TraceInput(t.name, t.path, roles, t.domain))
+    return tuple(out)
+
+
+def token_texts(tail) -> tuple[str, ...]:
+    """Each id of the model's table as decoded text (special tokens as their names)."""
+    return tuple(tail.tokens.piece(i) for i in range(tail.spec.vocab))
+
+
+def build_rules(shapes: Sequence[str], texts: Sequence[str], tokens: ResolvedTokens,
+                persona_docs: Sequence[bool]) -> tuple[shaping.Rule, ...]:
+    vocab = shaping.ShapeVocab.from_texts(texts)
+    rules = []
+    for spec in shapes:
+        name, bias = shaping.parse_shape(spec)
+        if name == "prefix-penalty":
+            rules.append(shaping.PrefixPenalty(bias, tokens.phrases))
+        elif name == "step0-guard":
+            rules.append(shaping.Step0Guard(bias, (vocab.think_open, vocab.im_end)))
+        else:
+            rules.append(shaping.PersonaCase(shaping.case_pairs(texts), tuple(persona_docs)))
+    return tuple(rules)
+
+
+def _full_logits(tail, mix: np.ndarray, tile_rows: int) -> np.ndarray:
+    from solvers.logits import head_pass
+
+    out = np.empty((mix.shape[0], tail.spec.vocab), dtype=np.float32)
+
+    def sink(a, b, tile):
+        out[:, a:b] = tile
+
+    head_pass(tail, mix, tile_rows=tile_rows, sink=sink)
+    return out
+
+
+def score_traces(protocol: Protocol, model, traces: Sequence[TraceInput], config: ScoreConfig, *,
+                 edited=None, splits: Splits | None = None, meta: Mapping | None = None, marker: str = "",
+                 kind: str = "score", progress: Progress | None = None) -> Scored:
+    """RowScores of `edited` (a GGUF path; None: the base itself) plus `config.shapes` against
+    `model`, on the listed documents of `traces`, and the bars of `config.bars`."""
+    from dumps import read_dump
+    from quant import gguf
+    from solvers.logits import tail_mix
+    from solvers.model import load_tail
+
+    g = gguf.open(model)
+    tail = load_tail(g)
+    g2 = gguf.open(edited) if edited is not None else None
+    tail2 = load_tail(g2) if g2 is not None else tail
+    if (tail2.spec.vocab, tail2.spec.n) != (tail.spec.vocab, tail.spec.n):
+        raise EvalError(f"{edited}: the edited model's vocabulary or width differs from {model}'s")
+    texts = token_texts(tail)
+    tokens = resolve_tokens(protocol, texts)
+    dumps = [(t, read_dump(t.path, expect=tail.dump_expect())) for t in traces]
+    total = sum(doc.rows for t, d in dumps for doc in d.docs if doc.name in t.roles)
+    done, parts, triggers = 0, [], {}
+    for t, d in dumps:
+        docs = [doc for doc in d.docs if doc.name in t.roles]
+        metas = [DocMeta(doc.name, t.name, t.roles[doc.name], doc.source, doc.character, doc.tags, t.domain)
+                 for doc in docs]
+        persona = [config.persona_tag in doc.tags for doc in d.docs]
+        rules = build_rules(config.shapes, texts, tokens, persona) if config.shapes else ()
+        all_tokens = np.asarray(d.tokens)
+        doc_of_row = d.doc_index()
+        state = (shaping.trigger_state(all_tokens, [doc.first_row for doc in d.docs],
+                                       shaping.ShapeVocab.from_texts(texts)) if rules else None)
+        roles = np.asarray(d.roles) if d.roles is not None else np.zeros(d.rows, np.uint8)
+        chunks = []
+        for di, doc in enumerate(docs):
+            for a in range(doc.first_row, doc.stop, config.chunk_rows):
+                b = min(a + config.chunk_rows, doc.stop)
+                mix_b = tail_mix(tail, d, (a, b))
+                lb = _full_logits(tail, mix_b, config.tile_rows)
+                le = lb if tail2 is tail else _full_logits(tail2, tail_mix(tail2, d, (a, b)), config.tile_rows)
+                if rules:
+                    le = shaping.shape_logits(rules, le, np.arange(a, b), all_tokens, doc_of_row, state)
+                chunks.append(rows_from_logits(lb, le, all_tokens[a:b], np.asarray(d.next[a:b]), roles[a:b],
+                                               np.full(b - a, di), tokens.specials, (), metas))
+                done += b - a
+                if progress is not None:
+                    progress(done, total)
+        if not chunks:
+            continue
+        parts.append(concat(chunks, chunks=True))
+        kept = np.concatenate([np.arange(doc.first_row, doc.stop) for doc in docs])
+        for rule in rules:
+            m = shaping.trigger_mask(rule, all_tokens, doc_of_row, state)[kept]
+            triggers[rule.name] = np.concatenate([triggers.get(rule.name, np.zeros(0, bool)), m])
+    if not parts:
+        raise EvalError("no documents to score: the split gives this run no readable document")
+    scores = concat(parts, chunks=False)
+    ctx = BarContext(tokens, protocol.bars, config.heldout_role,
+                     same_doc_mask(scores, splits, tokens.phrases) if splits is not None else None, texts)
+    rows = ()
+    if config.bars in ("anti-slop", "all"):
+        rows += anti_slop_bars(scores, ctx)
+    if config.bars in ("persona", "all"):
+        rows += persona_bars(scores, ctx)
+    dump_sha = {t.name: d.sha256() for t, d in dumps}
+    info = {"model": str(model), "model_sha256": g.sha256(), "edited": str(edited) if edited else "",
+            "edited_sha256": g2.sha256() if g2 is not None else "", "shapes": list(config.shapes),
+            "protocol": str(Path(protocol.path).resolve()), "protocol_sha256": protocol.sha256,
+            **{f"dump:{k}": v for k, v in dump_sha.items()}, **(meta or {})}
+    report = BarReport(kind, config.heldout_role, rows, verdict(rows), per_phrase(scores, ctx),
+                       kl_summary(scores, triggers), info, marker)
+    return Scored(report, scores, triggers, dump_sha)
+
+
+def kl_summary(scores: RowScores, triggers: Mapping[str, np.ndarray]) -> dict[str, dict]:
+    """llama.cpp-form KL statistics per document role, and at each shaping rule's trigger rows."""
+    roles = scores.doc_roles()
+    scopes = {f"role {r}": roles == r for r in dict.fromkeys(roles)}
+    scopes.update({f"triggers {name}": m for name, m in triggers.items()})
+    out = {}
+    for name, m in scopes.items():
+        if not m.any():
+            continue
+        nan = np.full(int(m.sum()), np.nan)
+        r = KlRows(scores.kl[m], scores.argmax_base[m], scores.argmax_edit[m], nan, nan,
+                   scores.logp_base[m], scores.logp_edit[m])
+        out[name] = kld_stats(r).to_dict()
+    return out
