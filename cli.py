@@ -99,6 +99,72 @@ def dump_inspect(directory: str, as_json: bool, verify_hashes: bool) -> None:
     click.echo(json.dumps(summary.to_json(), indent=1) if as_json else format_table(summary))
 
 
+@main.command("logits")
+@click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True), help="GGUF model.")
+@click.option("--dump", "dump_dir", required=True, type=click.Path(file_okay=False, exists=True),
+              help="Activation dump directory.")
+@click.option("--rows", default=None, metavar="A:B", help="Row range of the dump (default: all).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output .npy [rows, V] float32.")
+@click.option("--tile-rows", default=8192, show_default=True, type=click.IntRange(1), help="Head rows per tile.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def logits_cmd(model, dump_dir, rows, out, tile_rows, as_json) -> None:
+    """Full-vocabulary logits of MODEL recomputed from the dump rows, written to OUT."""
+    import contextlib
+    import json
+
+    from solvers.logits import render_logits, write_logits
+
+    with contextlib.ExitStack() as stack:
+        res = write_logits(model, dump_dir, out, rows=rows, tile_rows=tile_rows,
+                           progress=_dump_scan_bar(stack, "vocab pass"))
+    click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_logits(res))
+
+
+@main.command("kld")
+@click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True), help="Base GGUF.")
+@click.option("--dump", "dump_dir", required=True, type=click.Path(file_okay=False, exists=True),
+              help="Activation dump directory (of the base model).")
+@click.option("--edited", required=True, type=click.Path(dir_okay=False, exists=True), help="Edited GGUF.")
+@click.option("--rows", default=None, metavar="A:B", help="Row range of the dump (default: all).")
+@click.option("--tile-rows", default=8192, show_default=True, type=click.IntRange(1), help="Head rows per tile.")
+@click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
+def kld_cmd(model, dump_dir, edited, rows, tile_rows, as_json) -> None:
+    """KL divergence of EDITED against MODEL on the dump (llama.cpp perplexity-tool statistics)."""
+    import contextlib
+    import json
+
+    from evals.kld import kld, render_kld
+
+    with contextlib.ExitStack() as stack:
+        res = kld(model, dump_dir, edited, rows=rows, tile_rows=tile_rows,
+                  progress=_dump_scan_bar(stack, "KL pass"))
+    click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_kld(res))
+
+
+@bench.command("head")
+@click.option("--rows", default=512, show_default=True, type=click.IntRange(1), help="Activation rows.")
+@click.option("--vocab", default=248320, show_default=True, type=click.IntRange(1), help="Head rows V.")
+@click.option("--n", default=2560, show_default=True, type=click.IntRange(1), help="Model width (multiple of 256).")
+@click.option("--tile-rows", default=8192, show_default=True, type=click.IntRange(1), help="Head rows per tile.")
+@click.option("--repeats", default=1, show_default=True, type=click.IntRange(1), help="Alternating repeats; best time kept.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def bench_head(rows, vocab, n, tile_rows, repeats, seed, as_json) -> None:
+    """Streaming full-vocab pass over a synthetic Q6_K head vs numpy sgemm of the same shape."""
+    import contextlib
+    import json
+
+    from bench.head import BenchHeadConfig, render_bench_head, run_bench_head
+
+    try:
+        cfg = BenchHeadConfig(rows, vocab, n, tile_rows, repeats, seed)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    with contextlib.ExitStack() as stack:
+        res = run_bench_head(cfg, progress=_dump_scan_bar(stack, "bench head"))
+    click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_bench_head(res))
+
+
 # ---- end section: dumps + forwards -----------------------------------------------------------
 
 # ---- section: fixture + demo -----------------------------------------------------------------

@@ -124,7 +124,7 @@ class KldStats:
     ppl_rows: int             # rows with a known next token
     ppl_base: float
     ppl_edited: float
-    ln_ppl_ratio: float       # mean of ln p_base(next) - ln p_edited(next)
+    ln_ppl_ratio: float       # mean of ln p_base(next) - ln p_edited(next) = ln(PPL_e / PPL_b)
     ln_ppl_ratio_stderr: float
     dp_mean: float            # mean of p_edited(next) - p_base(next)
     dp_rms: float
@@ -180,7 +180,7 @@ class KldResult:
 
     def to_dict(self) -> dict:
         return {"model": self.model, "edited": self.edited, "dump": self.dump,
-                "rows": list(self.rows), "model_sha256": self.model_sha256,
+                "row_range": list(self.rows), "model_sha256": self.model_sha256,
                 "edited_sha256": self.edited_sha256, "dump_sha256": self.dump_sha256,
                 **self.stats.to_dict()}
 
@@ -208,3 +208,32 @@ def kld(model, dump, edited, *, rows: str | tuple[int, int] | None = None, tile_
                 softcap=tail.softcap, tile_rows=tile_rows, matmul=matmul, progress=progress)
     return KldResult(kld_stats(r), r, str(model), str(edited), str(dump), span,
                      g.sha256(), g2.sha256(), d.sha256())
+
+
+def render_kld(r: KldResult) -> str:
+    """The text table `exactedit kld` prints (llama.cpp's order and labels)."""
+    s = r.stats
+    pct = lambda x: f"{100 * x:8.3f} %"  # noqa: E731
+    lines = [f"base    {r.model}  ({r.model_sha256[:12]})",
+             f"edited  {r.edited}  ({r.edited_sha256[:12]})",
+             f"dump    {r.dump}  rows {r.rows[0]}:{r.rows[1]}  ({r.dump_sha256[:12]})",
+             "====== Perplexity statistics ======",
+             f"rows with a next token: {s.ppl_rows}",
+             f"Mean PPL(Q)          : {s.ppl_edited:12.6f}",
+             f"Mean PPL(base)       : {s.ppl_base:12.6f}",
+             f"Mean ln(PPL(Q)/PPL(base)): {s.ln_ppl_ratio:10.6f} ± {s.ln_ppl_ratio_stderr:.6f}",
+             "====== KL divergence statistics ======",
+             f"Mean    KLD: {s.kld_mean:12.6f} ± {s.kld_mean_stderr:.6f}",
+             f"Maximum KLD: {s.kld_max:12.6f}",
+             f"99.9%   KLD: {s.kld_p999:12.6f}",
+             f"99.0%   KLD: {s.kld_p99:12.6f}",
+             f"95.0%   KLD: {s.kld_p95:12.6f}",
+             f"90.0%   KLD: {s.kld_p90:12.6f}",
+             f"Median  KLD: {s.kld_median:12.6f}",
+             f"10.0%   KLD: {s.kld_p10:12.6f}",
+             f"Minimum KLD: {s.kld_min:12.6f}",
+             "====== Token probability statistics ======",
+             f"Mean    Δp: {pct(s.dp_mean)}",
+             f"RMS     Δp: {pct(s.dp_rms)}",
+             f"Same top p: {pct(s.same_top)} ± {100 * s.same_top_stderr:.3f} %  ({s.rows} rows)"]
+    return "\n".join(lines)

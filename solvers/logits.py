@@ -143,3 +143,12 @@ def write_logits(model, dump, out, *, rows: str | tuple[int, int] | None = None,
                                    "dump": str(dump), **result.to_dict()}, indent=2) + "\n")
     _fsync_replace(man_tmp, man)
     return result
+
+
+def render_logits(r: LogitsResult) -> str:
+    """The text report of `exactedit logits`."""
+    rows = r.rows[1] - r.rows[0]
+    return "\n".join([f"wrote {r.out}: float32 [{rows}, {r.vocab}] (rows {r.rows[0]}:{r.rows[1]})",
+                      f"sha256 {r.out_sha256}  manifest {r.manifest}",
+                      f"model {r.model_sha256[:12]}  dump {r.dump_sha256[:12]}  matmul {r.matmul}",
+                      f"mean LSE {float(np.mean(r.lse)):.6f}"])

@@ -131,6 +131,7 @@ def test_kld_end_to_end_on_gguf(tmp_path):
     assert same.stats.kld_max == 0 and same.stats.same_top == 1 and same.stats.ppl_rows == T - 1
     res = kld(base, tmp_path / "d", edited, rows="0:8", progress=lambda d, t: None)
     assert res.rows == (0, 8) and res.stats.rows == 8 and res.stats.kld_min > 0
+    assert res.to_dict()["row_range"] == [0, 8] and res.to_dict()["rows"] == 8
     assert res.edited_sha256 != res.model_sha256
     d = res.to_dict()
     for key in ("kld_mean", "kld_median", "kld_p90", "kld_p99", "kld_max", "same_top", "ppl_base", "ppl_edited"):
