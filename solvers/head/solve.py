@@ -1,0 +1,362 @@
+"""`solve head`: the exact output-head row solver (SPEC.md section 4), end to end.
+
+1. The protocol must be registered (or the run is marked `--unregistered`); its split decides
+   which documents of the given dumps are train, dev and test; S comes from train only.
+2. One full-vocab pass over the train and dev rows (and the protocol's anchor traces) gives LSE,
+   LSE_rest, the base logits of S and of every token a term names (`rowdata.gather`).
+3. Adam steps on J at |rows| x |S| x n each (JAX float32, jitted once; or the numpy reference).
+4. Every `stopping.every` steps: the edit is round-tripped through the head's type (`ship`) and
+   scored exactly on train and dev: the gains per token class and the dev KL (`Checkpoint`).
+5. The protocol's stopping rule picks the step (or none: then no edit ships). Test rows are read
+   only now, once per (protocol, edit) through the ledger; a repeat gets the recorded numbers.
+6. The result carries everything a report needs; `write_head_bundle` writes the bundle.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from evals.bars import BarContext, BarRow, persona_bars
+from evals.ledger import DEFAULT_WORKSPACE, Ledger, require_registered
+from evals.protocol import load_protocol, resolve_tokens as resolve_protocol_tokens
+from evals.scoring import concat as concat_scores
+from quant import gguf
+from solvers.head import rowdata
+from solvers.head.adam import AdamState, adam_init, adam_update
+from solvers.head.batch import build_batch, rejected_openers
+from solvers.head.config import HeadSolveConfig, HeadSolveError
+from solvers.head.editset import EditSet, choose_edit_set, resolve_tokens
+from solvers.head.inputs import gather_inputs, solve_splits
+from solvers.head.objective import Terms, objective, objective_grad
+from solvers.head.param import anchor_energy_kept, delta_w, init_params, n_params, null_basis, project, pullback
+from solvers.head.scores import ClassGains, SplitReport, class_masks, gains, split_report
+from solvers.head.ship import HeadRows, Shipped, load_head_rows, ship
+from solvers.head.testonce import TestOutcome, score_test_once
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The shipped edit at one step, scored exactly: J's terms on train, gains, dev KL, the ratio."""
+
+    step: int
+    terms: Terms
+    train: ClassGains
+    dev: ClassGains
+    dev_kl: float
+    ratio: float
+    rows_changed: int
+
+
+@dataclass(frozen=True, eq=False)
+class HeadSolveResult:
+    config: HeadSolveConfig
+    protocol: str
+    protocol_sha256: str
+    protocol_path: Path
+    marker: str                       # non-empty for an unregistered protocol: every report prints it
+    model: str
+    model_sha256: str
+    inputs: tuple[tuple[str, str, str], ...]   # (role, path, sha256) of every dump read
+    edit_set: EditSet
+    edit_tokens: tuple[str, ...]
+    n_params: int
+    anchor_energy_kept: float
+    term_rows: dict
+    stopping: dict
+    trajectory: tuple[Checkpoint, ...]
+    losses: tuple[float, ...]         # J per Adam step (float32 path, before the round trip)
+    chosen_step: int | None
+    rows_changed: int
+    quant_rel_error: float
+    edit_norm_ratio: float            # ||dW shipped|| / ||W_S||
+    splits: tuple[SplitReport, ...]   # train, dev at the chosen step (zero edit when none)
+    anchors: tuple[SplitReport, ...]  # each anchor trace
+    test: TestOutcome
+    bars: tuple[BarRow, ...]
+    seconds: dict
+    head: HeadRows | None = field(default=None, repr=False)
+    shipped: Shipped | None = field(default=None, repr=False)
+
+    @property
+    def shipped_edit(self) -> bool:
+        return self.chosen_step is not None and self.rows_changed > 0
+
+
+class _Ticker:
+    """One progress bar over several phases of known size."""
+
+    def __init__(self, progress: Progress | None, total: int):
+        self.progress, self.total, self.done = progress, max(total, 1), 0
+
+    def phase(self, size: int) -> Progress:
+        base = self.done
+        self.done += size
+
+        def tick(done: int, total: int) -> None:
+            if self.progress is not None:
+                self.progress(base + int(size * done / max(total, 1)), self.total)
+        return tick
+
+
+def _check_tail(tail) -> str:
+    if tail.softcap is not None:
+        raise HeadSolveError(tail.path, "logit softcap", "solve head needs logits linear in the head rows; "
+                             "this model applies a final softcap")
+    if tail.spec.tied:
+        raise HeadSolveError(tail.path, "token_embd.weight", "the head is tied to the input embeddings; "
+                             "editing its rows would change the inputs too")
+    return tail.spec.names["head"]
+
+
+def _gather(tail, role_rows, edit_ids, sel_ids, tile_rows, tick: _Ticker):
+    parts = [rowdata.gather(tail, rr.dump, rr.spans, rr.docs, edit_ids, sel_ids, tile_rows=tile_rows,
+                            progress=tick.phase(tail.spec.vocab)) for rr in role_rows]
+    return rowdata.concat(parts)
+
+
+class _Scorer:
+    """Scores a shipped edit on fixed RowData sets."""
+
+    def __init__(self, edit_ids, style, specials, turn_end):
+        self.ids, self.style, self.specials, self.turn_end = edit_ids, style, specials, turn_end
+
+    def effect(self, rd, dw):
+        return rowdata.effect(rd, dw, self.ids)
+
+    def gains(self, rd, eff) -> ClassGains:
+        return gains(eff, class_masks(rd, self.style, self.specials))
+
+    def report(self, name, rd, eff) -> SplitReport:
+        return split_report(name, rd, eff, class_masks(rd, self.style, self.specials), self.specials, self.turn_end)
+
+
+def _optimize(cfg: HeadSolveConfig, batch, q, head: HeadRows, train_rd, dev_rd, scorer: _Scorer,
+              stopping, tick: Progress):
+    """Adam from the zero edit; a scored Checkpoint every `stopping.every` steps. Returns
+    (checkpoints, {step: dW}, per-step losses, n_params, seconds per step)."""
+    w = cfg.weights
+    _, g0 = objective_grad(batch, np.zeros(batch.base_s.shape[1:2] + batch.z.shape[1:]), w)
+    params = init_params(cfg.rank, g0, q)
+    checkpoints, saved = [], {}
+
+    def check(step, p):
+        dw = delta_w(p, q)
+        shipped = ship(head, dw)
+        tr, dv = scorer.effect(train_rd, shipped.dw), scorer.effect(dev_rd, shipped.dw)
+        g_tr, g_dv = scorer.gains(train_rd, tr), scorer.gains(dev_rd, dv)
+        a, b = g_dv.of(stopping.metric), g_tr.of(stopping.metric)
+        ratio = a / b if np.isfinite(a) and np.isfinite(b) and b > 0 else float("nan")
+        checkpoints.append(Checkpoint(step, objective(batch, shipped.dw, w), g_tr, g_dv, float(np.mean(dv.kl)),
+                                      float(ratio), int(shipped.changed.sum())))
+        saved[step] = dw
+
+    check(0, params)
+    stepper = _JaxStepper(cfg, batch, q, params) if cfg.backend == "jax" else _NumpyStepper(cfg, batch, q, params)
+    timed = 0.0
+    for step in range(1, stopping.max_steps + 1):
+        t0 = time.perf_counter()
+        stepper.step()
+        if step > 1:  # the first step includes the jit compile
+            stepper.sync()
+            timed += time.perf_counter() - t0
+        if step % stopping.every == 0:
+            check(step, stepper.params())
+        tick(step, stopping.max_steps)
+    per_step = timed / (stopping.max_steps - 1) if stopping.max_steps > 1 else float("nan")
+    return tuple(checkpoints), saved, stepper.losses(), n_params(params), per_step
+
+
+class _NumpyStepper:
+    """The float64 reference loop: analytic gradient, chain rule, Adam, re-projection."""
+
+    def __init__(self, cfg, batch, q, params):
+        self.cfg, self.batch, self.q, self.p = cfg, batch, q, params
+        self.state, self._losses = adam_init(params), []
+
+    def step(self):
+        terms, gw = objective_grad(self.batch, delta_w(self.p, self.q), self.cfg.weights)
+        self.p, self.state = adam_update(pullback(self.p, self.q, gw), self.state, self.p, self.cfg.adam)
+        self.p = project(self.p, self.q)
+        self._losses.append(terms.total)
+
+    def params(self):
+        return self.p
+
+    def sync(self):
+        pass
+
+    def losses(self):
+        return tuple(self._losses)
+
+
+class _JaxStepper:
+    """The fast path: float32, `objective_jax.train_step` jitted once."""
+
+    def __init__(self, cfg, batch, q, params):
+        import jax
+        import jax.numpy as jnp
+
+        from solvers.head import objective_jax as oj
+
+        self.jax = jax
+        self.data = oj.to_device(batch, q)
+        self.scfg = oj.StepConfig(cfg.weights, cfg.adam)
+        self.fn = jax.jit(oj.train_step, static_argnames="cfg")
+        self.p = type(params)(*(jnp.asarray(x, jnp.float32) for x in params))
+        zeros = type(params)(*(jnp.zeros_like(x) for x in self.p))
+        self.state = AdamState(jnp.zeros((), jnp.int32), zeros, zeros)
+        self._losses = []
+
+    def step(self):
+        self.p, self.state, terms = self.fn(self.p, self.state, self.data, cfg=self.scfg)
+        self._losses.append(terms.total)
+
+    def params(self):
+        return type(self.p)(*(np.asarray(x, dtype=np.float64) for x in self.p))
+
+    def sync(self):
+        self.jax.block_until_ready(self.p)
+
+    def losses(self):
+        return tuple(float(x) for x in self._losses)
+
+
+def edit_sha256(head: HeadRows, shipped: Shipped) -> str:
+    """Identity of a shipped edit: tensor, changed row ids and their bytes."""
+    h = hashlib.sha256(head.tensor.encode())
+    ids = head.ids[shipped.changed].astype("<u4")
+    h.update(ids.tobytes())
+    h.update(np.ascontiguousarray(shipped.raw[shipped.changed]).tobytes())
+    return h.hexdigest()
+
+
+def solve_head(cfg: HeadSolveConfig, *, model, train: Sequence, dev: Sequence, protocol, test: Sequence = (),
+               workspace=DEFAULT_WORKSPACE, command: str = "exactedit solve head",
+               progress: Progress | None = None) -> HeadSolveResult:
+    """Run a head solve; nothing is written except ledger entries (see `write_head_bundle`)."""
+    clock = {"start": time.perf_counter()}
+    proto = load_protocol(protocol)
+    with Ledger.open(workspace) as ledger, gguf.open(model) as g:
+        from solvers.model import load_tail
+
+        record = require_registered(ledger, proto, command, cfg.unregistered)
+        splits = solve_splits(proto, ledger)
+        tail = load_tail(g)
+        head_name = _check_tail(tail)
+        vocab = [tail.tokens.piece(i) for i in range(tail.spec.vocab)]
+        resolved = resolve_protocol_tokens(proto, vocab)
+        given = gather_inputs(proto, splits, {"train": train, "dev": dev, "test": test}, tail.dump_expect())
+        openers = resolve_tokens(cfg.openers, vocab, "--openers")
+        closers = resolve_tokens(cfg.closers, vocab, "--closers")
+        passes = len(given["train"]) + len(given["dev"]) + len(given["anchors"]) + (2 if test else 1)
+        tick = _Ticker(progress, passes * tail.spec.vocab + proto.stopping.max_steps)
+
+        # the edit set from the train rows' tokens alone (no pass needed)
+        train_next = np.concatenate([np.asarray(rr.dump.next[a:b]) for rr in given["train"] for a, b, _ in rr.spans])
+        train_roles = np.concatenate([np.asarray(rr.dump.roles[a:b]) for rr in given["train"] for a, b, _ in rr.spans])
+        edit = choose_edit_set(proto.edit_set.rule, proto.edit_set.count, resolved.edit_set, resolved.style,
+                               resolved.specials, train_next, train_roles)
+        rejected = [int(t.split("=", 1)[1]) for rr in given["train"] for d in rr.docs for t in d.tags
+                    if t.startswith("rejected0=") and t.split("=", 1)[1].isdigit()]
+        sel_ids = tuple(dict.fromkeys([*resolved.specials, resolved.turn_end, *openers, *closers, *rejected]))
+
+        train_rd = _gather(tail, given["train"], edit.ids, sel_ids, cfg.tile_rows, tick)
+        dev_rd = _gather(tail, given["dev"], edit.ids, sel_ids, cfg.tile_rows, tick)
+        anchor_rds = [_gather(tail, [rr], edit.ids, sel_ids, cfg.tile_rows, tick) for rr in given["anchors"]]
+        clock["pass"] = time.perf_counter()
+
+        batch, counts = build_batch(train_rd, edit.ids, resolved.specials, openers, closers, tail.spec.vocab)
+        rejected_openers(train_rd, tail.spec.vocab)  # validates every rejected0= tag
+        z_anchor = train_rd.z[batch.anchor]
+        if cfg.null_k and (len(z_anchor) == 0 or cfg.null_k >= tail.spec.n):
+            raise HeadSolveError("train", "anchors", f"--null-k {cfg.null_k} needs anchor rows and must be "
+                                 f"below n = {tail.spec.n} (train has {len(z_anchor)} anchor rows)")
+        q = null_basis(z_anchor, cfg.null_k) if cfg.null_k else np.zeros((tail.spec.n, 0))
+        if cfg.rank > len(edit.ids):
+            raise HeadSolveError("config", "rank", f"{cfg.rank} exceeds |S| = {len(edit.ids)}")
+        head = load_head_rows(g, head_name, edit.ids, runtime=tail.head.runtime)
+        scorer = _Scorer(edit.ids, resolved.style, resolved.specials, resolved.turn_end)
+        checkpoints, saved, losses, n_par, per_step = _optimize(
+            cfg, batch, q, head, train_rd, dev_rd, scorer, proto.stopping, tick.phase(proto.stopping.max_steps))
+        clock["steps"] = time.perf_counter()
+
+        steps = [c.step for c in checkpoints]
+        chosen = proto.stopping.choose(steps, [c.train.of(proto.stopping.metric) for c in checkpoints],
+                                       [c.dev.of(proto.stopping.metric) for c in checkpoints])
+        dw = saved[chosen] if chosen is not None else np.zeros_like(head.view)
+        shipped = ship(head, dw)
+        effects = {name: scorer.effect(rd, shipped.dw) for name, rd in (("train", train_rd), ("dev", dev_rd))}
+        reports = tuple(scorer.report(name, rd, effects[name]) for name, rd in (("train", train_rd), ("dev", dev_rd)))
+        anchor_reports = tuple(scorer.report(rr.trace, rd, scorer.effect(rd, shipped.dw))
+                               for rr, rd in zip(given["anchors"], anchor_rds))
+        parts = [rowdata.row_scores(rd, effects[n], resolved.specials) for n, rd in (("train", train_rd), ("dev", dev_rd))]
+        parts += [rowdata.row_scores(rd, scorer.effect(rd, shipped.dw), resolved.specials) for rd in anchor_rds]
+        heldout_bars = lambda scores, role: persona_bars(  # noqa: E731
+            concat_scores(scores, chunks=False), BarContext(tokens=resolved, bars=proto.bars, heldout_role=role))
+        test_phase = tick.phase(tail.spec.vocab)
+        outcome, bars = score_test_once(
+            ledger, record, command, bool(test), chosen is not None and shipped.changed.any(),
+            edit_sha256(head, shipped),
+            lambda: _score_test(tail, given["test"], edit, sel_ids, cfg, scorer, shipped, resolved, parts,
+                                heldout_bars, test_phase),
+            lambda: heldout_bars(parts, "dev"))
+        clock["end"] = time.perf_counter()
+        w_norm = float(np.linalg.norm(head.view))
+        return HeadSolveResult(
+            config=cfg, protocol=proto.name, protocol_sha256=proto.sha256, protocol_path=proto.path, marker=record.marker, model=str(model),
+            model_sha256=g.sha256(),
+            inputs=tuple((f"{rr.role}:{rr.trace}", str(rr.path), rr.dump.sha256())
+                         for role in ("train", "dev", "test", "anchors") for rr in given[role]),
+            edit_set=edit, edit_tokens=tuple(vocab[i] for i in edit.ids), n_params=n_par,
+            anchor_energy_kept=anchor_energy_kept(z_anchor, q) if len(z_anchor) else 0.0, term_rows=counts,
+            stopping=dict(proto.stopping.__dict__), trajectory=checkpoints, losses=losses, chosen_step=chosen,
+            rows_changed=int(shipped.changed.sum()), quant_rel_error=shipped.rel_error,
+            edit_norm_ratio=float(np.linalg.norm(shipped.dw)) / w_norm if w_norm > 0 else 0.0,
+            splits=reports, anchors=anchor_reports, test=outcome, bars=tuple(bars),
+            seconds={"vocab_pass": clock["pass"] - clock["start"], "adam_step": per_step,
+                     "steps": clock["steps"] - clock["pass"], "total": clock["end"] - clock["start"]},
+            head=head, shipped=shipped)
+
+
+def _score_test(tail, test_rows, edit, sel_ids, cfg, scorer, shipped, resolved, parts, heldout_bars, tick):
+    """Test rows: one pass, the exact effect, the split report and the bars with test held out."""
+    parts_tail = []
+    for rr in test_rows:
+        parts_tail.append(rowdata.gather(tail, rr.dump, rr.spans, rr.docs, edit.ids, sel_ids,
+                                         tile_rows=cfg.tile_rows, progress=tick))
+    rd = rowdata.concat(parts_tail)
+    eff = scorer.effect(rd, shipped.dw)
+    report = scorer.report("test", rd, eff)
+    bars = heldout_bars([*parts, rowdata.row_scores(rd, eff, resolved.specials)], "test")
+    return report, bars
+
+
+def write_head_bundle(r: HeadSolveResult, out, *, overwrite: bool = False):
+    """The bundle of a solve: the row patch of the shipped edit (none when no step qualified),
+    report.json, report.txt, trajectory.png, and the manifest (inputs' sha256, config, trajectory)."""
+    from solvers.bundle import InputRef, TensorEdit, write_bundle
+    from solvers.head import report
+
+    edits = []
+    if r.shipped_edit:
+        ch = r.shipped.changed
+        edits.append(TensorEdit(r.head.tensor, "rows", r.head.type_name, r.head.shape, r.shipped.raw[ch],
+                                r.head.ids[ch]))
+    inputs = [InputRef("model", r.model, r.model_sha256),
+              InputRef("protocol", str(r.protocol_path), r.protocol_sha256)]
+    inputs += [InputRef(f"dump:{role}", path, sha) for role, path, sha in r.inputs]
+    full = report.result_json(r)
+    record = {k: full[k] for k in ("marker", "edit_set", "stopping", "chosen_step", "shipped_edit", "rows_changed",
+                                   "quant_rel_error", "trajectory", "test")}
+    files = {"report.json": json.dumps(full, indent=1).encode(), "report.txt": report.summary_table(r).encode(),
+             "trajectory.png": report.trajectory_png(r)}
+    return write_bundle(out, solver="head", inputs=inputs, config=r.config.to_json(), edits=edits, files=files,
+                        record=record, overwrite=overwrite)
