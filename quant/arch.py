@@ -219,7 +219,7 @@ def render_summary(s: ModelSummary) -> str:
     else:
         extra = f", streams {t.streams}, d_lo {t.d_lo}" if t.kind == "hc4" else ""
         lines += [f"tail       {t.kind}: layer {t.layer}, n {t.n}, V {t.vocab}, h {t.h}{extra}",
-                  f"           tied {'yes' if t.tied else 'no'}, rms eps {t.rms_eps}, "
+                  f"           tied {'yes' if t.tied else 'no'}, rms eps {t.rms_eps:.6g}, "
                   f"logit softcap {t.logit_softcap}, architecture {t.architecture}"]
         for x in t.tensors:
             lines.append(f"  {x.role:<14}{x.name:<34}{x.type_name:<6}{' x '.join(map(str, x.shape))}")

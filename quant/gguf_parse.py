@@ -133,7 +133,7 @@ class Reader:
         try:
             for _ in range(count):
                 pos += 8 + unpack(mm, pos)[0]
-        except struct.error:
+        except (struct.error, OverflowError):   # a length prefix pointed past the end
             pos = self.size + 1
         if pos > self.size:
             raise self.fail(field, "string array runs past the end of the file (truncated?)", start)
@@ -155,7 +155,9 @@ class Reader:
                 pos = self.skip_array(pos, f"{field}[{i}]", depth + 1)[2]
             return elem, count, pos
         n = count * struct.calcsize(SCALAR_FORMATS[elem])
-        self.need(pos, n, f"{field} ({count} x {_VT(elem).name})")
+        if n > self.size - pos:
+            raise self.fail(field, f"{count} x {_VT(elem).name} ({n} bytes) cannot fit in the "
+                                   f"{self.size - pos} bytes left (truncated?)", pos)
         return elem, count, pos + n
 
     def string_items(self, pos: int, count: int) -> list[str]:

@@ -188,3 +188,49 @@ def write_gguf(path, metadata: Mapping[str, Any], tensors: Mapping[str, TensorDa
     fsync_dir(path)
     return WrittenGGUF(path, file_sha256(path), data_offset,
                        {n: data_offset + o for n, o in offsets.items()})
+
+
+def synthetic_model(path, *, tail: str = "rmsnorm", vocab: int = 300, n: int = 256, h: int = 64,
+                    layers: int = 2, tied: bool = False, head_type: str = "Q6_K", d_lo: int = 32,
+                    seed: int = 0, metadata: Mapping[str, Any] | None = None,
+                    overwrite: bool = False) -> WrittenGGUF:
+    """A small model-shaped GGUF with random weights and a `vocab`-token table, for tests and benches.
+
+    tail "rmsnorm": output_norm + output (or tied token_embd) + blk.L.ffn_down (Q8_0);
+    tail "hc4": output_hc_norm (F32) / _down / _up (BF16) + output + blk.L.ffn_down_shexp (Q8_0).
+    """
+    from quant import quantize
+
+    if tail not in ("rmsnorm", "hc4"):
+        raise QuantError(f"tail must be 'rmsnorm' or 'hc4', got {tail!r}")
+    rng = np.random.default_rng(seed)
+    arch = "llama" if tail == "rmsnorm" else "hc4test"
+
+    def q(type_name: str, *shape: int, scale: float = 0.05) -> TensorData:
+        x = (rng.standard_normal(shape) * scale).astype(np.float32)
+        return TensorData(type_name, shape, quantize(x.reshape(-1, shape[-1]), type_name))
+
+    meta: dict[str, Any] = {
+        "general.architecture": arch, "general.name": f"synthetic {tail}",
+        f"{arch}.block_count": MetaValue(_VT.UINT32, layers),
+        f"{arch}.embedding_length": MetaValue(_VT.UINT32, n),
+        f"{arch}.attention.layer_norm_rms_epsilon": MetaValue(_VT.FLOAT32, 1e-5),
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.tokens": [f"tok{i}" for i in range(vocab)],
+        "tokenizer.ggml.token_type": np.ones(vocab, np.int32),
+    }
+    meta.update(metadata or {})
+    tensors: dict[str, TensorData] = {"token_embd.weight": q(head_type, vocab, n)}
+    down = "ffn_down.weight" if tail == "rmsnorm" else "ffn_down_shexp.weight"
+    for i in range(layers):
+        tensors[f"blk.{i}.attn_norm.weight"] = TensorData.from_f32(1 + rng.standard_normal(n) * 0.1)
+        tensors[f"blk.{i}.{down}"] = q("Q8_0", n, h)
+    if tail == "rmsnorm":
+        tensors["output_norm.weight"] = TensorData.from_f32(1 + rng.standard_normal(n) * 0.1)
+    else:
+        tensors["output_hc_norm.weight"] = TensorData.from_f32(1 + rng.standard_normal((4, n)) * 0.1)
+        tensors["output_hc_down.weight"] = q("BF16", d_lo + 8, 4 * n)
+        tensors["output_hc_up.weight"] = q("BF16", 4 * n, d_lo)
+    if not tied:
+        tensors["output.weight"] = q(head_type, vocab, n)
+    return write_gguf(path, meta, tensors, overwrite=overwrite)
