@@ -12,8 +12,14 @@ plus any report files, and `manifest.json`:
     record:  solver-specific JSON (trajectory, chosen step, summary)
 
 Writing: every file goes into `DIR.tmp/` (fsynced), then the directory is renamed to DIR. Reading
-validates the manifest and re-hashes every file; `Bundle.sha256` (the manifest's sha256, which
-covers every file's hash) is the bundle's identity.
+validates the manifest and re-hashes every file.
+
+`Bundle.sha256` is the bundle's identity: the sha256 of what decides the edit, i.e. the solver, the
+inputs' roles and sha256 (not their paths), the full config, and each edit's content (tensor, kind,
+type, shape, row ids, bytes). Reports, timings and the creation time are not part of it, so solving
+the same inputs with the same config again gives the same identity (test-once and the blind
+sign-off key on it); every file is still checked against the manifest when a bundle is read.
+`Bundle.manifest_sha256` is the hash of the manifest file itself.
 """
 from __future__ import annotations
 
@@ -94,10 +100,29 @@ class InputRef:
     sha256: str
 
 
+def edit_digest(e: TensorEdit) -> str:
+    """sha256 of an edit's content: name, kind, type, shape, row ids (uint32 LE) and bytes."""
+    h = hashlib.sha256(json.dumps([e.tensor, e.kind, e.type_name, list(e.shape)]).encode())
+    if e.row_ids is not None:
+        h.update(np.asarray(e.row_ids, dtype="<u4").tobytes())
+    h.update(np.ascontiguousarray(e.raw).tobytes())
+    return h.hexdigest()
+
+
+def bundle_identity(solver: str, inputs: Sequence[InputRef], config: Mapping[str, Any],
+                    edits: Sequence[TensorEdit]) -> str:
+    """The bundle's identity (see the module docstring); computable before anything is written."""
+    obj = {"kind": KIND, "version": VERSION, "solver": solver,
+           "inputs": sorted([r.role, r.sha256] for r in inputs), "config": dict(config),
+           "edits": [edit_digest(e) for e in edits]}
+    return _sha256_bytes(json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode())
+
+
 @dataclass(frozen=True)
 class Bundle:
     path: Path
-    sha256: str
+    sha256: str                     # identity (see the module docstring)
+    manifest_sha256: str
     solver: str
     inputs: tuple[InputRef, ...]
     config: Mapping[str, Any]
@@ -167,6 +192,7 @@ def write_bundle(out, *, solver: str, inputs: Sequence[InputRef], config: Mappin
             hashes[name] = _sha256_bytes(data)
         manifest = {
             "kind": KIND, "version": VERSION, "solver": solver,
+            "identity": bundle_identity(solver, inputs, config, edits),
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "inputs": [{"role": r.role, "path": r.path, "sha256": r.sha256} for r in inputs],
             "config": dict(config), "edits": edit_entries, "files": hashes, "record": dict(record or {}),
@@ -222,7 +248,10 @@ def read_bundle(path) -> Bundle:
     for name, sha in files.items():
         _check_file(path, name, sha)
     edits = tuple(_read_edit(path, i, e) for i, e in enumerate(_need(path, m, "edits", list)))
-    return Bundle(path, _sha256_bytes(data), solver, inputs, config, edits, dict(files), record)
+    ident = bundle_identity(solver, inputs, config, edits)
+    if m.get("identity") != ident:
+        raise BundleError(path, "identity", f"{m.get('identity')!r} does not match the bundle's content ({ident})")
+    return Bundle(path, ident, _sha256_bytes(data), solver, inputs, config, edits, dict(files), record)
 
 
 def _check_file(path: Path, name, sha) -> Path:

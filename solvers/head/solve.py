@@ -13,7 +13,6 @@
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from pathlib import Path
@@ -82,6 +81,7 @@ class HeadSolveResult:
     test: TestOutcome
     bars: tuple[BarRow, ...]
     seconds: dict
+    bundle_sha256: str                # identity of the bundle `write_head_bundle` writes (test-once key)
     head: HeadRows | None = field(default=None, repr=False)
     shipped: Shipped | None = field(default=None, repr=False)
 
@@ -229,15 +229,6 @@ class _JaxStepper:
         return tuple(float(x) for x in self._losses)
 
 
-def edit_sha256(head: HeadRows, shipped: Shipped) -> str:
-    """Identity of a shipped edit: tensor, changed row ids and their bytes."""
-    h = hashlib.sha256(head.tensor.encode())
-    ids = head.ids[shipped.changed].astype("<u4")
-    h.update(ids.tobytes())
-    h.update(np.ascontiguousarray(shipped.raw[shipped.changed]).tobytes())
-    return h.hexdigest()
-
-
 def solve_head(cfg: HeadSolveConfig, *, model, train: Sequence, dev: Sequence, protocol, test: Sequence = (),
                workspace=DEFAULT_WORKSPACE, command: str = "exactedit solve head",
                progress: Progress | None = None) -> HeadSolveResult:
@@ -301,10 +292,14 @@ def solve_head(cfg: HeadSolveConfig, *, model, train: Sequence, dev: Sequence, p
         parts += [rowdata.row_scores(rd, scorer.effect(rd, shipped.dw), resolved.specials) for rd in anchor_rds]
         heldout_bars = lambda scores, role: persona_bars(  # noqa: E731
             concat_scores(scores, chunks=False), BarContext(tokens=resolved, bars=proto.bars, heldout_role=role))
+        has_edit = chosen is not None and bool(shipped.changed.any())
+        dumps = tuple((f"{rr.role}:{rr.trace}", str(rr.path), rr.dump.sha256())
+                      for role in ("train", "dev", "test", "anchors") for rr in given[role])
+        *_, identity = bundle_plan(model, g.sha256(), proto.path, proto.sha256, dumps, cfg, head,
+                                   shipped if has_edit else None)
         test_phase = tick.phase(tail.spec.vocab)
         outcome, bars = score_test_once(
-            ledger, record, command, bool(test), chosen is not None and shipped.changed.any(),
-            edit_sha256(head, shipped),
+            ledger, record, command, bool(test), has_edit, identity,
             lambda: _score_test(tail, given["test"], edit, sel_ids, cfg, scorer, shipped, resolved, parts,
                                 heldout_bars, test_phase),
             lambda: heldout_bars(parts, "dev"))
@@ -313,8 +308,7 @@ def solve_head(cfg: HeadSolveConfig, *, model, train: Sequence, dev: Sequence, p
         return HeadSolveResult(
             config=cfg, protocol=proto.name, protocol_sha256=proto.sha256, protocol_path=proto.path, marker=record.marker, model=str(model),
             model_sha256=g.sha256(),
-            inputs=tuple((f"{rr.role}:{rr.trace}", str(rr.path), rr.dump.sha256())
-                         for role in ("train", "dev", "test", "anchors") for rr in given[role]),
+            inputs=dumps, bundle_sha256=identity,
             edit_set=edit, edit_tokens=tuple(vocab[i] for i in edit.ids), n_params=n_par,
             anchor_energy_kept=anchor_energy_kept(z_anchor, q) if len(z_anchor) else 0.0, term_rows=counts,
             stopping=dict(proto.stopping.__dict__), trajectory=checkpoints, losses=losses, chosen_step=chosen,
@@ -339,24 +333,37 @@ def _score_test(tail, test_rows, edit, sel_ids, cfg, scorer, shipped, resolved, 
     return report, bars
 
 
-def write_head_bundle(r: HeadSolveResult, out, *, overwrite: bool = False):
-    """The bundle of a solve: the row patch of the shipped edit (none when no step qualified),
-    report.json, report.txt, trajectory.png, and the manifest (inputs' sha256, config, trajectory)."""
-    from solvers.bundle import InputRef, TensorEdit, write_bundle
-    from solvers.head import report
+def bundle_plan(model: str, model_sha: str, protocol_path, protocol_sha: str, dumps, config: HeadSolveConfig,
+                head: HeadRows, shipped: Shipped | None):
+    """(inputs, config JSON, edits) of a solve's bundle, and its identity (`solvers.bundle`)."""
+    from solvers.bundle import InputRef, TensorEdit, bundle_identity
 
     edits = []
-    if r.shipped_edit:
-        ch = r.shipped.changed
-        edits.append(TensorEdit(r.head.tensor, "rows", r.head.type_name, r.head.shape, r.shipped.raw[ch],
-                                r.head.ids[ch]))
-    inputs = [InputRef("model", r.model, r.model_sha256),
-              InputRef("protocol", str(r.protocol_path), r.protocol_sha256)]
-    inputs += [InputRef(f"dump:{role}", path, sha) for role, path, sha in r.inputs]
+    if shipped is not None and shipped.changed.any():
+        ch = shipped.changed
+        edits.append(TensorEdit(head.tensor, "rows", head.type_name, head.shape, shipped.raw[ch], head.ids[ch]))
+    inputs = [InputRef("model", str(model), model_sha), InputRef("protocol", str(protocol_path), protocol_sha)]
+    inputs += [InputRef(f"dump:{role}", path, sha) for role, path, sha in dumps]
+    cfg = config.to_json()
+    return inputs, cfg, edits, bundle_identity("head", inputs, cfg, edits)
+
+
+def write_head_bundle(r: HeadSolveResult, out, *, overwrite: bool = False):
+    """The bundle of a solve: the row patch of the shipped edit (none when no step qualified),
+    report.json, report.txt, trajectory.png, and the manifest (inputs' sha256, config, trajectory).
+    Its identity is `r.bundle_sha256`, the key test was scored under."""
+    from solvers.bundle import write_bundle
+    from solvers.head import report
+
+    inputs, cfg, edits, ident = bundle_plan(r.model, r.model_sha256, r.protocol_path, r.protocol_sha256, r.inputs,
+                                            r.config, r.head, r.shipped if r.shipped_edit else None)
     full = report.result_json(r)
     record = {k: full[k] for k in ("marker", "edit_set", "stopping", "chosen_step", "shipped_edit", "rows_changed",
                                    "quant_rel_error", "trajectory", "test")}
     files = {"report.json": json.dumps(full, indent=1).encode(), "report.txt": report.summary_table(r).encode(),
              "trajectory.png": report.trajectory_png(r)}
-    return write_bundle(out, solver="head", inputs=inputs, config=r.config.to_json(), edits=edits, files=files,
-                        record=record, overwrite=overwrite)
+    b = write_bundle(out, solver="head", inputs=inputs, config=cfg, edits=edits, files=files, record=record,
+                     overwrite=overwrite)
+    if b.sha256 != r.bundle_sha256 or ident != r.bundle_sha256:
+        raise HeadSolveError(out, "identity", f"bundle identity {b.sha256} differs from the solve's {r.bundle_sha256}")
+    return b

@@ -1,9 +1,10 @@
-"""Test is scored once per edit, through the evals ledger (`evals.testonce`).
+"""Test is scored once per bundle, through the evals ledger (`evals.testonce`).
 
-The first scoring of an edit's test rows appends a `test` entry holding the numbers; a later
-request for the same edit bytes is refused by the ledger (the refusal is recorded), reads nothing
-from the test dumps, and the solve reports the recorded numbers instead (status "recorded", with
-the entry number). Runs that ship no edit, or that were given no test dump, never read test.
+The first scoring of a bundle's test rows appends a `test` entry holding the numbers; a later
+request for the same bundle identity is refused by the ledger (the refusal is recorded), reads
+nothing from the test dumps, and the solve reports the recorded numbers instead (status
+"recorded", with the entry number). Runs that ship no edit, or that were given no test dump, never
+read test.
 """
 from __future__ import annotations
 
@@ -61,11 +62,12 @@ def report_from_json(d: dict) -> SplitReport:
 
 
 def score_test_once(ledger: Ledger, record: ProtocolRecord, command: str, test_given: bool, has_edit: bool,
-                    edit_sha: str, score_test: Callable[[], tuple[SplitReport, tuple[BarRow, ...]]],
+                    bundle_sha: str, score_test: Callable[[], tuple[SplitReport, tuple[BarRow, ...]]],
                     dev_bars: Callable[[], tuple[BarRow, ...]]) -> tuple[TestOutcome, tuple[BarRow, ...]]:
     """(outcome, bars): the bars hold out test when test was scored (now or before), else dev.
-    The ledger key is the edit's sha256 (tensor, row ids, row bytes): re-running the same solve
-    gives the same edit, so its test rows are never read twice."""
+    The ledger key is the bundle's identity (`solvers.bundle.bundle_identity`: inputs, config and
+    the edit's bytes), the same key `exactedit eval test BUNDLE` uses: re-running the same solve, or
+    scoring its bundle's test split later, never reads the test rows a second time."""
     if not test_given:
         return TestOutcome("not given"), tuple(dev_bars())
     if not has_edit:
@@ -76,10 +78,10 @@ def score_test_once(ledger: Ledger, record: ProtocolRecord, command: str, test_g
         return {"report": to_json(report.to_json()), "bars": [bar_to_json(b) for b in bars]}
 
     try:
-        done = evals_testonce.score_test_once(ledger, edit_sha, record, compute, command)
+        done = evals_testonce.score_test_once(ledger, bundle_sha, record, compute, command)
         status, seq, result = "scored", done.seq, done.result
     except LedgerRefusal as refusal:
-        first = evals_testonce.recorded_test(ledger, edit_sha)
+        first = evals_testonce.recorded_test(ledger, bundle_sha)
         status, seq, result = "recorded", first.seq if first else refusal.seq, refusal.recorded or {}
     bars = tuple(bar_from_json(b) for b in result.get("bars", []))
     return TestOutcome(status, seq, report_from_json(result["report"])), bars

@@ -10,7 +10,7 @@ import quant
 from quant import gguf
 from quant.gguf_write import synthetic_model
 from solvers.apply import apply_bundle
-from solvers.bundle import BundleError, InputRef, TensorEdit, read_bundle, write_bundle
+from solvers.bundle import BundleError, InputRef, TensorEdit, bundle_identity, read_bundle, write_bundle
 
 
 def _q6k_rows(rng, k, cols=256):
@@ -141,3 +141,35 @@ def test_apply_refuses_another_model_or_a_mismatched_tensor(tmp_path):
     with pytest.raises(BundleError, match="shape|301"):
         apply_bundle(b2.path, model.path, tmp_path / "out.gguf")
     assert not (tmp_path / "out.gguf").exists()
+
+
+def test_identity_is_the_content_not_the_files(tmp_path):
+    """Same inputs, config and edit bytes -> same identity (reports and creation time aside);
+    any change of config, input hash or edit bytes changes it."""
+    rng = np.random.default_rng(0)
+    edits = _edits(rng)
+    inputs = [InputRef("model", "/a/m.gguf", "ab" * 32)]
+    a = write_bundle(tmp_path / "a", solver="head", inputs=inputs, config={"rank": 1}, edits=edits,
+                     files={"report.txt": b"one"})
+    b = write_bundle(tmp_path / "b", solver="head", inputs=[InputRef("model", "/elsewhere/m.gguf", "ab" * 32)],
+                     config={"rank": 1}, edits=edits, files={"report.txt": b"two"}, record={"t": 1})
+    assert a.sha256 == b.sha256 == bundle_identity("head", inputs, {"rank": 1}, edits)
+    assert a.manifest_sha256 != b.manifest_sha256
+    flipped = edits[0].raw.copy()
+    flipped[0, 0] ^= 1
+    changed = [TensorEdit(edits[0].tensor, "rows", "Q6_K", edits[0].shape, flipped, edits[0].row_ids), edits[1]]
+    others = [bundle_identity("head", inputs, {"rank": 2}, edits),
+              bundle_identity("head", [InputRef("model", "/a/m.gguf", "cd" * 32)], {"rank": 1}, edits),
+              bundle_identity("head", inputs, {"rank": 1}, changed),
+              bundle_identity("wfld", inputs, {"rank": 1}, edits)]
+    assert len({a.sha256, *others}) == 5
+
+
+def test_forged_identity_is_refused(tmp_path):
+    _write(tmp_path, np.random.default_rng(0))
+    f = tmp_path / "b" / "manifest.json"
+    m = json.loads(f.read_text())
+    m["config"]["rank"] = 7
+    f.write_text(json.dumps(m))
+    with pytest.raises(BundleError, match="identity"):
+        read_bundle(tmp_path / "b")
