@@ -177,6 +177,186 @@ def bench_head(rows, vocab, n, tile_rows, repeats, seed, as_json) -> None:
 
 # ---- section: evals --------------------------------------------------------------------------
 
+_WORKSPACE = click.option("--workspace", type=click.Path(file_okay=False), default=".exactedit", show_default=True,
+                          help="Directory holding this project's ledger.")
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+
+
+def _eval_command_line() -> str:
+    import shlex
+
+    return "exactedit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def _eval_progress(stack, label: str):
+    """progress(done, total) -> a click progress bar on stderr, opened at the first call."""
+    bar = None
+
+    def update(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = stack.enter_context(click.progressbar(length=total, label=label, file=sys.stderr))
+        bar.update(done - bar.pos)
+
+    return update
+
+
+def _eval_print(obj, as_json: bool, text: str) -> None:
+    import json
+
+    click.echo(json.dumps(obj, indent=2, sort_keys=True) if as_json else text)
+
+
+def _eval_config(**kw):
+    from evals.evaluate import ScoreConfig
+
+    try:
+        return ScoreConfig(**kw)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+@eval_.command("register")
+@click.argument("protocol", type=click.Path(dir_okay=False, exists=True))
+@_WORKSPACE
+@_JSON
+def eval_register(protocol, workspace, as_json):
+    """Record PROTOCOL's sha256 (and its traces' dump hashes) in the ledger."""
+    from evals import workflow
+
+    r = workflow.register(protocol, workspace, _eval_command_line())
+    obj = {"name": r.record.name, "sha256": r.record.sha256, "entry": r.record.seq, "traces": dict(r.trace_sha256)}
+    _eval_print(obj, as_json, f"registered protocol {r.record.name!r} sha256 {r.record.sha256} "
+                f"(ledger entry {r.record.seq}, {len(r.trace_sha256)} traces)")
+
+
+@eval_.command("split")
+@click.option("--protocol", required=True, type=click.Path(dir_okay=False, exists=True))
+@click.option("--unregistered", is_flag=True, help="Allow an unregistered or changed protocol (marked).")
+@_WORKSPACE
+@_JSON
+def eval_split(protocol, unregistered, workspace, as_json):
+    """Split the traces' documents into train / dev / test by the protocol's rule; record it."""
+    from evals import workflow
+
+    r = workflow.split(protocol, workspace, _eval_command_line(), unregistered)
+    docs = [{"trace": d.trace, "doc": d.doc, "group": d.group, "role": d.role} for d in r.splits.docs]
+    lines = ([r.record.marker] if r.record.marker else []) + [f"split {r.splits.sha256}: {r.splits.counts()}"]
+    lines += [f"  {d['role']:<10} {d['trace']}/{d['doc']}  ({d['group']})" for d in docs]
+    _eval_print({"sha256": r.splits.sha256, "marker": r.record.marker, "docs": docs}, as_json, "\n".join(lines))
+
+
+@eval_.command("score")
+@click.option("--protocol", required=True, type=click.Path(dir_okay=False, exists=True))
+@click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True))
+@click.option("--bundle", type=click.Path(file_okay=False, exists=True), help="A solver's bundle directory.")
+@click.option("--edited", type=click.Path(dir_okay=False, exists=True), help="An edited GGUF instead of a bundle.")
+@click.option("--shape", "shapes", multiple=True,
+              help="Sampler rule scored as an edit: prefix-penalty=B, step0-guard=B, persona-case (repeatable).")
+@click.option("--bars", type=click.Choice(["anti-slop", "persona", "all"]), default="anti-slop", show_default=True)
+@click.option("--persona-tag", default="style", show_default=True, help="Document tag that activates the persona.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory for dev-report.*")
+@click.option("--unregistered", is_flag=True, help="Allow an unregistered or changed protocol (marked).")
+@_WORKSPACE
+@_JSON
+def eval_score(protocol, model, bundle, edited, shapes, bars, persona_tag, out, unregistered, workspace, as_json):
+    """Dev bars of MODEL + a bundle / edited GGUF / shaping rules; the report is recorded."""
+    import contextlib
+
+    from evals import workflow
+    from evals.report import format_table, report_to_json
+
+    config = _eval_config(heldout_role="dev", bars=bars, shapes=tuple(shapes), persona_tag=persona_tag)
+    with contextlib.ExitStack() as stack:
+        r = workflow.score(protocol, workspace, model, out, _eval_command_line(), bundle=bundle, edited=edited,
+                           config=config, unregistered=unregistered, progress=_eval_progress(stack, "scoring"))
+    files = {k: str(v) for k, v in r.files.paths.items()}
+    _eval_print({**report_to_json(r.report), "files": files, "entry": r.seq}, as_json,
+                format_table(r.report) + f"\nwrote {files['json']} (ledger entry {r.seq})")
+
+
+@eval_.command("test")
+@click.option("--protocol", required=True, type=click.Path(dir_okay=False, exists=True))
+@click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True))
+@click.option("--bundle", required=True, type=click.Path(file_okay=False, exists=True))
+@click.option("--bars", type=click.Choice(["anti-slop", "persona", "all"]), default="anti-slop", show_default=True)
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory for test-report.*")
+@click.option("--unregistered", is_flag=True, help="Allow an unregistered or changed protocol (marked).")
+@_WORKSPACE
+@_JSON
+def eval_test(protocol, model, bundle, bars, out, unregistered, workspace, as_json):
+    """Score the test split of BUNDLE, once. A repeat prints the recorded result and fails."""
+    import contextlib
+
+    from evals import workflow
+    from evals.ledger import LedgerRefusal
+    from evals.report import format_table, report_from_json, report_to_json
+
+    config = _eval_config(heldout_role="test", bars=bars)
+    try:
+        with contextlib.ExitStack() as stack:
+            r = workflow.score_test(protocol, workspace, model, bundle, out, _eval_command_line(), config=config,
+                                    unregistered=unregistered, progress=_eval_progress(stack, "scoring test"))
+    except LedgerRefusal as exc:
+        if exc.recorded is not None:
+            _eval_print(exc.recorded, as_json, "recorded test result:\n" + format_table(report_from_json(exc.recorded)))
+        raise
+    _eval_print({**report_to_json(r.report), "entry": r.seq}, as_json,
+                format_table(r.report) + f"\nrecorded as ledger entry {r.seq}")
+
+
+@eval_.command("blind")
+@click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True))
+@click.option("--bundle", required=True, type=click.Path(file_okay=False, exists=True))
+@click.option("--doc", required=True, type=click.Path(file_okay=False, exists=True), help="The fresh document's dump.")
+@click.option("--dev-report", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="dev-report.json written by `eval score` for this bundle.")
+@click.option("--protocol", type=click.Path(dir_okay=False, exists=True),
+              help="Default: the protocol the dev report names.")
+@click.option("--out", type=click.Path(file_okay=False), help="Directory for signoff.* (default WORKSPACE/blind).")
+@_WORKSPACE
+@_JSON
+def eval_blind(model, bundle, doc, dev_report, protocol, out, workspace, as_json):
+    """The one-shot blind sign-off of BUNDLE on DOC; a second run is refused and recorded."""
+    import contextlib
+    from pathlib import Path
+
+    from evals import workflow
+    from evals.report import format_table, report_to_json
+
+    out = out or str(Path(workspace) / "blind")
+    with contextlib.ExitStack() as stack:
+        r = workflow.blind(model, bundle, doc, dev_report, workspace, out, _eval_command_line(),
+                           protocol_path=protocol, progress=_eval_progress(stack, "blind run"))
+    comps = [c.__dict__ for c in r.comparisons]
+    lines = [format_table(r.report), "against the dev report:"]
+    lines += [f"  {c.metric:<36} dev {c.dev:.4g}  blind {c.blind:.4g}  bound {c.op} {c.allowed:.4g}  "
+              f"{'pass' if c.passed else 'FAIL'}" for c in r.comparisons]
+    lines.append(f"SIGN-OFF: {'PASS' if r.passed else 'FAIL'}  (wrote {r.files.paths['md']})")
+    _eval_print({"passed": r.passed, "comparisons": comps, "report": report_to_json(r.report),
+                 "files": {k: str(v) for k, v in r.files.paths.items()}}, as_json, "\n".join(lines))
+
+
+@eval_.command("ledger")
+@click.option("--verify", "check", is_flag=True, help="Check the hash chain; exit non-zero naming the first bad entry.")
+@_WORKSPACE
+@_JSON
+def eval_ledger(check, workspace, as_json):
+    """List the ledger's entries, or verify its hash chain."""
+    from evals.ledger import Ledger
+
+    with Ledger.open(workspace) as ledger:
+        if check:
+            c = ledger.verify()
+            _eval_print(c.__dict__, as_json, f"ledger {ledger.path}: {c.entries} entries, "
+                        + ("hash chain intact" if c.ok else f"BROKEN at entry {c.first_bad}: {c.reason}"))
+            if not c.ok:
+                sys.exit(1)
+            return
+        entries = ledger.entries()
+    rows = [{"seq": e.seq, "time": e.time, "kind": e.kind, "command": e.command} for e in entries]
+    _eval_print(rows, as_json, "\n".join(f"{e['seq']:>4}  {e['time']}  {e['kind']:<12} {e['command']}" for e in rows))
+
 # ---- end section: evals ----------------------------------------------------------------------
 
 # ---- section: solve head + apply -------------------------------------------------------------
