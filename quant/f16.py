@@ -61,11 +61,12 @@ def fp16_bits_to_fp32(h):
     """The float32 value of binary16 bits `h` (exact), without branches: the exponent and
     significand bits moved to float32 positions read as a float32 2**112 too small (subnormals
     land on float32 subnormals), so one exact multiply rescales them; inf/NaN get the float32
-    all-ones exponent; the sign bit is put back last."""
+    all-ones exponent (NaNs quiet); the sign bit is put back last."""
     h = np.int64(h) & 0xFFFF
     mag = (h & 0x7FFF) << 13
     scaled = f32_bits(bits_f32(np.int32(mag)) * _TWO_POW_112)
-    inf_nan = np.int32(0x7F800000 | mag)
+    quiet = 0x400000 if (h & 0x3FF) != 0 else 0  # NaNs come out quiet, as in ggml (x86 F16C)
+    inf_nan = np.int32(0x7F800000 | mag | quiet)
     body = inf_nan if (h & 0x7C00) == 0x7C00 else scaled
     return bits_f32(np.int32(body | ((h & 0x8000) << 16)))
 

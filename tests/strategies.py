@@ -1,0 +1,83 @@
+"""Hypothesis strategies for the format tests: float32 rows that reach the quantizers' corners.
+
+`float_rows(block)` draws [rows, n_blocks * block] float32 arrays block by block, each block of one
+kind (below), from a numpy generator seeded by hypothesis. `raw_floats(block)` draws the values
+themselves with hypothesis (any finite float32), which finds edge values no recipe names.
+
+Kinds, and the corner each reaches:
+  normal         Gaussian at a scale 2**e, e in [-30, 30] (random signs of the largest value)
+  zero           all +0.0 / -0.0: the "all zero group" branches
+  constant       every value the same: ties between equal magnitudes
+  ties           multiples of m/2 with the largest exactly A*m (A = 127 or 32, m = 2**e): codes land
+                 exactly on .5 (roundf vs nearest-even) in Q8_0 and in Q6_K's first guess
+  subnormal      float32 subnormals: 1/d overflows to inf, fp16 scales round to 0
+  outlier        Gaussian with one value 2**10..2**40 larger: one code saturates, the rest are ~0
+  tiny_huge      Gaussian at 2**e, e in [-149, 125] (clipped to finite)
+  fp16_overflow  magnitudes 2**23..2**66: the fp16 scale overflows to inf (and x*x overflows float32)
+  fp16_underflow magnitudes 2**-40..2**-13: fp16 scales subnormal or zero
+"""
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+KINDS = ("normal", "zero", "constant", "ties", "subnormal", "outlier", "tiny_huge",
+         "fp16_overflow", "fp16_underflow")
+
+_F32_MAX = np.float32(np.finfo(np.float32).max)
+
+
+def _gaussian(rng: np.random.Generator, n: int, lo: float, hi: float) -> np.ndarray:
+    scale = 2.0 ** rng.uniform(lo, hi)
+    return rng.standard_normal(n) * scale
+
+
+def make_block(kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    """One block of n float32 values of the given kind."""
+    if kind == "normal":
+        v = _gaussian(rng, n, -30, 30)
+    elif kind == "zero":
+        v = np.where(rng.random(n) < 0.5, 0.0, -0.0)
+    elif kind == "constant":
+        v = np.full(n, rng.choice([-1.0, 1.0]) * 2.0 ** rng.uniform(-20, 20))
+    elif kind == "ties":
+        big = float(rng.choice([127, 32]))
+        m = 2.0 ** int(rng.integers(-20, 20))
+        v = rng.integers(-2 * int(big) + 1, 2 * int(big), n) / 2.0 * m
+        v[rng.integers(n)] = rng.choice([-1.0, 1.0]) * big * m
+    elif kind == "subnormal":
+        bits = rng.integers(1, 0x800000, n).astype(np.uint32)
+        bits |= np.where(rng.random(n) < 0.5, np.uint32(0x80000000), np.uint32(0))
+        return bits.view(np.float32)
+    elif kind == "outlier":
+        v = _gaussian(rng, n, -12, 4)
+        v[rng.integers(n)] *= 2.0 ** rng.uniform(10, 40)
+    elif kind == "tiny_huge":
+        v = _gaussian(rng, n, -149, 125)
+    elif kind == "fp16_overflow":
+        v = _gaussian(rng, n, 23, 66)
+    elif kind == "fp16_underflow":
+        v = _gaussian(rng, n, -40, -13)
+    else:
+        raise ValueError(f"unknown kind {kind!r}")
+    return np.clip(v, -_F32_MAX, _F32_MAX).astype(np.float32)
+
+
+@st.composite
+def float_rows(draw, block: int, max_rows: int = 3, max_blocks: int = 4, kinds=KINDS):
+    """float32 [rows, n_blocks * block], each block of a drawn kind."""
+    rows = draw(st.integers(1, max_rows))
+    n_blocks = draw(st.integers(1, max_blocks))
+    chosen = draw(st.lists(st.sampled_from(kinds), min_size=rows * n_blocks,
+                           max_size=rows * n_blocks))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    blocks = [make_block(k, block, rng) for k in chosen]
+    return np.concatenate(blocks).reshape(rows, n_blocks * block)
+
+
+def raw_floats(block: int, max_rows: int = 2, max_blocks: int = 2):
+    """float32 [rows, n_blocks * block] of any finite float32 values, drawn by hypothesis."""
+    shape = st.tuples(st.integers(1, max_rows), st.integers(1, max_blocks).map(lambda b: b * block))
+    return arrays(np.float32, shape, elements=st.floats(width=32, allow_nan=False,
+                                                         allow_infinity=False))
