@@ -114,10 +114,12 @@ def apply_row_patch(raw_tensor: np.ndarray, patch: RowPatch) -> np.ndarray:
         raise RowPatchError("<tensor>", "raw", f"needs uint8 [rows, row_bytes], got "
                             f"{raw_tensor.dtype} {raw_tensor.shape}")
     rows, rb = raw_tensor.shape
-    if len(patch.row_ids) and patch.row_bytes != rb:
+    if not len(patch.row_ids):
+        return raw_tensor.copy()
+    if patch.row_bytes != rb:
         raise RowPatchError("<row patch>", "rows", f"rows of {patch.row_bytes} bytes cannot patch a "
                             f"tensor with {rb}-byte rows")
-    if len(patch.row_ids) and int(patch.row_ids.max()) >= rows:
+    if int(patch.row_ids.max()) >= rows:
         raise RowPatchError("<row patch>", "row ids", f"row {int(patch.row_ids.max())} is outside "
                             f"the tensor's {rows} rows")
     out = raw_tensor.copy()

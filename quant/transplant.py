@@ -176,7 +176,9 @@ def _verify(tmp: Path, src_mm, segs: list[_Seg], tick) -> tuple[str, int]:
                 got = out[s.start + lo:s.start + hi]
                 want = s.data[lo:hi] if s.data is not None else src_mm[s.src_at + lo:s.src_at + hi]
                 if got != want:
-                    raise GGUFFormatError(tmp, "verify", "written bytes differ from the plan", s.start + lo)
+                    bad = np.flatnonzero(np.frombuffer(got, np.uint8) != np.frombuffer(want, np.uint8))
+                    raise GGUFFormatError(tmp, "verify", "written bytes differ from the plan",
+                                          s.start + lo + int(bad[0]))
                 h.update(got)
                 tick(hi - lo)
             from_src += s.length if s.data is None else 0
