@@ -65,6 +65,69 @@ def engine() -> None:
 
 # ---- section: quant (inspect, bench quant) ---------------------------------------------------
 
+def _gguf_bar(stack, label: str):
+    """A progress(done, total) callback drawing a click progress bar on stderr, opened lazily."""
+    bar = None
+
+    def update(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = stack.enter_context(click.progressbar(length=total, label=label, file=sys.stderr))
+        bar.update(done - bar.pos)
+
+    return update
+
+
+@main.command("inspect")
+@click.argument("model", type=click.Path(dir_okay=False, exists=True, path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def inspect_cmd(model: str, as_json: bool) -> None:
+    """Show MODEL.gguf's tail architecture, the tensors it uses, tied or not, sha256, metadata."""
+    import contextlib
+    import json
+
+    from quant.arch import render_summary, summarize
+
+    with contextlib.ExitStack() as stack:
+        summary = summarize(model, progress=_gguf_bar(stack, "sha256"))
+    click.echo(json.dumps(summary.to_dict(), indent=1) if as_json else render_summary(summary))
+
+
+@bench.command("gguf-open")
+@click.option("--vocab", default=262_144, show_default=True, type=click.IntRange(1), help="Tokens.")
+@click.option("--merges/--no-merges", default=True, show_default=True, help="Also as many merges.")
+@click.option("--layers", default=48, show_default=True, type=click.IntRange(0), help="Blocks of tensors.")
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1), help="Our opens (best).")
+@click.option("--gguf-py-repeats", default=1, show_default=True, type=click.IntRange(1),
+              help="gguf-py opens (best); each takes seconds to minutes at 262K tokens.")
+@click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False),
+              help="Also write the result as JSON here ('-' for stdout only).")
+def bench_gguf_open(vocab, merges, layers, repeats, gguf_py_repeats, json_out) -> None:
+    """Open + list tensors of a synthetic GGUF with a big vocabulary: ours vs gguf-py's GGUFReader."""
+    import contextlib
+    import json
+
+    from bench.gguf_open import GGUFOpenBenchConfig, run_gguf_open_bench
+
+    cfg = GGUFOpenBenchConfig(vocab=vocab, merges=merges, layers=layers, repeats=repeats,
+                              gguf_py_repeats=gguf_py_repeats)
+    with contextlib.ExitStack() as stack:
+        r = run_gguf_open_bench(cfg, progress=_gguf_bar(stack, "bench gguf-open"))
+    text = json.dumps(r.to_dict(), indent=1)
+    if json_out == "-":
+        click.echo(text)
+        return
+    if json_out:
+        with open(json_out, "w") as fh:
+            fh.write(text + "\n")
+    click.echo(f"vocab {r.vocab:,}{' + merges' if r.merges else ''}, file {r.file_bytes:,} bytes, "
+               f"{r.tensors_ours} tensors\n"
+               f"  exactedit open + list   {r.ours_s * 1e3:10.1f} ms\n"
+               f"  gguf-py GGUFReader      {r.gguf_py_s * 1e3:10.1f} ms\n"
+               f"  ratio (gguf-py / ours)  {r.ratio:10.1f}x\n"
+               f"  token table decode      {r.tokens_s * 1e3:10.1f} ms")
+
+
 # ---- end section: quant ----------------------------------------------------------------------
 
 # ---- section: dumps + forwards (dump inspect, logits, kld, bench head) ------------------------
