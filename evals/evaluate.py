@@ -95,9 +95,16 @@ def token_texts(tail) -> tuple[str, ...]:
     return tuple(tail.tokens.piece(i) for i in range(tail.spec.vocab))
 
 
+def shape_vocab(texts: Sequence[str]) -> shaping.ShapeVocab:
+    try:
+        return shaping.ShapeVocab.from_texts(texts)
+    except ValueError as exc:
+        raise EvalError(f"--shape: {exc}") from None
+
+
 def build_rules(shapes: Sequence[str], texts: Sequence[str], tokens: ResolvedTokens,
                 persona_docs: Sequence[bool]) -> tuple[shaping.Rule, ...]:
-    vocab = shaping.ShapeVocab.from_texts(texts)
+    vocab = shape_vocab(texts)
     rules = []
     for spec in shapes:
         name, bias = shaping.parse_shape(spec)
@@ -151,8 +158,8 @@ def score_traces(protocol: Protocol, model, traces: Sequence[TraceInput], config
         rules = build_rules(config.shapes, texts, tokens, persona) if config.shapes else ()
         all_tokens = np.asarray(d.tokens)
         doc_of_row = d.doc_index()
-        state = (shaping.trigger_state(all_tokens, [doc.first_row for doc in d.docs],
-                                       shaping.ShapeVocab.from_texts(texts)) if rules else None)
+        state = (shaping.trigger_state(all_tokens, [doc.first_row for doc in d.docs], shape_vocab(texts))
+                 if rules else None)
         roles = np.asarray(d.roles) if d.roles is not None else np.zeros(d.rows, np.uint8)
         chunks = []
         for di, doc in enumerate(docs):
