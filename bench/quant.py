@@ -6,7 +6,8 @@ the installed package, loaded lazily): `ggml_quantize_chunk` to quantize, the ty
 oracle tests use it through tests/oracles.py. Both sides run on the same rows, into preallocated
 outputs, at the same thread count (numba.set_num_threads for ours; the rows split into that many
 contiguous chunks, one Python thread each, for the C, which releases the GIL). Each timing is the
-best of `repeats`. Results are rows per second and the ratio ours / ggml.
+best of `repeats` rounds in which ours and ggml's alternate. Results are rows per second and the
+ratio ours / ggml.
 """
 from __future__ import annotations
 
@@ -142,3 +143,176 @@ class GgmlC:
         dst = np.empty(src.shape[0], dst_dtype)
         getattr(self.lib, name)(_ptr(src), _ptr(dst), src.shape[0])
         return dst
+
+
+# ---- the benchmark ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class QuantBenchConfig:
+    """What `exactedit bench quant` measures."""
+
+    rows: int = 4096
+    cols: int = 2560
+    threads: int = 1
+    repeats: int = 3
+    seed: int = 0
+    qtypes: tuple[str, ...] = ("Q6_K", "Q8_0")
+
+    def __post_init__(self):
+        import numba
+
+        for name in ("rows", "cols", "threads", "repeats"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise QuantError(f"{name} {value!r}: expected a positive integer")
+        if self.threads > numba.config.NUMBA_NUM_THREADS:
+            raise QuantError(f"threads {self.threads}: numba was started with at most "
+                             f"{numba.config.NUMBA_NUM_THREADS} (NUMBA_NUM_THREADS)")
+        for qtype in self.qtypes:
+            if qtype not in ("Q6_K", "Q8_0"):
+                raise QuantError(f"qtypes: {qtype!r} is not benchmarked; expected Q6_K or Q8_0")
+            block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]][0]
+            if self.cols % block:
+                raise QuantError(f"cols {self.cols}: a {qtype} row must be a multiple of {block}")
+
+
+@dataclass(frozen=True)
+class QuantBenchRow:
+    """One measurement: our fast path and ggml's C on the same rows, same thread count."""
+
+    qtype: str
+    op: str                 # "quantize" | "dequantize"
+    ours_rows_per_s: float
+    ggml_rows_per_s: float
+    ratio: float            # ours / ggml
+    target: float           # the issue's target ratio
+    meets_target: bool
+    identical: bool         # our output equals ggml's, bit for bit
+
+
+@dataclass(frozen=True)
+class QuantBenchResult:
+    config: QuantBenchConfig
+    rows: tuple[QuantBenchRow, ...]
+    ggml_library: str
+    ggml_library_sha256: str
+    numba_version: str
+    cpu_count: int | None
+
+    def to_dict(self) -> dict:
+        return {"bench": "quant", "config": asdict(self.config),
+                "results": [asdict(r) for r in self.rows], "ggml_library": self.ggml_library,
+                "ggml_library_sha256": self.ggml_library_sha256,
+                "numba_version": self.numba_version, "cpu_count": self.cpu_count}
+
+
+def _best_interleaved(a: Callable[[], None], b: Callable[[], None], repeats: int):
+    """Best wall time of each of a and b over `repeats` rounds, a and b alternating, so that
+    both see the same machine load."""
+    best_a = best_b = float("inf")
+    for _ in range(repeats):
+        for fn, is_a in ((a, True), (b, False)):
+            t0 = time.perf_counter()
+            fn()
+            dt = time.perf_counter() - t0
+            if is_a:
+                best_a = min(best_a, dt)
+            else:
+                best_b = min(best_b, dt)
+    return best_a, best_b
+
+
+def _split(rows: int, parts: int) -> list[slice]:
+    edges = np.linspace(0, rows, parts + 1).astype(int)
+    return [slice(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+
+
+def _in_threads(pool: ThreadPoolExecutor | None, chunks: list[slice], fn) -> None:
+    if pool is None:
+        for sl in chunks:
+            fn(sl)
+    else:
+        list(pool.map(fn, chunks))
+
+
+def run_quant_bench(config: QuantBenchConfig, progress: Callable[[int, int], None] | None = None,
+                    ggml: GgmlC | None = None) -> QuantBenchResult:
+    """Throughput (rows/s) of our quantize/dequantize fast paths and ggml's C, and the ratio."""
+    import numba
+
+    from quant import registry
+
+    ggml = ggml if ggml is not None else GgmlC()
+    rng = np.random.default_rng(config.seed)
+    x = (rng.standard_normal((config.rows, config.cols)) * 0.02).astype(np.float32)
+    chunks = _split(config.rows, config.threads)
+    total, done = 4 * len(config.qtypes), 0
+    results = []
+    previous_threads = numba.get_num_threads()
+    numba.set_num_threads(config.threads)
+    pool = ThreadPoolExecutor(config.threads) if config.threads > 1 else None
+    try:
+        for qtype in config.qtypes:
+            fmt = registry.get(qtype)
+            nbytes = registry.row_bytes(qtype, config.cols)
+            ours_raw = np.empty((config.rows, nbytes), np.uint8)
+            c_raw = np.empty_like(ours_raw)
+            ours_y = np.empty_like(x)
+            c_y = np.empty_like(x)
+            fmt.quantize_into(x[:1], ours_raw[:1])  # compile (or load) the kernels first
+            fmt.dequantize_into(ours_raw[:1], ours_y[:1])
+            timings = {}
+            for op, ours, theirs in (
+                    ("quantize", lambda: fmt.quantize_into(x, ours_raw),
+                     lambda: _in_threads(pool, chunks, lambda sl: ggml.quantize_into(
+                         x[sl], qtype, c_raw[sl]))),
+                    ("dequantize", lambda: fmt.dequantize_into(c_raw, ours_y),
+                     lambda: _in_threads(pool, chunks, lambda sl: ggml.dequantize_into(
+                         c_raw[sl], qtype, c_y[sl])))):
+                timings[op, "ours"], timings[op, "ggml"] = _best_interleaved(ours, theirs,
+                                                                              config.repeats)
+                done += 2
+                if progress is not None:
+                    progress(done, total)
+            identical = {"quantize": bool(np.array_equal(ours_raw, c_raw)),
+                         "dequantize": bool(np.array_equal(ours_y.view(np.uint32),
+                                                           c_y.view(np.uint32)))}
+            for op in ("quantize", "dequantize"):
+                ours_rate = config.rows / timings[op, "ours"]
+                ggml_rate = config.rows / timings[op, "ggml"]
+                ratio = ours_rate / ggml_rate
+                results.append(QuantBenchRow(qtype, op, ours_rate, ggml_rate, ratio, TARGETS[op],
+                                             ratio >= TARGETS[op], identical[op]))
+    finally:
+        numba.set_num_threads(previous_threads)
+        if pool is not None:
+            pool.shutdown()
+    lib_sha = hashlib.sha256(ggml.path.read_bytes()).hexdigest()
+    return QuantBenchResult(config, tuple(results), str(ggml.path), lib_sha, numba.__version__,
+                            os.cpu_count())
+
+
+def format_table(result: QuantBenchResult) -> str:
+    """The result as a plain-text table."""
+    c = result.config
+    lines = [f"rows {c.rows} x cols {c.cols}, threads {c.threads}, best of {c.repeats}",
+             f"{'type':<6}{'op':<12}{'ours rows/s':>14}{'ggml rows/s':>14}{'ratio':>8}"
+             f"{'target':>8}  {'identical':<9}"]
+    for r in result.rows:
+        mark = "ok" if r.meets_target else "BELOW"
+        lines.append(f"{r.qtype:<6}{r.op:<12}{r.ours_rows_per_s:>14,.0f}{r.ggml_rows_per_s:>14,.0f}"
+                     f"{r.ratio:>7.2f}x{r.target:>7.1f}x  {str(r.identical):<9} {mark}")
+    return "\n".join(lines)
+
+
+def write_json(result: QuantBenchResult, path: str | os.PathLike) -> str:
+    """Write the result as JSON (temporary name, fsync, rename); returns its sha256."""
+    data = (json.dumps(result.to_dict(), indent=2) + "\n").encode()
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return hashlib.sha256(data).hexdigest()

@@ -25,7 +25,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from quant.f16 import fp16_bits_to_fp32, fp32_to_fp16_bits
+from quant.f16 import FP16_TO_FP32, fp16_bits_to_fp32, fp32_to_fp16_bits
 from quant.f32 import f32_bits
 
 NAME = "Q6_K"
@@ -254,11 +254,11 @@ def _quantize_row(x, out):
 
 
 @numba.njit(error_model="numpy", cache=True)
-def _dequantize_row(raw, out):
+def _dequantize_row(raw, out, fp16):
     ds = np.empty(N_SUB, np.float32)
     for b in range(out.shape[0] // QK_K):
         o = b * BLOCK_BYTES
-        d = fp16_bits_to_fp32(np.int64(raw[o + OFF_D]) | (np.int64(raw[o + OFF_D + 1]) << 8))
+        d = fp16[np.int64(raw[o + OFF_D]) | (np.int64(raw[o + OFF_D + 1]) << 8)]
         for j in range(N_SUB):
             ds[j] = d * np.float32((np.int32(raw[o + OFF_SC + j]) ^ 0x80) - 0x80)
         for half in range(2):
@@ -283,7 +283,11 @@ def quantize_into(x, out):
 
 
 @numba.njit(parallel=True, error_model="numpy", cache=True)
-def dequantize_into(raw, out):
-    """Fast path: uint8 [rows, row_bytes] -> float32 [rows, cols], rows in parallel."""
+def _dequantize_rows(raw, out, fp16):
     for r in prange(out.shape[0]):
-        _dequantize_row(raw[r], out[r])
+        _dequantize_row(raw[r], out[r], fp16)
+
+
+def dequantize_into(raw: np.ndarray, out: np.ndarray) -> None:
+    """Fast path: uint8 [rows, row_bytes] -> float32 [rows, cols], rows in parallel."""
+    _dequantize_rows(raw, out, FP16_TO_FP32)

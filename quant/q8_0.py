@@ -15,7 +15,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from quant.f16 import fp16_bits_to_fp32, fp32_to_fp16_bits
+from quant.f16 import FP16_TO_FP32, fp32_to_fp16_bits
 
 NAME = "Q8_0"
 QK, BLOCK_BYTES = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0]
@@ -97,12 +97,12 @@ def _quantize_row(x, out):
 
 
 @numba.njit(error_model="numpy", cache=True)
-def _dequantize_row(raw, out):
+def _dequantize_row(raw, out, fp16):
     nb = out.shape[0] // QK
     blocks = raw.reshape(nb, BLOCK_BYTES)
     y = out.reshape(nb, QK)
     for b in range(nb):
-        d = fp16_bits_to_fp32(np.int64(blocks[b, 0]) | (np.int64(blocks[b, 1]) << 8))
+        d = fp16[np.int64(blocks[b, 0]) | (np.int64(blocks[b, 1]) << 8)]
         for j in range(y.shape[1]):  # = QK; a runtime bound lets LLVM vectorize it
             y[b, j] = np.float32(np.int8(blocks[b, 2 + j])) * d
 
@@ -115,7 +115,11 @@ def quantize_into(x, out):
 
 
 @numba.njit(parallel=True, error_model="numpy", cache=True)
-def dequantize_into(raw, out):
-    """Fast path: uint8 [rows, row_bytes] -> float32 [rows, cols], rows in parallel."""
+def _dequantize_rows(raw, out, fp16):
     for r in prange(out.shape[0]):
-        _dequantize_row(raw[r], out[r])
+        _dequantize_row(raw[r], out[r], fp16)
+
+
+def dequantize_into(raw: np.ndarray, out: np.ndarray) -> None:
+    """Fast path: uint8 [rows, row_bytes] -> float32 [rows, cols], rows in parallel."""
+    _dequantize_rows(raw, out, FP16_TO_FP32)
