@@ -128,6 +128,29 @@ def bench_gguf_open(vocab, merges, layers, repeats, gguf_py_repeats, json_out) -
                f"  token table decode      {r.tokens_s * 1e3:10.1f} ms")
 
 
+@bench.command("quant")
+@click.option("--rows", default=4096, show_default=True, type=click.IntRange(1), help="Rows per run.")
+@click.option("--cols", default=2560, show_default=True, type=click.IntRange(1), help="Row width.")
+@click.option("--threads", default=1, show_default=True, type=click.IntRange(1),
+              help="Threads for both sides (numba.set_num_threads / C row chunks).")
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1), help="Best of.")
+@click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False),
+              help="Also write the result as JSON here.")
+def bench_quant(rows, cols, threads, repeats, json_out) -> None:
+    """Q6_K and Q8_0 quantize/dequantize throughput: our numba paths vs ggml's C (ratio)."""
+    import contextlib
+
+    from bench.quant import QuantBenchConfig, format_table, run_quant_bench, write_json
+
+    cfg = QuantBenchConfig(rows=rows, cols=cols, threads=threads, repeats=repeats)
+    with contextlib.ExitStack() as stack:
+        result = run_quant_bench(cfg, progress=_gguf_bar(stack, "bench quant"))
+    click.echo(format_table(result))
+    if json_out:
+        sha = write_json(result, json_out)
+        click.echo(f"wrote {json_out} (sha256 {sha[:16]})")
+
+
 # ---- end section: quant ----------------------------------------------------------------------
 
 # ---- section: dumps + forwards (dump inspect, logits, kld, bench head) ------------------------
