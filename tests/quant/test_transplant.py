@@ -1,6 +1,7 @@
 """quant.transplant: every byte outside the replaced tensors kept, adds keep every old tensor's bytes."""
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
@@ -15,6 +16,7 @@ from quant import gguf
 from quant.arch import detect_tail
 from quant.errors import GGUFFormatError
 from quant.gguf_write import TensorData, synthetic_model
+from tests import oracles
 
 
 def sha(path) -> str:
@@ -185,3 +187,49 @@ def test_progress_and_reexport(model, tmp_path):
     assert gguf.transplant is tp.transplant and gguf.TransplantResult is tp.TransplantResult
     done = [d for d, _ in seen]
     assert done == sorted(done) and seen[-1][0] == seen[-1][1] == model.stat().st_size + 2 * r.dst_bytes
+
+
+class _GgufInitParams(ctypes.Structure):
+    _fields_ = [("no_alloc", ctypes.c_bool), ("ctx", ctypes.c_void_p)]
+
+
+def _ggml_table(lib, path) -> tuple[int, dict[str, tuple[int, int, int]]]:
+    """ggml's own C parser (gguf_init_from_file): data offset, name -> (type id, offset, size)."""
+    lib.gguf_init_from_file.restype = ctypes.c_void_p
+    lib.gguf_init_from_file.argtypes = [ctypes.c_char_p, _GgufInitParams]
+    for fn, res in (("gguf_get_n_tensors", ctypes.c_int64), ("gguf_get_data_offset", ctypes.c_size_t)):
+        getattr(lib, fn).restype, getattr(lib, fn).argtypes = res, [ctypes.c_void_p]
+    for fn, res in (("gguf_get_tensor_name", ctypes.c_char_p), ("gguf_get_tensor_offset", ctypes.c_size_t),
+                    ("gguf_get_tensor_type", ctypes.c_int), ("gguf_get_tensor_size", ctypes.c_size_t)):
+        getattr(lib, fn).restype, getattr(lib, fn).argtypes = res, [ctypes.c_void_p, ctypes.c_int64]
+    lib.gguf_free.argtypes = [ctypes.c_void_p]
+    ctx = lib.gguf_init_from_file(str(path).encode(), _GgufInitParams(True, None))
+    assert ctx, f"ggml's gguf_init_from_file rejected {path}"
+    try:
+        table = {lib.gguf_get_tensor_name(ctx, i).decode(): (lib.gguf_get_tensor_type(ctx, i),
+                 lib.gguf_get_tensor_offset(ctx, i), lib.gguf_get_tensor_size(ctx, i))
+                 for i in range(lib.gguf_get_n_tensors(ctx))}
+        return lib.gguf_get_data_offset(ctx), table
+    finally:
+        lib.gguf_free(ctx)
+
+
+def test_ggml_parser_accepts_outputs(tmp_path):
+    """ggml's C reader (what llama.cpp loads with) accepts the writer's and transplant's files and
+    agrees with our reader on the data offset and each tensor's type, offset and size."""
+    lib = oracles.load().lib
+    src = synthetic_model(tmp_path / "tied.gguf", tail="hc4", vocab=64, n=256, h=32, layers=2, tied=True).path
+    with gguf.open(src) as g:
+        emb = g.tensors["token_embd.weight"]
+        raw = np.array(g.read_raw("token_embd.weight"))
+        head = _edited_rows(g, "blk.1.ffn_down_shexp.weight", [0, 9])
+    gguf.transplant(src, tmp_path / "r.gguf", {"blk.1.ffn_down_shexp.weight": head})
+    gguf.transplant(src, tmp_path / "a.gguf", {"blk.1.ffn_down_shexp.weight": head},
+                    add={"output.weight": (emb.type_name, emb.shape, raw)})
+    for path in (src, tmp_path / "r.gguf", tmp_path / "a.gguf"):
+        data_offset, table = _ggml_table(lib, path)
+        with gguf.open(path) as g:
+            assert data_offset == g.data_offset
+            ours = {t.name: (int(gguf.ggml_layout(t.type_name)[0]), t.offset - g.data_offset, t.nbytes)
+                    for t in g.tensors.values()}
+        assert table == ours, path
