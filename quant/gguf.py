@@ -140,8 +140,10 @@ class GGUFFile:
             self._sha256 = file_sha256(self.path, progress)
         return self._sha256
 
+
 def file_sha256(path, progress: Callable[[int, int], None] | None = None,
                 chunk: int = 1 << 24) -> str:
+    """sha256 of a file, read in chunks; progress(bytes done, bytes total) after each."""
     total, done, h = os.path.getsize(path), 0, hashlib.sha256()
     with builtins.open(path, "rb") as fh:
         while block := fh.read(chunk):
@@ -169,6 +171,7 @@ def open(path) -> GGUFFile:  # noqa: A001 - the public name the project asked fo
     except BaseException:
         mm.close()
         raise
+
 
 def __getattr__(name: str):
     if name in ("transplant", "TransplantResult"):

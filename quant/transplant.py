@@ -60,7 +60,7 @@ class _Seg:
     start: int
     length: int
     src_at: int | None = None
-    data: bytes | None = None
+    data: bytes | memoryview | None = None
 
 
 def _check_paths(src: Path, dst: Path, manifest: Path, overwrite: bool) -> None:
@@ -99,6 +99,11 @@ def _addition(g: gguf.GGUFFile, name: str, spec) -> TensorData:
         raise GGUFFormatError(g.path, f"added tensor {name}", str(exc)) from None
 
 
+def _flat(raw: np.ndarray) -> memoryview:
+    """The array's bytes as a flat byte view (no copy when it is already contiguous)."""
+    return memoryview(np.ascontiguousarray(raw).reshape(-1)).cast("B")
+
+
 def _overlay(start: int, src_lo: int, src_hi: int, patches: list[tuple[int, bytes]]) -> list[_Seg]:
     """Segments copying source [src_lo, src_hi) to output `start`, with patches (src offset, bytes)."""
     segs, at = [], src_lo
@@ -116,7 +121,7 @@ def _overlay(start: int, src_lo: int, src_hi: int, patches: list[tuple[int, byte
 def _plan(g: gguf.GGUFFile, repl: dict[str, np.ndarray],
           adds: dict[str, TensorData]) -> tuple[list[_Seg], dict[str, int], int]:
     """Output segments, the output offset of each replaced/added tensor, and the data-section shift."""
-    patches = [(g.tensors[n].offset, r.tobytes()) for n, r in repl.items()]
+    patches = [(g.tensors[n].offset, _flat(r)) for n, r in repl.items()]
     if not adds:
         return _overlay(0, 0, g.size, patches), {n: g.tensors[n].offset for n in repl}, 0
     old_data = g.size - g.data_offset
@@ -140,7 +145,7 @@ def _plan(g: gguf.GGUFFile, repl: dict[str, np.ndarray],
     for name, t in adds.items():
         start = data_offset + rels[name]
         segs.append(_Seg(at, start - at, data=bytes(start - at)))
-        segs.append(_Seg(start, t.raw.nbytes, data=np.ascontiguousarray(t.raw).tobytes()))
+        segs.append(_Seg(start, t.raw.nbytes, data=_flat(t.raw)))
         at = start + t.raw.nbytes
     segs.append(_Seg(at, data_offset + rel - at, data=bytes(data_offset + rel - at)))
     offsets = {n: g.tensors[n].offset + shift for n in repl}
@@ -205,7 +210,7 @@ def _check_structure(g: gguf.GGUFFile, tmp: Path, offsets: dict[str, int], shift
 def _record(name: str, type_name: str, shape, offset: int, raw: np.ndarray) -> TensorRecord:
     data = np.ascontiguousarray(raw)
     return TensorRecord(name, type_name, tuple(shape), offset, data.nbytes,
-                        hashlib.sha256(data.tobytes()).hexdigest())
+                        hashlib.sha256(_flat(data)).hexdigest())
 
 
 def _write_json(path: Path, obj) -> None:
