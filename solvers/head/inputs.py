@@ -55,11 +55,15 @@ def trace_for(protocol: Protocol, path) -> object:
                          f"({', '.join(str(t.path) for t in protocol.traces)})")
 
 
-def solve_splits(protocol: Protocol, ledger: Ledger) -> Splits:
-    """The protocol's split, checked against the one recorded in the ledger (if any)."""
+def solve_splits(protocol: Protocol, ledger: Ledger, unregistered: bool = False) -> Splits:
+    """The protocol's split, which must be the one recorded in the ledger (`exactedit eval split`);
+    an unregistered run may go without a recorded split (it is then computed here)."""
     docs = {t.name: load_manifest(t.path).docs for t in protocol.traces}
     splits = build_splits(protocol, docs)
     recorded = recorded_splits(ledger, protocol.sha256)
+    if recorded is None and not unregistered:
+        raise HeadSolveError(ledger.path, "split", f"no split recorded for protocol {protocol.name!r}: run "
+                             "`exactedit eval split` first (splits are fixed before any solve)")
     if recorded is not None and recorded.sha256 != splits.sha256:
         raise HeadSolveError(protocol.path, "split", "the dumps no longer give the split recorded in the "
                              f"ledger ({recorded.sha256[:12]} vs {splits.sha256[:12]}): a dump changed")

@@ -10,7 +10,7 @@ import math
 import textwrap
 
 from solvers.head.scores import SplitReport
-from solvers.head.testonce import bar_to_json, to_json
+from solvers.head.testonce import bars_json, to_json
 
 
 def _checkpoint_json(c) -> dict:
@@ -35,7 +35,8 @@ def result_json(r) -> dict:
         "splits": [s.to_json() for s in r.splits], "anchors": [s.to_json() for s in r.anchors],
         "test": {"status": r.test.status, "ledger_entry": r.test.ledger_entry,
                  "report": r.test.report.to_json() if r.test.report else None},
-        "bars": [bar_to_json(b) for b in r.bars], "seconds": dict(r.seconds),
+        "bars": bars_json(r.bars, "test" if r.test.status in ("scored", "recorded") else "dev", r.marker)["bars"],
+        "seconds": dict(r.seconds),
     })
 
 

@@ -239,7 +239,7 @@ def solve_head(cfg: HeadSolveConfig, *, model, train: Sequence, dev: Sequence, p
         from solvers.model import load_tail
 
         record = require_registered(ledger, proto, command, cfg.unregistered)
-        splits = solve_splits(proto, ledger)
+        splits = solve_splits(proto, ledger, cfg.unregistered)
         tail = load_tail(g)
         head_name = _check_tail(tail)
         vocab = [tail.tokens.piece(i) for i in range(tail.spec.vocab)]

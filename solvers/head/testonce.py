@@ -1,10 +1,12 @@
 """Test is scored once per bundle, through the evals ledger (`evals.testonce`).
 
-The first scoring of a bundle's test rows appends a `test` entry holding the numbers; a later
-request for the same bundle identity is refused by the ledger (the refusal is recorded), reads
-nothing from the test dumps, and the solve reports the recorded numbers instead (status
-"recorded", with the entry number). Runs that ship no edit, or that were given no test dump, never
-read test.
+The first scoring of a bundle's test rows appends a `test` entry; its result is an evals bar
+report (`evals.report.report_to_json`, so `exactedit eval test` can print it) plus this solver's
+per-split numbers under "head_test". A later request for the same bundle identity, from a re-run
+of the solve or from `eval test BUNDLE`, is refused by the ledger (the refusal is recorded) and
+reads nothing from the test dumps: the solve then reports the recorded numbers (status
+"recorded", with the entry number). Runs that ship no edit, or that got no test dump, never read
+test.
 """
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from evals import testonce as evals_testonce
-from evals.bars import BarRow
+from evals.bars import BarRow, verdict
 from evals.ledger import Ledger, LedgerRefusal, ProtocolRecord
+from evals.report import BarReport, report_from_json, report_to_json
 from solvers.head.scores import SplitReport
 
 STATUSES = ("scored", "recorded", "not given", "no edit")
@@ -40,25 +43,18 @@ def to_json(obj):
     return obj
 
 
-def _nan(x):
-    return float("nan") if x is None else x
+def bars_json(bars, heldout_role: str, marker: str = "", meta=None) -> dict:
+    """The bars as an evals bar report (JSON)."""
+    return report_to_json(BarReport("test" if heldout_role == "test" else "score", heldout_role, tuple(bars),
+                                    verdict(bars), meta=dict(meta or {}), marker=marker))
 
 
-def bar_to_json(b: BarRow) -> dict:
-    return to_json(dict(b.__dict__))
-
-
-def bar_from_json(d: dict) -> BarRow:
-    floats = ("number", "threshold", "base", "edited")
-    kw = {k: (_nan(v) if k in floats else v) for k, v in d.items()}
-    kw["ci"] = tuple(_nan(x) for x in d.get("ci", (None, None)))
-    return BarRow(**kw)
-
-
-def report_from_json(d: dict) -> SplitReport:
+def _split_from_json(d: dict) -> SplitReport:
     def fix(v):
-        return {k: fix(x) for k, x in v.items()} if isinstance(v, dict) else _nan(v)
-    return SplitReport.from_json({k: (fix(v) if k != "name" else v) for k, v in d.items()})
+        if isinstance(v, dict):
+            return {k: fix(x) for k, x in v.items()}
+        return math.nan if v is None else v
+    return SplitReport.from_json({k: (v if k == "name" else fix(v)) for k, v in d.items()})
 
 
 def score_test_once(ledger: Ledger, record: ProtocolRecord, command: str, test_given: bool, has_edit: bool,
@@ -66,8 +62,7 @@ def score_test_once(ledger: Ledger, record: ProtocolRecord, command: str, test_g
                     dev_bars: Callable[[], tuple[BarRow, ...]]) -> tuple[TestOutcome, tuple[BarRow, ...]]:
     """(outcome, bars): the bars hold out test when test was scored (now or before), else dev.
     The ledger key is the bundle's identity (`solvers.bundle.bundle_identity`: inputs, config and
-    the edit's bytes), the same key `exactedit eval test BUNDLE` uses: re-running the same solve, or
-    scoring its bundle's test split later, never reads the test rows a second time."""
+    the edit's bytes), the same key `exactedit eval test BUNDLE` uses."""
     if not test_given:
         return TestOutcome("not given"), tuple(dev_bars())
     if not has_edit:
@@ -75,7 +70,8 @@ def score_test_once(ledger: Ledger, record: ProtocolRecord, command: str, test_g
 
     def compute():
         report, bars = score_test()
-        return {"report": to_json(report.to_json()), "bars": [bar_to_json(b) for b in bars]}
+        return {**bars_json(bars, "test", record.marker, {"bundle_sha256": bundle_sha}),
+                "head_test": to_json(report.to_json())}
 
     try:
         done = evals_testonce.score_test_once(ledger, bundle_sha, record, compute, command)
@@ -83,5 +79,6 @@ def score_test_once(ledger: Ledger, record: ProtocolRecord, command: str, test_g
     except LedgerRefusal as refusal:
         first = evals_testonce.recorded_test(ledger, bundle_sha)
         status, seq, result = "recorded", first.seq if first else refusal.seq, refusal.recorded or {}
-    bars = tuple(bar_from_json(b) for b in result.get("bars", []))
-    return TestOutcome(status, seq, report_from_json(result["report"])), bars
+    bars = report_from_json(result).rows if result.get("kind") else ()
+    split = _split_from_json(result["head_test"]) if "head_test" in result else None
+    return TestOutcome(status, seq, split), tuple(bars)
