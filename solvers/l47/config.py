@@ -1,0 +1,137 @@
+"""`WfldConfig`: every knob of `solve wfld`, validated; CLI flags map 1:1 to its fields.
+
+The solve (SPEC.md section 5) asks, at each train FTPO position, for the rejected token to end
+`margin` nats below its best natural alternative, for the `alternatives` top non-rejected,
+non-special tokens to rise by `delta_cho` (> 0: the freed mass goes to real words, not to the turn
+end), and for the special-token logits to stay where they were (at target rows and at the
+`special_rows` most at-risk anchor rows). Among all edits that do this, it takes the one with the
+least energy on the anchors' hh (covariance + `ridge`), with dW h = 0 exactly on the span of each
+banned word's legitimate uses (at most `null_rank` directions per word). `gn_iters` Gauss-Newton
+rounds re-linearize the head at the edit as shipped (Q8_0), until the exact logits move less than
+`gn_tol` between rounds.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from quant.errors import ExacteditError
+
+DEFAULT_SPECIALS = ("<|im_end|>", "<|im_start|>", "<think>", "</think>", "<|endoftext|>")
+BACKENDS = ("jax", "numpy")
+HELDOUT_ROLES = ("dev", "test")
+
+
+class WfldError(ExacteditError):
+    """A WFLD solve cannot run on these inputs (names the input, the field and what was expected)."""
+
+    def __init__(self, where, field: str, message: str):
+        self.where, self.field = str(where), field
+        super().__init__(f"{self.where}: {field}: {message}")
+
+
+def parse_phrase_margin(text: str) -> tuple[str, float]:
+    """'right away=0.5' -> ('right away', 0.5): a per-phrase margin (CLI --phrase-margin)."""
+    phrase, sep, value = text.rpartition("=")
+    if not sep or not phrase.strip():
+        raise ValueError(f"phrase margin {text!r}: expected PHRASE=NATS")
+    try:
+        nats = float(value)
+    except ValueError:
+        raise ValueError(f"phrase margin {text!r}: {value!r} is not a number") from None
+    return phrase.strip(), nats
+
+
+@dataclass(frozen=True)
+class WfldConfig:
+    """A WFLD solve of blk.L.ffn_down_shexp (or the last ffn_down of an rmsnorm tail)."""
+
+    margin: float = 1.0
+    phrase_margins: tuple[tuple[str, float], ...] = ()
+    delta_cho: float = 0.5
+    alternatives: int = 3
+    capitalized: bool = True
+    null_rank: int = 8
+    null_tol: float = 1e-6
+    ridge: float = 1e-2
+    special_rows: int = 256
+    specials: tuple[str, ...] = DEFAULT_SPECIALS
+    turn_end: str = "<|im_end|>"
+    gn_iters: int = 4
+    gn_tol: float = 0.02
+    target_eps: float = 1e-6
+    hold_eps: float = 1e-9
+    same_doc_heldout: float = 0.33
+    seed: int = 0
+    heldout_role: str = "dev"
+    backend: str = "jax"
+    tile_rows: int = 8192
+
+    def __post_init__(self):
+        ints = {"alternatives": 1, "null_rank": 0, "special_rows": 0, "gn_iters": 1, "seed": 0,
+                "tile_rows": 1}
+        for name, low in ints.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"WfldConfig.{name} must be an integer >= {low}, got {value!r}")
+        for f in fields(self):
+            if f.type == "float":
+                value = getattr(self, f.name)
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                    raise ValueError(f"WfldConfig.{f.name} must be a finite number, got {value!r}")
+        if self.margin < 0:
+            raise ValueError(f"WfldConfig.margin must be >= 0 nats, got {self.margin}")
+        if self.delta_cho <= 0:
+            raise ValueError("WfldConfig.delta_cho must be > 0: with no raise of the alternatives the freed "
+                             f"mass goes to the most generic continuation (the turn end); got {self.delta_cho}")
+        for name in ("null_tol", "ridge", "target_eps", "hold_eps", "gn_tol"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"WfldConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.same_doc_heldout < 1.0:
+            raise ValueError(f"WfldConfig.same_doc_heldout must be in [0, 1), got {self.same_doc_heldout}")
+        if self.heldout_role not in HELDOUT_ROLES:
+            raise ValueError(f"WfldConfig.heldout_role must be one of {HELDOUT_ROLES}, got {self.heldout_role!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"WfldConfig.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if not isinstance(self.capitalized, bool):
+            raise ValueError(f"WfldConfig.capitalized must be a bool, got {self.capitalized!r}")
+        if not isinstance(self.specials, tuple) or not self.specials or \
+                not all(isinstance(s, str) and s for s in self.specials):
+            raise ValueError(f"WfldConfig.specials must be a non-empty tuple of token strings, got {self.specials!r}")
+        if self.turn_end not in self.specials:
+            raise ValueError(f"WfldConfig.turn_end {self.turn_end!r} must be one of the specials {self.specials}")
+        if not isinstance(self.phrase_margins, tuple):
+            raise ValueError(f"WfldConfig.phrase_margins must be a tuple of (phrase, nats), got {self.phrase_margins!r}")
+        seen = set()
+        for item in self.phrase_margins:
+            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and item[0].strip()
+                    and isinstance(item[1], (int, float)) and not isinstance(item[1], bool)
+                    and math.isfinite(item[1]) and item[1] >= 0):
+                raise ValueError(f"WfldConfig.phrase_margins: expected (phrase, nats >= 0), got {item!r}")
+            if item[0] in seen:
+                raise ValueError(f"WfldConfig.phrase_margins: {item[0]!r} given twice")
+            seen.add(item[0])
+
+    def margin_for(self, phrase: str) -> float:
+        """The margin of one banned phrase: its override, else `margin`."""
+        return float(dict(self.phrase_margins).get(phrase, self.margin))
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["phrase_margins"] = [[p, float(m)] for p, m in self.phrase_margins]
+        out["specials"] = list(self.specials)
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> "WfldConfig":
+        known = {f.name for f in fields(cls)}
+        extra = sorted(set(obj) - known)
+        if extra:
+            raise ValueError(f"WfldConfig: unknown keys {extra}")
+        kwargs = dict(obj)
+        if "phrase_margins" in kwargs:
+            kwargs["phrase_margins"] = tuple((str(p), float(m)) for p, m in kwargs["phrase_margins"])
+        if "specials" in kwargs:
+            kwargs["specials"] = tuple(kwargs["specials"])
+        return cls(**kwargs)
