@@ -255,6 +255,40 @@ def bench_head(rows, vocab, n, tile_rows, repeats, seed, as_json) -> None:
 
 # ---- section: fixture + demo -----------------------------------------------------------------
 
+def _fixture_bar(stack, label: str):
+    """A progress(done, total) callback drawing a click progress bar on stderr, opened lazily."""
+    bar = None
+
+    def update(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = stack.enter_context(click.progressbar(length=total, label=label, file=sys.stderr))
+        bar.update(done - bar.pos)
+
+    return update
+
+
+@fixture.command("make")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0), help="Random seed.")
+@click.option("--force", is_flag=True, help="Replace the fixture files DIR already holds.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def fixture_make(out, seed, force, as_json) -> None:
+    """Build the tiny hc4 model, its dumps, phrases.txt, planted.json and README.md in DIR.
+    Exits 1 when a planted property does not hold."""
+    import contextlib
+    import json
+
+    from fixtures.make import make_fixture
+    from fixtures.readme import render_result
+
+    with contextlib.ExitStack() as stack:
+        result = make_fixture(out, seed, progress=_fixture_bar(stack, "building"), overwrite=force)
+    click.echo(json.dumps(result.to_json(), indent=1) if as_json else render_result(result))
+    if not result.ok:
+        sys.exit(1)
+
+
 # ---- end section: fixture + demo -------------------------------------------------------------
 
 # ---- section: native (engine run, verify live, mine) -----------------------------------------

@@ -146,8 +146,8 @@ class _Capture:
             return False  # aborts the graph
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {n: np.concatenate(p, axis=0) if p else np.zeros((0, 0), np.float32)
-                for n, p in self.parts.items()}
+        """The tensors seen, rows concatenated (a name the graph never produced is absent)."""
+        return {n: np.concatenate(p, axis=0) for n, p in self.parts.items() if p}
 
 
 def _ggml_lib():

@@ -163,13 +163,17 @@ def q6_k_matmul_ref(raw: np.ndarray, cols: int, x: np.ndarray, tiled: np.ndarray
 
 
 @numba.njit(parallel=True, error_model="numpy", cache=True)
-def _q6_k_matmul_kernel(ql, qh, sc, dw, qs, bsums, dx, tiled, out):
+def _q6_k_matmul_kernel(ql, qh, sc, dw, qL, bsums, dx, tiled, lane_index, out):
+    """qL: the Q8_K codes as int16 [T, nb, 256] in lane-major order (lane L's 32 elements at
+    32 L .. 32 L + 31, see _LANE), so each lane is a contiguous integer dot that vectorizes."""
     rows, nb = dw.shape
-    T = qs.shape[0]
+    T = qL.shape[0]
     for r in prange(rows):
-        w = np.empty(256, np.int32)
+        w = np.empty(256, np.int16)
+        wl = np.empty(256, np.int16)
         acc = np.zeros(T, np.float32)
         acc8 = np.zeros((T, 8), np.float32)
+        lanes = np.empty(8, np.int32)
         for b in range(nb):
             for half in range(2):
                 for l in range(32):
@@ -182,17 +186,20 @@ def _q6_k_matmul_kernel(ql, qh, sc, dw, qs, bsums, dx, tiled, out):
                     w[o + 64] = (lo0 >> 4) | (((h >> 4) & 3) << 4)
                     w[o + 96] = (lo1 >> 4) | (((h >> 6) & 3) << 4)
             for e in range(256):
-                w[e] *= np.int32(sc[r, b, e // 16])
+                w[e] = w[e] * np.int16(sc[r, b, e // 16])        # |u * sc| <= 63 * 128: fits int16
+            for k in range(256):
+                wl[k] = w[lane_index[k]]
             dwb = dw[r, b]
             for t in range(T):
-                lanes = np.zeros(8, np.int32)
-                for e in range(256):
-                    lanes[(e % 32) // 4] += w[e] * np.int32(qs[t, b, e])
                 total = np.int32(0)
                 for L in range(8):
-                    lanes[L] -= 32 * (np.int32(sc[r, b, 2 * L]) * np.int32(bsums[t, b, 2 * L])
-                                      + np.int32(sc[r, b, 2 * L + 1]) * np.int32(bsums[t, b, 2 * L + 1]))
-                    total += lanes[L]
+                    s = np.int32(0)
+                    for k in range(32 * L, 32 * L + 32):
+                        s += np.int32(wl[k]) * np.int32(qL[t, b, k])
+                    s -= 32 * (np.int32(sc[r, b, 2 * L]) * np.int32(bsums[t, b, 2 * L])
+                               + np.int32(sc[r, b, 2 * L + 1]) * np.int32(bsums[t, b, 2 * L + 1]))
+                    lanes[L] = s
+                    total += s
                 if tiled[t]:
                     acc[t] = _fma32(dwb * np.float32(total), dx[t, b], acc[t])
                 else:
@@ -219,8 +226,10 @@ def q6_k_matmul(raw: np.ndarray, cols: int, x: np.ndarray, tiled: np.ndarray) ->
     out = np.empty((x.shape[0], raw.shape[0]), np.float32)
     _q6_k_matmul_kernel(np.ascontiguousarray(blk["ql"]), np.ascontiguousarray(blk["qh"]),
                         np.ascontiguousarray(blk["scales"]), blk["d"].astype(np.float32),
-                        np.ascontiguousarray(xq["qs"]), np.ascontiguousarray(xq["bsums"]),
-                        np.ascontiguousarray(xq["d"]), np.ascontiguousarray(tiled, dtype=np.bool_), out)
+                        np.ascontiguousarray(xq["qs"].astype(np.int16)[:, :, _LANE.reshape(-1)]),
+                        np.ascontiguousarray(xq["bsums"]),
+                        np.ascontiguousarray(xq["d"]), np.ascontiguousarray(tiled, dtype=np.bool_),
+                        np.ascontiguousarray(_LANE.reshape(-1)), out)
     return out
 
 

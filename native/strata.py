@@ -1,0 +1,182 @@
+"""The production engine's contract: a command that reads a tokens file and writes a logits file.
+
+Command: `strata_window_cli --metal-gguf {gguf} --tokens-file {tokens} --logits-out {logits}`
+followed by the user's own flags (batch, threads, ...), which are recorded with every run.
+
+Tokens file: little-endian int32 token ids, one after another, no header (4 * T bytes).
+Logits file: little-endian float32, one full-vocabulary row per position, row-major, no header
+(4 * T * V bytes); row t holds the logits after reading tokens 0..t (it predicts token t + 1).
+
+On Linux the contract is exercised with `exactedit engine run`, which honours the same flags
+with llama.cpp (`run_llamacpp` below), so the same runner and the same checks serve both.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from quant.errors import ExacteditError
+
+TEMPLATE = ("strata_window_cli", "--metal-gguf", "{gguf}", "--tokens-file", "{tokens}",
+            "--logits-out", "{logits}")
+PLACEHOLDERS = ("{gguf}", "{tokens}", "{logits}")
+
+
+class StrataError(ExacteditError):
+    """A tokens/logits file or an engine command does not follow the contract."""
+
+    def __init__(self, what, field: str, message: str):
+        self.what, self.field = str(what), field
+        super().__init__(f"{self.what}: {field}: {message}")
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def write_tokens(path, tokens) -> Path:
+    path = Path(path)
+    toks = np.asarray(tokens)
+    if toks.ndim != 1 or toks.size == 0 or not np.issubdtype(toks.dtype, np.integer) or toks.min() < 0 \
+            or toks.max() > np.iinfo(np.int32).max:
+        raise StrataError(path, "tokens", "expected a non-empty 1-D array of non-negative int32 ids")
+    _atomic_write(path, toks.astype("<i4").tobytes())
+    return path
+
+
+def read_tokens(path, vocab: int | None = None) -> np.ndarray:
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise StrataError(path, "tokens file", f"cannot be read ({exc})") from None
+    if not data or len(data) % 4:
+        raise StrataError(path, "tokens file", f"{len(data)} bytes; expected a non-empty multiple of 4 "
+                          "(little-endian int32 ids)")
+    toks = np.frombuffer(data, "<i4").astype(np.int32)
+    bad = np.flatnonzero((toks < 0) | ((toks >= vocab) if vocab is not None else False))
+    if bad.size:
+        raise StrataError(path, "tokens file", f"id {int(toks[bad[0]])} at position {int(bad[0])} "
+                          f"is outside [0, {vocab if vocab is not None else 'inf'})")
+    return toks
+
+
+def write_logits(path, logits) -> Path:
+    path = Path(path)
+    arr = np.asarray(logits)
+    if arr.ndim != 2 or arr.dtype != np.float32:
+        raise StrataError(path, "logits", f"expected float32 [T, V], got {arr.dtype} {arr.shape}")
+    _atomic_write(path, arr.astype("<f4").tobytes())
+    return path
+
+
+def read_logits(path, rows: int, vocab: int) -> np.ndarray:
+    """float32 [rows, vocab], checked against the file's size (memory-mapped, read-only)."""
+    path = Path(path)
+    if not path.is_file():
+        raise StrataError(path, "logits file", "was not written")
+    size, want = path.stat().st_size, 4 * rows * vocab
+    if size != want:
+        raise StrataError(path, "logits file", f"{size} bytes; expected {want} = 4 * {rows} positions "
+                          f"* {vocab} vocabulary (float32, one row per position)")
+    arr = np.memmap(path, dtype="<f4", mode="r", shape=(rows, vocab))
+    if not np.isfinite(arr).all():
+        raise StrataError(path, "logits file", "holds non-finite values")
+    return arr
+
+
+@dataclass(frozen=True)
+class EngineCommand:
+    """A command template with the three placeholders, plus the user's extra flags."""
+
+    template: tuple[str, ...] = TEMPLATE
+    extra: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        template = tuple(self.template)
+        for ph in PLACEHOLDERS:
+            if sum(ph in part for part in template) != 1:
+                raise StrataError("command", "template", f"needs {ph} exactly once: {shlex.join(template)}")
+        object.__setattr__(self, "template", template)
+        object.__setattr__(self, "extra", tuple(self.extra))
+
+    @classmethod
+    def parse(cls, text: str | None, extra: str | Sequence[str] = ()) -> EngineCommand:
+        template = tuple(shlex.split(text)) if text else TEMPLATE
+        extra = tuple(shlex.split(extra)) if isinstance(extra, str) else tuple(extra)
+        return cls(template, extra)
+
+    def argv(self, gguf, tokens, logits) -> list[str]:
+        values = {"{gguf}": str(gguf), "{tokens}": str(tokens), "{logits}": str(logits)}
+        out = []
+        for part in self.template:
+            for ph, v in values.items():
+                part = part.replace(ph, v)
+            out.append(part)
+        return out + list(self.extra)
+
+
+@dataclass(frozen=True)
+class StrataRun:
+    argv: tuple[str, ...]
+    logits: np.ndarray
+    stderr_tail: str
+
+
+def run_engine(command: EngineCommand, gguf, tokens, vocab: int, workdir,
+               runner: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+               timeout: float | None = None) -> StrataRun:
+    """Write the tokens file, run the command, read and check the logits file."""
+    workdir = Path(workdir)
+    toks = np.asarray(tokens)
+    tok_path = write_tokens(workdir / "tokens.i32", toks)
+    out_path = workdir / "logits.f32"
+    if out_path.exists():
+        out_path.unlink()
+    argv = command.argv(gguf, tok_path, out_path)
+    try:
+        proc = runner(argv, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise StrataError(argv[0], "command", f"could not run: {exc}") from None
+    tail = (proc.stderr or "")[-2000:]
+    if proc.returncode != 0:
+        raise StrataError(argv[0], "exit status", f"{proc.returncode}: {tail.strip()[-500:]}")
+    return StrataRun(tuple(argv), np.array(read_logits(out_path, toks.size, vocab)), tail)
+
+
+@dataclass(frozen=True)
+class ContractRun:
+    """`exactedit engine run`: llama.cpp honouring the contract (what it read and wrote)."""
+
+    gguf: str
+    tokens_file: str
+    logits_file: str
+    rows: int
+    vocab: int
+    settings: dict
+    ubatch_sizes: tuple[int, ...]
+
+
+def run_llamacpp(gguf, tokens_file, logits_out, settings=None,
+                 progress: Callable[[int, int], None] | None = None) -> ContractRun:
+    """Read the tokens file, evaluate with llama.cpp, write the logits file (atomically)."""
+    from native.llamacpp import EngineSettings, LlamaEngine
+
+    settings = settings or EngineSettings()
+    with LlamaEngine(gguf, settings) as engine:
+        toks = read_tokens(tokens_file, engine.n_vocab)
+        run = engine.evaluate(toks, progress=progress)
+    write_logits(logits_out, run.logits)
+    return ContractRun(str(gguf), str(tokens_file), str(logits_out), int(toks.size), int(run.logits.shape[1]),
+                       settings.as_meta(), run.ubatch_sizes)

@@ -1,0 +1,148 @@
+"""End to end on the real Qwen model: engine -> dump -> head-row and last-layer edits -> transplant
+-> llama.cpp's logits equal the offline, engine-faithful prediction; a wrong-row file and a
+mis-quantized file fail the same check."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.live
+
+PROMPT = ("<|im_start|>user\nWrite two sentences about rivers, rather than lakes.<|im_end|>\n"
+          "<|im_start|>assistant\nRivers run to the sea, and in the end they")
+HEAD_ROW = 835          # " end" in Qwen2.5's vocabulary; any row works
+DOWN_ROWS = np.arange(8)
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    from native import models
+
+    if not models.installed("qwen"):
+        pytest.skip("the Qwen model packages of the live extra are not installed")
+    return models.locate("qwen")
+
+
+@pytest.fixture(scope="module")
+def tokens(qwen):
+    from native.llamacpp import LlamaEngine
+
+    with LlamaEngine(qwen) as engine:
+        return engine.tokenize(PROMPT)
+
+
+def _edits(qwen):
+    """A head-row edit and a last-layer ffn_down edit, each re-quantized to Q6_K."""
+    import quant
+    from quant import gguf
+    from solvers.bundle import TensorEdit
+
+    rng = np.random.default_rng(7)
+    with gguf.open(qwen) as g:
+        head, down = g.tensor("output.weight"), g.tensor("blk.27.ffn_down.weight")
+        row = g.read_rows("output.weight", HEAD_ROW, HEAD_ROW + 1)
+        new_row = row + np.float32(0.03) * rng.choice([-1, 1], size=row.shape).astype(np.float32)
+        rows = g.read_rows(down.name, 0, len(DOWN_ROWS))
+        new_rows = rows + np.float32(0.02) * rng.standard_normal(rows.shape).astype(np.float32)
+        return (TensorEdit(head.name, "rows", "Q6_K", head.shape, quant.quantize(new_row, "Q6_K"),
+                           np.array([HEAD_ROW])),
+                TensorEdit(down.name, "rows", "Q6_K", down.shape, quant.quantize(new_rows, "Q6_K"),
+                           DOWN_ROWS), new_row)
+
+
+@pytest.fixture(scope="module")
+def bundle(qwen, tmp_path_factory):
+    from quant import gguf
+    from solvers.bundle import InputRef, write_bundle
+
+    head_edit, down_edit, _ = _edits(qwen)
+    sha = gguf.file_sha256(qwen)
+    return write_bundle(tmp_path_factory.mktemp("b") / "bundle", solver="test-by-hand",
+                        inputs=[InputRef("model", str(qwen), sha)], config={},
+                        edits=[head_edit, down_edit])
+
+
+def test_capture_matches_engine_logits_bitwise(qwen, tokens, tmp_path):
+    """The dump's R and hh reproduce the engine's own logits through the engine-faithful tail."""
+    from dumps import read_dump
+    from native.capture import CaptureDoc, capture_dump
+    from native.llamacpp import EngineSettings
+    from native.verify import predict_rmsnorm
+    from quant import gguf
+    from solvers.head.engine_numerics import MatchEngine
+
+    settings = EngineSettings(n_batch=12, n_ubatch=12)   # micro-batches of 12 and a short tail
+    res = capture_dump(qwen, [CaptureDoc("p", tokens[:-3]), CaptureDoc("q", tokens[-12:])],
+                       tmp_path / "dump", settings=settings)
+    d = read_dump(res.path)
+    assert d.manifest.meta["engine_settings"] == settings.as_meta()
+    match = MatchEngine.from_meta("llamacpp", d.manifest.meta, d.rows)
+    assert not match.tiled_rows().all() and match.tiled_rows().any()   # both kernels exercised
+    with gguf.open(qwen) as g:
+        pred = predict_rmsnorm(g, np.asarray(d.field("R")), np.asarray(d.field("hh")), match)
+    assert np.array_equal(pred, res.logits)
+
+
+@pytest.fixture(scope="module")
+def baseline(qwen, tokens):
+    from native.verify import live_baseline
+
+    return live_baseline(qwen, tokens)
+
+
+def test_edit_verifies_live(baseline, bundle):
+    from native.verify import check_edit
+
+    report = check_edit(baseline, bundle.path)
+    assert report.passed, report.checks
+    assert report.edit_effect.kl_max > 1e-4           # the edit really moved the engine's logits
+    for check in report.checks:
+        assert check.stats.bitwise, check               # the goal, met on the shipped build
+
+
+def _write_file(qwen, tmp_path, head_raw, down_raw):
+    """A file with the head rows `head_raw` ({row: bytes}) and the whole ffn_down `down_raw`."""
+    from quant import gguf
+    from quant.transplant import transplant
+
+    with gguf.open(qwen) as g:
+        full = np.array(g.read_raw("output.weight"))
+        full[list(head_raw)] = np.stack(list(head_raw.values()))
+    replace = {"output.weight": full, "blk.27.ffn_down.weight": down_raw}
+    out = tmp_path / "bad.gguf"
+    transplant(qwen, out, replace=replace)
+    return out
+
+
+def _edited_down(qwen, down_edit):
+    from quant import gguf
+
+    with gguf.open(qwen) as g:
+        down = np.array(g.read_raw(down_edit.tensor))
+    down[down_edit.row_ids] = down_edit.raw
+    return down
+
+
+def test_wrong_row_fails(qwen, baseline, bundle, tmp_path):
+    """The head edit written one row off (the ffn_down edit right): the edited check fails."""
+    from native.verify import check_edit
+
+    head_edit, down_edit = bundle.edits
+    bad = _write_file(qwen, tmp_path, {HEAD_ROW + 1: head_edit.raw[0]}, _edited_down(qwen, down_edit))
+    report = check_edit(baseline, bundle.path, edited=bad)
+    assert report.checks[0].passed and not report.checks[1].passed
+
+
+def test_misquantized_tensor_fails(qwen, baseline, bundle, tmp_path):
+    """The edited ffn_down re-quantized whole from its dequantized values: every row's bytes move
+    a little (Q6_K's scale search does not round-trip) and the check must see it."""
+    import quant
+    from native.verify import check_edit
+
+    head_edit, down_edit = bundle.edits
+    down = _edited_down(qwen, down_edit)
+    requant = quant.quantize(quant.dequantize(down, "Q6_K", 8960), "Q6_K")
+    assert not np.array_equal(requant, down)
+    bad = _write_file(qwen, tmp_path, {HEAD_ROW: head_edit.raw[0]}, requant)
+    report = check_edit(baseline, bundle.path, edited=bad)
+    assert report.checks[0].passed and not report.checks[1].passed
