@@ -94,6 +94,7 @@ class MinNorm(NamedTuple):
     dW: np.ndarray       # float64 [n, h]
     lam: np.ndarray      # float64 [K]
     linear: np.ndarray   # float64 [K] the linearized change <dW, u_k hh_k^T>
+    rhs: np.ndarray      # float64 [K] what the conditions asked of it
 
 
 def linear_change(dW, U, Hh) -> np.ndarray:
@@ -115,7 +116,7 @@ def solve_min_norm(U, Hh, M, b, eps) -> MinNorm:
     except np.linalg.LinAlgError:
         lam = np.linalg.lstsq(A, b, rcond=None)[0]
     dW = (U * lam[:, None]).T @ G
-    return MinNorm(dW, lam, linear_change(dW, U, Hh))
+    return MinNorm(dW, lam, linear_change(dW, U, Hh), b)
 
 
 class Evaluation(NamedTuple):
@@ -133,7 +134,7 @@ class Iteration:
     conditions: int
     dw_rel: float              # ||dW_shipped|| / ||W||
     ship_rel: float            # ||dW_shipped - dW|| / ||dW|| (the round trip's share)
-    linear_residual: float     # max_k |<dW, u_k hh_k^T> - b_k| of the solve (before shipping)
+    linear_residual: dict      # kind -> max |<dW, u_k hh_k^T> - b_k| of the solve (before shipping)
     exact_err: dict            # kind -> max |exact change - target| after shipping
     mean_change: dict          # kind -> mean exact change
     moved: float               # max |exact logits - previous round's|
@@ -198,7 +199,7 @@ def gauss_newton(w0, cond: Conditions, Hh, M, evaluate: Callable[[np.ndarray], E
         its.append(Iteration(
             it=it + 1, conditions=cond.size, dw_rel=float(np.linalg.norm(dW_ship)) / w_norm,
             ship_rel=float(np.linalg.norm(dW_ship - sol.dW)) / dn if dn > 0 else 0.0,
-            linear_residual=float(np.max(np.abs(sol.linear - b))) if b.size else 0.0,
+            linear_residual=_by_kind(np.abs(sol.linear - b), cond.kind, np.max),
             exact_err=_by_kind(err, cond.kind, np.max), mean_change=_by_kind(cur - base, cond.kind, np.mean),
             moved=moved, seconds={"linearize": t_lin if it == 0 else 0.0, "solve": t2 - t1,
                                   "ship": t3 - t2, "rescore": t4 - t3}))

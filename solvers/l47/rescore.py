@@ -1,0 +1,80 @@
+"""Exact re-scoring of a tail edit on whole traces: `evals.scoring.RowScores` for base vs edited.
+
+Both models are recomputed from the same dump rows (tail forward, then one streaming pass over
+the head with both activations: `evals.kld.kl_rows`), so the numbers are those of the edit as
+shipped. Special-token probabilities come from their logits (direct dot products with their head
+rows, as the streaming pass computes them) and the pass's LSE. All traces go through one pass.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Sequence
+
+import numpy as np
+
+from evals.kld import kl_rows
+from evals.scoring import DocMeta, RowScores, concat
+from solvers.head.forward import apply_softcap
+from solvers.l47.jacobian import token_rows
+from solvers.logits import tail_mix
+
+
+class TileMemo:
+    """A RowSource that remembers its last tile, so the edited pass reuses the base pass's
+    dequantized rows (both heads are the same tensor). The caller owns it; it holds one tile."""
+
+    def __init__(self, source):
+        self.source, self.rows, self.cols = source, source.rows, source.cols
+        self._key: tuple[int, int] | None = None
+        self._tile: np.ndarray | None = None
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        if self._key != (start, stop):
+            self._tile, self._key = self.source.read(start, stop), (start, stop)
+        return self._tile
+
+    def tile_key(self, start: int, stop: int):
+        return self.source.tile_key(start, stop)
+
+
+class ScoredTrace(NamedTuple):
+    """A trace to score: its dump, a name, and each document's split role (by document index)."""
+
+    name: str
+    dump: object
+    roles: tuple[str, ...]
+    domain: str = ""
+
+
+def _docs(t: ScoredTrace) -> tuple[DocMeta, ...]:
+    return tuple(DocMeta(d.name, t.name, role, d.source or "", d.character or "", tuple(d.tags), t.domain)
+                 for d, role in zip(t.dump.docs, t.roles))
+
+
+def score_traces(tail, tail_edit, traces: Sequence[ScoredTrace], specials: Sequence[int], *,
+                 tile_rows: int = 8192, progress: Callable[[int, int], None] | None = None) -> RowScores:
+    """RowScores of every row of every trace (documents appended in order, as `concat` does)."""
+    mix_b = np.concatenate([tail_mix(tail, t.dump) for t in traces], axis=0)
+    mix_e = np.concatenate([tail_mix(tail_edit, t.dump) for t in traces], axis=0)
+    nxt = np.concatenate([np.asarray(t.dump.next, dtype=np.int64) for t in traces])
+    head = TileMemo(tail.head)
+    r = kl_rows(mix_b, head, mix_e, head, next_ids=nxt, softcap=tail.softcap, tile_rows=tile_rows,
+                progress=progress)
+    sp = list(int(s) for s in specials)
+    w_sp = token_rows(tail.head, sp)                                         # [s, n] float64
+    l_sp_b = apply_softcap(np.asarray(mix_b, np.float64) @ w_sp.T, tail.softcap)
+    l_sp_e = apply_softcap(np.asarray(mix_e, np.float64) @ w_sp.T, tail.softcap)
+    p_b = np.exp(l_sp_b - r.lse_base[:, None])
+    p_e = np.exp(l_sp_e - r.lse_edited[:, None])
+    parts, a = [], 0
+    for t in traces:
+        d = t.dump
+        b = a + d.rows
+        roles = np.zeros(d.rows, np.uint8) if d.roles is None else np.asarray(d.roles, np.uint8)
+        parts.append(RowScores(
+            tokens=np.asarray(d.tokens, np.int32), next=np.asarray(d.next, np.int32), roles=roles,
+            doc=np.asarray(d.doc_index(), np.int32), logp_base=r.logp_next_base[a:b].astype(np.float64),
+            logp_edit=r.logp_next_edited[a:b].astype(np.float64), kl=np.maximum(r.kl[a:b], 0.0),
+            argmax_base=r.argmax_base[a:b].astype(np.int32), argmax_edit=r.argmax_edited[a:b].astype(np.int32),
+            special_ids=tuple(sp), p_special_base=p_b[a:b], p_special_edit=p_e[a:b], docs=_docs(t)))
+        a = b
+    return concat(parts, chunks=False)

@@ -1,0 +1,299 @@
+"""`solve wfld` driver: model + dumps + phrases -> mined targets -> WFLD solve -> bars -> bundle.
+
+Traces by role (each one or more dump directories):
+- train: FTPO targets (minus the same-document held-out share, bar (b)) and the legitimate uses of
+  the banned words that the edit must not move (the per-word null space);
+- heldout: separate documents, scored only (bars (c), (f), (g); their split role is `heldout_role`);
+- collateral: legitimate uses of the words, scored only (bar (d)): never in the null space;
+- anchors: plain and chat background: the metric C, the special-token holds, bar (e);
+- null (optional): more legitimate uses for the null space, never scored.
+The bundle holds the new bytes of the edited tensor, the report (bars, per phrase, per word, the
+Gauss-Newton log, where the time went) and a manifest with every input's sha256.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+import quant
+from dumps import read_dump
+from evals.bars import BarContext, anti_slop_bars, verdict
+from evals.protocol import Bars, ResolvedTokens, load_protocol
+from evals.splits import Splits, same_doc_heldout
+from quant import gguf
+from solvers.bundle import InputRef, TensorEdit, write_bundle
+from solvers.head.stream import vocab_pass
+from solvers.l47 import wfld
+from solvers.l47.config import WfldConfig, WfldError
+from solvers.l47.jacobian import editable_weight, gather_rows, linearize, token_rows, with_weights
+from solvers.l47.mining import Mining, load_phrases, mine, natural_alternatives
+from solvers.l47.report import build_report
+from solvers.l47.rescore import ScoredTrace, score_traces
+from solvers.logits import tail_mix
+from solvers.model import load_tail
+
+Progress = Callable[[int, int], None]
+ROLES = ("train", "heldout", "collateral", "anchors", "null")
+
+
+@dataclass(frozen=True)
+class WfldInputs:
+    """Paths of everything a solve reads (each dump list may hold several directories)."""
+
+    model: str
+    phrases: str
+    train: tuple[str, ...]
+    heldout: tuple[str, ...] = ()
+    collateral: tuple[str, ...] = ()
+    anchors: tuple[str, ...] = ()
+    null: tuple[str, ...] = ()
+    protocol: str | None = None
+
+    def __post_init__(self):
+        if not self.train:
+            raise WfldError("inputs", "train", "at least one train dump is needed (the FTPO targets)")
+        if not self.anchors:
+            raise WfldError("inputs", "anchors", "at least one anchor dump is needed (the background metric)")
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    name: str
+    role: str
+    path: str
+    dump: object
+
+
+@dataclass(frozen=True, eq=False)
+class WfldResult:
+    """What `solve_wfld` wrote and what it measured."""
+
+    bundle: Path
+    bundle_sha256: str
+    report: dict
+    verdict: str
+    bars: tuple
+    mining: Mining
+    gn: wfld.GaussNewton
+    scores: object            # evals.scoring.RowScores of every scored row
+    timings: dict = field(default_factory=dict)
+
+
+class _Stages:
+    def __init__(self, total: int, progress: Progress | None):
+        self.total, self.done, self.progress = total, 0, progress
+        self.t = time.perf_counter()
+        self.timings: dict[str, float] = {}
+
+    def mark(self, name: str, steps: int = 1) -> None:
+        now = time.perf_counter()
+        self.timings[name] = self.timings.get(name, 0.0) + now - self.t
+        self.t = now
+        self.done = min(self.total, self.done + steps)
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+
+
+def _open_traces(inputs: WfldInputs, tail) -> list[Trace]:
+    out, names = [], set()
+    for role in ROLES:
+        for path in getattr(inputs, role):
+            base = f"{role}:{Path(path).name}"
+            name, i = base, 1
+            while name in names:
+                i += 1
+                name = f"{base}#{i}"
+            names.add(name)
+            out.append(Trace(name, role, str(path), read_dump(path, expect=tail.dump_expect())))
+    return out
+
+
+def _special_ids(table, names) -> tuple[int, ...]:
+    index = {t: i for i, t in enumerate(table.tokens) if table.is_special(i)}
+    missing = [s for s in names if s not in index]
+    if missing:
+        raise WfldError("model", "specials", f"{missing} are not special tokens of the model's table "
+                        "(pass --special for each special token the model has)")
+    return tuple(index[s] for s in names)
+
+
+def _heldout_mask(trace: Trace, tm, cfg: WfldConfig) -> np.ndarray:
+    """bool [P]: the FTPO positions of a train trace held out for bar (b) (per document, seeded)."""
+    splits = Splits("", cfg.seed, cfg.same_doc_heldout, ())
+    mask = np.zeros(tm.rows.size, dtype=bool)
+    for di, d in enumerate(trace.dump.docs):
+        at = np.flatnonzero(tm.doc == di)
+        mask[at[same_doc_heldout(splits, trace.name, d.name, tm.rows[at])]] = True
+    return mask
+
+
+def _anchor_rows(tail, anchors: list[Trace], specials, count: int) -> list[tuple[object, np.ndarray]]:
+    """The `count` anchor rows where a special token is closest to (or above) the actual next
+    token's logit: the rows where holding the specials matters most."""
+    if count == 0:
+        return []
+    cands = []
+    w_sp = token_rows(tail.head, specials)
+    for ai, t in enumerate(anchors):
+        nxt = np.asarray(t.dump.next, dtype=np.int64)
+        rows = np.flatnonzero(nxt >= 0)
+        if rows.size == 0:
+            continue
+        mix = np.asarray(tail_mix(tail, t.dump), dtype=np.float64)[rows]
+        uniq, inv = np.unique(nxt[rows], return_inverse=True)
+        l_next = np.einsum("tn,tn->t", mix, token_rows(tail.head, uniq)[inv])
+        risk = (mix @ w_sp.T).max(axis=1) - l_next
+        cands += [(float(r), ai, int(row)) for r, row in zip(risk, rows)]
+    cands.sort(key=lambda c: (-c[0], c[1], c[2]))
+    picked = cands[:count]
+    return [(anchors[ai].dump, np.array(sorted(row for _, a, row in picked if a == ai), dtype=np.int64))
+            for ai in range(len(anchors)) if any(a == ai for _, a, _ in picked)]
+
+
+def solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = False,
+               progress: Progress | None = None) -> WfldResult:
+    """Mine, solve, re-score and write the bundle at `out`."""
+    st = _Stages(5 + cfg.gn_iters, progress)
+    g = gguf.open(inputs.model)
+    tail = load_tail(g)
+    w0 = editable_weight(tail)
+    tensor = tail.spec.names["ffn_down"]
+    info = g.tensor(tensor)
+    protocol = load_protocol(inputs.protocol) if inputs.protocol else None
+    spec_names = tuple(protocol.tokens.specials) if protocol else cfg.specials
+    specials = _special_ids(tail.tokens, [s for s in spec_names if isinstance(s, str)])
+    turn_end = _special_ids(tail.tokens, [protocol.tokens.turn_end if protocol else cfg.turn_end])[0]
+    phrases = load_phrases(inputs.phrases)
+    unknown = [p for p, _ in cfg.phrase_margins if p not in phrases]
+    if unknown:
+        raise WfldError(inputs.phrases, "phrase_margins", f"{unknown} are not phrases of the file")
+    traces = _open_traces(inputs, tail)
+    by_role = {r: [t for t in traces if t.role == r] for r in ROLES}
+    st.mark("open")
+
+    mining = mine({t.name: t.dump for t in traces}, phrases, tail.tokens, capitalized=cfg.capitalized)
+    held = {t.name: _heldout_mask(t, mining.trace(t.name), cfg) for t in by_role["train"]}
+    blocks, rej, phr = [], [], []
+    for t in by_role["train"]:
+        tm = mining.trace(t.name)
+        keep = ~held[t.name]
+        blocks.append((t.dump, tm.rows[keep]))
+        rej.append(np.asarray(t.dump.next)[tm.rows[keep]])
+        phr.append(tm.phrase[keep])
+    rej, phr = np.concatenate(rej).astype(np.int64), np.concatenate(phr)
+    if rej.size == 0:
+        raise WfldError("train", "ftpo", f"no FTPO position of {list(phrases)} outside the held-out share "
+                        "in the train dumps")
+    rs_t = gather_rows(blocks)
+    st.mark("mine")
+
+    mix_t = tail.mix(tail.residual(rs_t))
+    vp = vocab_pass(mix_t, tail.head, topk=cfg.alternatives + len(specials) + 1, softcap=tail.softcap,
+                    tile_rows=cfg.tile_rows)
+    alts = natural_alternatives(vp.topk_ids, rej, specials, cfg.alternatives)
+    a_blocks = _anchor_rows(tail, by_role["anchors"], specials, cfg.special_rows)
+    rs = gather_rows(blocks + a_blocks)
+    P, s_n, k = rej.size, len(specials), cfg.alternatives
+    tok = np.full((rs.rows, 1 + k + s_n), -1, dtype=np.int64)
+    tok[:P, 0], tok[:P, 1:1 + k], tok[:P, 1 + k:] = rej, alts, specials
+    tok[P:, :s_n] = specials
+    slot = np.concatenate([np.repeat(np.arange(P), 1 + k + s_n), np.repeat(np.arange(P, rs.rows), s_n)])
+    col = np.concatenate([np.tile(np.arange(1 + k + s_n), P), np.tile(np.arange(s_n), rs.rows - P)])
+    kind = np.where(slot >= P, wfld.SPECIAL_ANCHOR,
+                    np.select([col == 0, col <= k], [wfld.REJECTED, wfld.ALTERNATIVE], wfld.SPECIAL_TARGET))
+    head_cache: dict = {}
+
+    def evaluate(w):
+        lin = linearize(with_weights(tail, w), rs, tok, backend=cfg.backend, head_cache=head_cache)
+        return wfld.Evaluation(lin.logits[slot, col], lin.u[slot, col])
+
+    base = evaluate(w0)
+    base_tab = np.full(tok.shape, np.nan)
+    base_tab[slot, col] = base.logits
+    margins = np.array([cfg.margin_for(phrases[p]) for p in phr])
+    d_rej, d_alt = wfld.ftpo_targets(base_tab[:P, 0], base_tab[:P, 1:1 + k], margins, cfg.delta_cho)
+    target_tab = np.zeros(tok.shape)
+    target_tab[:P, 0], target_tab[:P, 1:1 + k] = d_rej, d_alt
+    target = target_tab[slot, col]
+    eps = np.where((kind == wfld.REJECTED) | (kind == wfld.ALTERNATIVE), cfg.target_eps, cfg.hold_eps)
+    cond = wfld.Conditions(slot, tok[slot, col], kind.astype(np.int8), target, eps)
+    st.mark("targets")
+
+    groups = []
+    for wi in range(len(mining.words)):
+        hh = [np.asarray(t.dump.hh)[mining.trace(t.name).coll_rows[mining.trace(t.name).coll_word == wi]]
+              for t in by_role["train"] + by_role["null"]]
+        groups.append(np.concatenate(hh, axis=0))
+    B = wfld.null_basis(groups, cfg.null_rank, cfg.null_tol, w0.shape[1])
+    C = wfld.background_metric(np.concatenate([np.asarray(t.dump.hh) for t in by_role["anchors"]]), cfg.ridge)
+    M = wfld.restricted_inverse(C, B)
+    view = quant.runtime_view if tail.kind == "hc4" else quant.dequantize
+    shipper = wfld.Shipper(g.read_raw(tensor), info.type_name, info.cols, view)
+    st.mark("metric")
+
+    gn = wfld.gauss_newton(w0, cond, rs.hh[slot], M, evaluate, shipper, iters=cfg.gn_iters, tol=cfg.gn_tol,
+                           base=base, progress=lambda i, n: st.mark("gauss_newton", 1))
+    st.done = 4 + cfg.gn_iters
+    scored = [ScoredTrace(t.name, t.dump, tuple(_split_role(t, cfg) for _ in t.dump.docs),
+                          t.name if t.role == "anchors" else "")
+              for t in traces if t.role != "null"]
+    scores = score_traces(tail, with_weights(tail, gn.w_new), scored, specials, tile_rows=cfg.tile_rows)
+    heldout_b = np.concatenate([_rows_mask(t, mining, held) for t in traces if t.role != "null"])
+    tokens = ResolvedTokens(specials, turn_end, (), mining.tuples, mining.words, ())
+    ctx = BarContext(tokens, protocol.bars if protocol else Bars(), cfg.heldout_role, heldout_b,
+                     _Vocab(tail.tokens))
+    bars = anti_slop_bars(scores, ctx)
+    st.mark("score")
+
+    report = build_report(cfg=cfg, bars=bars, verdict=verdict(bars), scores=scores, ctx=ctx, mining=mining,
+                          gn=gn, cond=cond, null_rank=B.shape[1], w0=w0, tensor=tensor,
+                          timings=st.timings, phrases=phrases, heldout=held)
+    refs = [InputRef("model", str(inputs.model), g.sha256()),
+            InputRef("phrases", str(inputs.phrases), _sha256(inputs.phrases))]
+    refs += [InputRef(f"dump:{t.name}", t.path, t.dump.sha256()) for t in traces]
+    if protocol:
+        refs.append(InputRef("protocol", str(protocol.path), protocol.sha256))
+    edit = TensorEdit(tensor, "tensor", info.type_name, (int(info.rows), int(info.cols)), gn.raw)
+    record = {"dw_rel": report["edit"]["dw_rel"], "verdict": report["verdict"],
+              "iterations": report["iterations"], "conditions": report["conditions"]}
+    bundle = write_bundle(out, solver="wfld", inputs=refs, config=cfg.to_json(), edits=[edit],
+                          files={"report.json": json.dumps(report, indent=1, allow_nan=False).encode("utf-8")},
+                          record=record, overwrite=overwrite)
+    st.mark("write")
+    return WfldResult(bundle.path, bundle.sha256, report, report["verdict"], bars, mining, gn, scores,
+                      dict(st.timings))
+
+
+def _split_role(t: Trace, cfg: WfldConfig) -> str:
+    return {"train": "train", "heldout": cfg.heldout_role, "collateral": "collateral", "anchors": "anchors"}[t.role]
+
+
+def _rows_mask(t: Trace, mining: Mining, held: dict) -> np.ndarray:
+    mask = np.zeros(t.dump.rows, dtype=bool)
+    if t.name in held:
+        mask[mining.trace(t.name).rows[held[t.name]]] = True
+    return mask
+
+
+def _sha256(path) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+class _Vocab:
+    """Token id -> decoded text, on demand (labels of the bars)."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, i: int) -> str:
+        return self.table.piece(int(i))
