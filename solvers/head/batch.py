@@ -38,10 +38,10 @@ def term_rows(rd: RowData, specials: Sequence[int]) -> dict[str, np.ndarray]:
     }
 
 
-def rejected_openers(rd: RowData, vocab: int) -> np.ndarray:
+def rejected_openers(docs, vocab: int) -> np.ndarray:
     """Per document: the rejected opener id from its `rejected0=<id>` tag, or -1."""
-    out = np.full(len(rd.docs), -1, dtype=np.int64)
-    for i, d in enumerate(rd.docs):
+    out = np.full(len(docs), -1, dtype=np.int64)
+    for i, d in enumerate(docs):
         for tag in d.tags:
             if tag.startswith(REJECTED_TAG):
                 text = tag[len(REJECTED_TAG):]
@@ -79,7 +79,7 @@ def build_batch(rd: RowData, edit_ids: Sequence[int], specials: Sequence[int], o
     rows = term_rows(rd, specials)
     step0 = rows["step0"]
     nll = _target(rd, rows["nll"], rd.next[rows["nll"]], rd.next_logit[rows["nll"]], edit_ids)
-    rejected = rejected_openers(rd, vocab)[rd.doc[step0]]
+    rejected = rejected_openers(rd.docs, vocab)[rd.doc[step0]]
     m_rows = step0[rejected >= 0]
     rej_ids = rejected[rejected >= 0]
     rej_logits = np.array([_logit(rd, r, t) for r, t in zip(m_rows, rej_ids)], dtype=np.float64)

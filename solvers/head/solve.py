@@ -229,6 +229,52 @@ class _JaxStepper:
         return tuple(float(x) for x in self._losses)
 
 
+@dataclass(frozen=True, eq=False)
+class _Setup:
+    """What a solve reads before any pass: the tail, the protocol's tokens, the rows, S."""
+
+    tail: object
+    head_name: str
+    vocab: list
+    resolved: object              # evals.protocol.ResolvedTokens
+    given: dict                   # role -> [RoleRows]
+    edit: EditSet
+    openers: tuple[int, ...]
+    closers: tuple[int, ...]
+    sel_ids: tuple[int, ...]      # tokens whose base logits every pass keeps
+
+
+def _setup(cfg: HeadSolveConfig, proto, splits, g, train, dev, test) -> _Setup:
+    from solvers.model import load_tail
+
+    tail = load_tail(g)
+    head_name = _check_tail(tail)
+    vocab = [tail.tokens.piece(i) for i in range(tail.spec.vocab)]
+    resolved = resolve_protocol_tokens(proto, vocab)
+    given = gather_inputs(proto, splits, {"train": train, "dev": dev, "test": test}, tail.dump_expect())
+    openers = resolve_tokens(cfg.openers, vocab, "--opener")
+    closers = resolve_tokens(cfg.closers, vocab, "--closer")
+    spans = [(rr.dump, a, b) for rr in given["train"] for a, b, _ in rr.spans]
+    edit = choose_edit_set(proto.edit_set.rule, proto.edit_set.count, resolved.edit_set, resolved.style,
+                           resolved.specials, np.concatenate([np.asarray(d.next[a:b]) for d, a, b in spans]),
+                           np.concatenate([np.asarray(d.roles[a:b]) for d, a, b in spans]))
+    if cfg.rank > len(edit.ids):
+        raise HeadSolveError("config", "rank", f"{cfg.rank} exceeds |S| = {len(edit.ids)}")
+    rejected = rejected_openers([d for rr in given["train"] for d in rr.docs], tail.spec.vocab)
+    sel_ids = tuple(dict.fromkeys([*resolved.specials, resolved.turn_end, *openers, *closers,
+                                   *(int(r) for r in rejected if r >= 0)]))
+    return _Setup(tail, head_name, vocab, resolved, given, edit, openers, closers, sel_ids)
+
+
+def _null_space(cfg: HeadSolveConfig, z_anchor: np.ndarray, n: int) -> np.ndarray:
+    if cfg.null_k == 0:
+        return np.zeros((n, 0))
+    if len(z_anchor) == 0 or cfg.null_k >= n:
+        raise HeadSolveError("train", "anchors", f"--null-k {cfg.null_k} needs anchor rows and must be below "
+                             f"n = {n} (train has {len(z_anchor)} anchor rows)")
+    return null_basis(z_anchor, cfg.null_k)
+
+
 def solve_head(cfg: HeadSolveConfig, *, model, train: Sequence, dev: Sequence, protocol, test: Sequence = (),
                workspace=DEFAULT_WORKSPACE, command: str = "exactedit solve head",
                progress: Progress | None = None) -> HeadSolveResult:
@@ -236,101 +282,69 @@ def solve_head(cfg: HeadSolveConfig, *, model, train: Sequence, dev: Sequence, p
     clock = {"start": time.perf_counter()}
     proto = load_protocol(protocol)
     with Ledger.open(workspace) as ledger, gguf.open(model) as g:
-        from solvers.model import load_tail
-
         record = require_registered(ledger, proto, command, cfg.unregistered)
-        splits = solve_splits(proto, ledger, cfg.unregistered)
-        tail = load_tail(g)
-        head_name = _check_tail(tail)
-        vocab = [tail.tokens.piece(i) for i in range(tail.spec.vocab)]
-        resolved = resolve_protocol_tokens(proto, vocab)
-        given = gather_inputs(proto, splits, {"train": train, "dev": dev, "test": test}, tail.dump_expect())
-        openers = resolve_tokens(cfg.openers, vocab, "--openers")
-        closers = resolve_tokens(cfg.closers, vocab, "--closers")
-        passes = len(given["train"]) + len(given["dev"]) + len(given["anchors"]) + (2 if test else 1)
-        tick = _Ticker(progress, passes * tail.spec.vocab + proto.stopping.max_steps)
+        su = _setup(cfg, proto, solve_splits(proto, ledger, cfg.unregistered), g, train, dev, test)
+        tail, resolved, given, edit, V = su.tail, su.resolved, su.given, su.edit, su.tail.spec.vocab
+        passes = len(given["train"]) + len(given["dev"]) + len(given["anchors"]) + len(given["test"])
+        tick = _Ticker(progress, passes * V + proto.stopping.max_steps)
 
-        # the edit set from the train rows' tokens alone (no pass needed)
-        train_next = np.concatenate([np.asarray(rr.dump.next[a:b]) for rr in given["train"] for a, b, _ in rr.spans])
-        train_roles = np.concatenate([np.asarray(rr.dump.roles[a:b]) for rr in given["train"] for a, b, _ in rr.spans])
-        edit = choose_edit_set(proto.edit_set.rule, proto.edit_set.count, resolved.edit_set, resolved.style,
-                               resolved.specials, train_next, train_roles)
-        rejected = [int(t.split("=", 1)[1]) for rr in given["train"] for d in rr.docs for t in d.tags
-                    if t.startswith("rejected0=") and t.split("=", 1)[1].isdigit()]
-        sel_ids = tuple(dict.fromkeys([*resolved.specials, resolved.turn_end, *openers, *closers, *rejected]))
-
-        train_rd = _gather(tail, given["train"], edit.ids, sel_ids, cfg.tile_rows, tick)
-        dev_rd = _gather(tail, given["dev"], edit.ids, sel_ids, cfg.tile_rows, tick)
-        anchor_rds = [_gather(tail, [rr], edit.ids, sel_ids, cfg.tile_rows, tick) for rr in given["anchors"]]
+        gather = lambda rows: _gather(tail, rows, edit.ids, su.sel_ids, cfg.tile_rows, tick)  # noqa: E731
+        train_rd, dev_rd = gather(given["train"]), gather(given["dev"])
+        anchor_rds = [gather([rr]) for rr in given["anchors"]]
         clock["pass"] = time.perf_counter()
 
-        batch, counts = build_batch(train_rd, edit.ids, resolved.specials, openers, closers, tail.spec.vocab)
-        rejected_openers(train_rd, tail.spec.vocab)  # validates every rejected0= tag
+        batch, counts = build_batch(train_rd, edit.ids, resolved.specials, su.openers, su.closers, V)
         z_anchor = train_rd.z[batch.anchor]
-        if cfg.null_k and (len(z_anchor) == 0 or cfg.null_k >= tail.spec.n):
-            raise HeadSolveError("train", "anchors", f"--null-k {cfg.null_k} needs anchor rows and must be "
-                                 f"below n = {tail.spec.n} (train has {len(z_anchor)} anchor rows)")
-        q = null_basis(z_anchor, cfg.null_k) if cfg.null_k else np.zeros((tail.spec.n, 0))
-        if cfg.rank > len(edit.ids):
-            raise HeadSolveError("config", "rank", f"{cfg.rank} exceeds |S| = {len(edit.ids)}")
-        head = load_head_rows(g, head_name, edit.ids, runtime=tail.head.runtime)
+        q = _null_space(cfg, z_anchor, tail.spec.n)
+        head = load_head_rows(g, su.head_name, edit.ids, runtime=tail.head.runtime)
         scorer = _Scorer(edit.ids, resolved.style, resolved.specials, resolved.turn_end)
         checkpoints, saved, losses, n_par, per_step = _optimize(
             cfg, batch, q, head, train_rd, dev_rd, scorer, proto.stopping, tick.phase(proto.stopping.max_steps))
         clock["steps"] = time.perf_counter()
 
-        steps = [c.step for c in checkpoints]
-        chosen = proto.stopping.choose(steps, [c.train.of(proto.stopping.metric) for c in checkpoints],
-                                       [c.dev.of(proto.stopping.metric) for c in checkpoints])
-        dw = saved[chosen] if chosen is not None else np.zeros_like(head.view)
-        shipped = ship(head, dw)
-        effects = {name: scorer.effect(rd, shipped.dw) for name, rd in (("train", train_rd), ("dev", dev_rd))}
-        reports = tuple(scorer.report(name, rd, effects[name]) for name, rd in (("train", train_rd), ("dev", dev_rd)))
-        anchor_reports = tuple(scorer.report(rr.trace, rd, scorer.effect(rd, shipped.dw))
-                               for rr, rd in zip(given["anchors"], anchor_rds))
-        parts = [rowdata.row_scores(rd, effects[n], resolved.specials) for n, rd in (("train", train_rd), ("dev", dev_rd))]
-        parts += [rowdata.row_scores(rd, scorer.effect(rd, shipped.dw), resolved.specials) for rd in anchor_rds]
-        heldout_bars = lambda scores, role: persona_bars(  # noqa: E731
-            concat_scores(scores, chunks=False), BarContext(tokens=resolved, bars=proto.bars, heldout_role=role))
+        metric = proto.stopping.metric
+        chosen = proto.stopping.choose([c.step for c in checkpoints], [c.train.of(metric) for c in checkpoints],
+                                       [c.dev.of(metric) for c in checkpoints])
+        shipped = ship(head, saved[chosen] if chosen is not None else np.zeros_like(head.view))
+        named = [("train", train_rd), ("dev", dev_rd)] + [(rr.trace, rd) for rr, rd in zip(given["anchors"], anchor_rds)]
+        effects = [scorer.effect(rd, shipped.dw) for _, rd in named]
+        reports = [scorer.report(name, rd, eff) for (name, rd), eff in zip(named, effects)]
+        parts = [rowdata.row_scores(rd, eff, resolved.specials) for (_, rd), eff in zip(named, effects)]
+
+        def bars_with(scores, role):
+            return persona_bars(concat_scores(scores, chunks=False),
+                                BarContext(tokens=resolved, bars=proto.bars, heldout_role=role))
+
         has_edit = chosen is not None and bool(shipped.changed.any())
         dumps = tuple((f"{rr.role}:{rr.trace}", str(rr.path), rr.dump.sha256())
                       for role in ("train", "dev", "test", "anchors") for rr in given[role])
         *_, identity = bundle_plan(model, g.sha256(), proto.path, proto.sha256, dumps, cfg, head,
                                    shipped if has_edit else None)
-        test_phase = tick.phase(tail.spec.vocab)
         outcome, bars = score_test_once(
-            ledger, record, command, bool(test), has_edit, identity,
-            lambda: _score_test(tail, given["test"], edit, sel_ids, cfg, scorer, shipped, resolved, parts,
-                                heldout_bars, test_phase),
-            lambda: heldout_bars(parts, "dev"))
+            ledger, record, command, bool(given["test"]), has_edit, identity,
+            lambda: _score_test(su, given["test"], cfg, scorer, shipped, parts, bars_with, tick),
+            lambda: bars_with(parts, "dev"))
         clock["end"] = time.perf_counter()
         w_norm = float(np.linalg.norm(head.view))
         return HeadSolveResult(
-            config=cfg, protocol=proto.name, protocol_sha256=proto.sha256, protocol_path=proto.path, marker=record.marker, model=str(model),
-            model_sha256=g.sha256(),
-            inputs=dumps, bundle_sha256=identity,
-            edit_set=edit, edit_tokens=tuple(vocab[i] for i in edit.ids), n_params=n_par,
+            config=cfg, protocol=proto.name, protocol_sha256=proto.sha256, protocol_path=proto.path,
+            marker=record.marker, model=str(model), model_sha256=g.sha256(), inputs=dumps, edit_set=edit,
+            edit_tokens=tuple(su.vocab[i] for i in edit.ids), n_params=n_par,
             anchor_energy_kept=anchor_energy_kept(z_anchor, q) if len(z_anchor) else 0.0, term_rows=counts,
             stopping=dict(proto.stopping.__dict__), trajectory=checkpoints, losses=losses, chosen_step=chosen,
             rows_changed=int(shipped.changed.sum()), quant_rel_error=shipped.rel_error,
             edit_norm_ratio=float(np.linalg.norm(shipped.dw)) / w_norm if w_norm > 0 else 0.0,
-            splits=reports, anchors=anchor_reports, test=outcome, bars=tuple(bars),
+            splits=tuple(reports[:2]), anchors=tuple(reports[2:]), test=outcome, bars=tuple(bars),
             seconds={"vocab_pass": clock["pass"] - clock["start"], "adam_step": per_step,
                      "steps": clock["steps"] - clock["pass"], "total": clock["end"] - clock["start"]},
-            head=head, shipped=shipped)
+            bundle_sha256=identity, head=head, shipped=shipped)
 
 
-def _score_test(tail, test_rows, edit, sel_ids, cfg, scorer, shipped, resolved, parts, heldout_bars, tick):
-    """Test rows: one pass, the exact effect, the split report and the bars with test held out."""
-    parts_tail = []
-    for rr in test_rows:
-        parts_tail.append(rowdata.gather(tail, rr.dump, rr.spans, rr.docs, edit.ids, sel_ids,
-                                         tile_rows=cfg.tile_rows, progress=tick))
-    rd = rowdata.concat(parts_tail)
+def _score_test(su: _Setup, test_rows, cfg, scorer, shipped, parts, bars_with, tick: _Ticker):
+    """Test rows: one pass each, the exact effect, the split report and the bars with test held out."""
+    rd = _gather(su.tail, test_rows, su.edit.ids, su.sel_ids, cfg.tile_rows, tick)
     eff = scorer.effect(rd, shipped.dw)
-    report = scorer.report("test", rd, eff)
-    bars = heldout_bars([*parts, rowdata.row_scores(rd, eff, resolved.specials)], "test")
-    return report, bars
+    return scorer.report("test", rd, eff), bars_with([*parts, rowdata.row_scores(rd, eff, su.resolved.specials)], "test")
 
 
 def bundle_plan(model: str, model_sha: str, protocol_path, protocol_sha: str, dumps, config: HeadSolveConfig,
