@@ -71,7 +71,8 @@ def quantize(x, qtype: str, progress: Progress | None = None) -> np.ndarray:
 
 def dequantize(raw, qtype: str, cols: int, progress: Progress | None = None) -> np.ndarray:
     """ggml bytes uint8 [rows, row_bytes] (an array or a read-only memmap slice) -> float32
-    [rows, cols]. Reads `raw` in place: no copy of it is made and it is never written."""
+    [rows, cols]. Reads `raw` in place (a strided view is copied a chunk of rows at a time) and
+    never writes it."""
     from quant import registry
 
     fmt = registry.get(qtype)
@@ -93,7 +94,8 @@ def dequantize(raw, qtype: str, cols: int, progress: Progress | None = None) -> 
     out = np.empty((rows, cols), np.float32)
     for start in range(0, rows, CHUNK_ROWS):
         stop = min(rows, start + CHUNK_ROWS)
-        fmt.dequantize_into(raw[start:stop], out[start:stop])
+        # the kernels take C-contiguous rows: a strided view is copied one chunk at a time
+        fmt.dequantize_into(np.ascontiguousarray(raw[start:stop]), out[start:stop])
         if progress is not None:
             progress(stop, rows)
     return out

@@ -181,6 +181,15 @@ def test_dequantize_reads_a_read_only_memmap_in_place(tmp_path):
         assert not mm.flags.writeable and path.read_bytes() == raw.tobytes()
 
 
+@pytest.mark.parametrize("qtype", quant.SUPPORTED)
+def test_strided_views_work(qtype):
+    x = np.random.default_rng(4).standard_normal((6, 512)).astype(np.float32)
+    raw = quant.quantize(x, qtype)
+    assert np.array_equal(quant.quantize(x[::2], qtype), raw[::2])
+    got = quant.dequantize(raw[::2], qtype, 512)
+    assert np.array_equal(got.view(np.uint8), quant.dequantize(raw, qtype, 512)[::2].view(np.uint8))
+
+
 def test_quantize_does_not_modify_its_input():
     x = np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)
     before = x.copy()
