@@ -787,6 +787,130 @@ def bench_solve_head(as_json, **flags) -> None:
 
 # ---- section: solve wfld ---------------------------------------------------------------------
 
+def _wfld_bar(stack, label: str):
+    """progress(done, total) -> a click progress bar on stderr, opened at the first call."""
+    bar = None
+
+    def update(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = stack.enter_context(click.progressbar(length=total, label=label, file=sys.stderr))
+        bar.update(max(done - bar.pos, 0))
+
+    return update
+
+
+_DUMP = click.Path(file_okay=False, exists=True)
+
+
+@solve.command("wfld")
+@click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True), help="GGUF model.")
+@click.option("--phrases", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Banned phrases, one per line ('#' comments).")
+@click.option("--train", required=True, multiple=True, type=_DUMP,
+              help="Dump of the FTPO targets and the words' legitimate uses to hold (repeatable).")
+@click.option("--heldout", multiple=True, type=_DUMP, help="Separate held-out documents, scored only (repeatable).")
+@click.option("--collateral", multiple=True, type=_DUMP,
+              help="Legitimate uses of the words, scored only: bar (d) (repeatable).")
+@click.option("--anchors", required=True, multiple=True, type=_DUMP,
+              help="Plain and chat background: metric, special-token holds, bar (e) (repeatable).")
+@click.option("--null", "null_", multiple=True, type=_DUMP,
+              help="More legitimate uses for the null space, never scored (repeatable).")
+@click.option("--protocol", type=click.Path(dir_okay=False, exists=True),
+              help="Protocol file whose bars' thresholds and special tokens to use.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Bundle directory to write.")
+@click.option("--margin", default=1.0, show_default=True, type=float,
+              help="Nats the rejected token must end below its best alternative.")
+@click.option("--phrase-margin", "phrase_margins", multiple=True, metavar="PHRASE=NATS",
+              help="Margin of one phrase (repeatable).")
+@click.option("--delta-cho", default=0.5, show_default=True, type=float,
+              help="Raise of the natural alternatives (> 0: the freed mass goes to real words).")
+@click.option("--alternatives", default=3, show_default=True, type=click.IntRange(1),
+              help="Natural alternatives per position (top non-rejected, non-special tokens).")
+@click.option("--capitalized/--no-capitalized", default=True, show_default=True,
+              help="Also match each phrase with a capital first letter.")
+@click.option("--null-rank", default=8, show_default=True, type=click.IntRange(0),
+              help="Null-space directions per word (its legitimate uses' top singular vectors).")
+@click.option("--null-tol", default=1e-6, show_default=True, type=float,
+              help="Singular values below this share of a word's largest are dropped.")
+@click.option("--ridge", default=1e-2, show_default=True, type=float,
+              help="Ridge of the background metric, relative to its mean diagonal.")
+@click.option("--special-rows", default=256, show_default=True, type=click.IntRange(0),
+              help="Anchor rows whose special-token logits are held.")
+@click.option("--special", "specials", multiple=True,
+              help="Special token (repeatable; replaces the default ChatML set).")
+@click.option("--turn-end", default="<|im_end|>", show_default=True, help="The turn-end special token.")
+@click.option("--gn-iters", default=4, show_default=True, type=click.IntRange(1), help="Gauss-Newton rounds.")
+@click.option("--gn-tol", default=0.02, show_default=True, type=float,
+              help="Stop once no exact logit moves more than this in a round.")
+@click.option("--target-eps", default=1e-6, show_default=True, type=float,
+              help="Relative Tikhonov weight of the target conditions.")
+@click.option("--hold-eps", default=1e-9, show_default=True, type=float,
+              help="Relative Tikhonov weight of the special-token holds.")
+@click.option("--same-doc-heldout", default=0.33, show_default=True, type=float,
+              help="Share of each train document's FTPO positions held out (bar (b)).")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the same-document hold-out.")
+@click.option("--heldout-role", type=click.Choice(["dev", "test"]), default="dev", show_default=True,
+              help="Split role of the --heldout documents in the bars.")
+@click.option("--backend", type=click.Choice(["jax", "numpy"]), default="jax", show_default=True,
+              help="jax: float32 VJPs; numpy: the float64 reference.")
+@click.option("--tile-rows", default=8192, show_default=True, type=click.IntRange(1), help="Head rows per tile.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing bundle directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def solve_wfld_cmd(model, phrases, train, heldout, collateral, anchors, null_, protocol, out, phrase_margins,
+                   specials, overwrite, as_json, **flags) -> None:
+    """Solve the anti-slop edit of the last layer's shared-expert down projection; write a bundle."""
+    import contextlib
+    import json
+
+    from solvers.l47.config import DEFAULT_SPECIALS, WfldConfig, parse_phrase_margin
+    from solvers.l47.report import format_report
+    from solvers.l47.solve import WfldInputs, solve_wfld
+
+    try:
+        cfg = WfldConfig(phrase_margins=tuple(parse_phrase_margin(p) for p in phrase_margins),
+                         specials=tuple(specials) or DEFAULT_SPECIALS, **flags)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    inputs = WfldInputs(model, phrases, tuple(train), tuple(heldout), tuple(collateral), tuple(anchors),
+                        tuple(null_), protocol)
+    with contextlib.ExitStack() as stack:
+        r = solve_wfld(cfg, inputs, out, overwrite=overwrite, progress=_wfld_bar(stack, "solve wfld"))
+    if as_json:
+        click.echo(json.dumps({**r.report, "bundle": {"path": str(r.bundle), "sha256": r.bundle_sha256}}, indent=1))
+    else:
+        click.echo(format_report(r.report) + f"\nbundle {r.bundle} (sha256 {r.bundle_sha256})")
+
+
+@bench.command("solve-wfld")
+@click.option("--n", default=2560, show_default=True, type=click.IntRange(1), help="Model width.")
+@click.option("--h", default=640, show_default=True, type=click.IntRange(1), help="Shared-expert hidden width.")
+@click.option("--vocab", default=248320, show_default=True, type=click.IntRange(1), help="Head rows V.")
+@click.option("--d-lo", default=320, show_default=True, type=click.IntRange(1), help="output_hc rank d_lo.")
+@click.option("--rows", default=1024, show_default=True, type=click.IntRange(1), help="Rows per trace (3 traces).")
+@click.option("--slop-every", default=10, show_default=True, type=click.IntRange(6),
+              help="One planted phrase or legitimate use every this many tokens.")
+@click.option("--gn-iters", default=3, show_default=True, type=click.IntRange(1), help="Gauss-Newton rounds.")
+@click.option("--special-rows", default=256, show_default=True, type=click.IntRange(0))
+@click.option("--tile-rows", default=8192, show_default=True, type=click.IntRange(1), help="Head rows per tile.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--workdir", type=click.Path(file_okay=False), help="Where the synthetic model and dumps go.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def bench_solve_wfld(as_json, **flags) -> None:
+    """A whole `solve wfld` at production size on synthetic data: where the time goes."""
+    import contextlib
+    import json
+
+    from bench.solve_wfld import BenchSolveWfldConfig, render_bench_solve_wfld, run_bench_solve_wfld
+
+    try:
+        cfg = BenchSolveWfldConfig(**flags)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    with contextlib.ExitStack() as stack:
+        r = run_bench_solve_wfld(cfg, progress=_wfld_bar(stack, "bench solve-wfld"))
+    click.echo(json.dumps(r.to_dict(), indent=1) if as_json else render_bench_solve_wfld(r))
+
 # ---- end section: solve wfld -----------------------------------------------------------------
 
 
