@@ -106,7 +106,7 @@ class BenchSolveHeadResult:
         d = asdict(self)
         d["steps"] = [{**asdict(t), "median_ms": t.median_ms} for t in self.steps]
         d.update(passes=self.passes, target_step_ms=TARGET_STEP_MS)
-        return d
+        return {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in d.items()}
 
 
 def _time_steps(cfg: BenchSolveHeadConfig, batch, q, rank: int, tick) -> StepTiming:
