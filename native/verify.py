@@ -207,6 +207,27 @@ def live_baseline(model, tokens, settings: EngineSettings | None = None) -> Base
     return Baseline(model, sha, settings, run.tokens, run.logits, fields["R"], fields["hh"], match, pred)
 
 
+def baseline_from_dump(model, dump, engine_logits: np.ndarray) -> Baseline:
+    """A baseline from a llama.cpp dump (native.capture) and the engine logits of that run: the
+    dump's documents are evaluated as one token stream, so this suits a one-document dump."""
+    from dumps import read_dump
+
+    d = read_dump(dump)
+    if len(d.manifest.docs) != 1:
+        raise EngineError(dump, "docs", f"a baseline needs a one-document dump, got {len(d.manifest.docs)}")
+    meta = d.manifest.meta
+    settings = EngineSettings.from_meta(meta.get("engine_settings", {}), dump)
+    match = MatchEngine.from_meta("llamacpp", meta, d.rows)
+    R, hh = np.asarray(d.field("R")), np.asarray(d.field("hh"))
+    with gguf.open(model) as g:
+        sha = g.sha256()
+        if d.manifest.model_sha256 != sha:
+            raise EngineError(dump, "model_sha256", f"the dump is of {d.manifest.model_sha256}, {model} is {sha}")
+        pred = predict_rmsnorm(g, R, hh, match)
+    return Baseline(Path(model), sha, settings, np.asarray(d.field("tokens")), np.asarray(engine_logits),
+                    R, hh, match, pred)
+
+
 def check_edit(base: Baseline, bundle, *, tolerance: Tolerance | None = None, edited=None,
                workdir=None, check_model: bool = True) -> VerifyReport:
     """Check one bundle against a baseline. The prediction applies the bundle's edits in memory

@@ -62,32 +62,26 @@ def bundle(qwen, tmp_path_factory):
                         edits=[head_edit, down_edit])
 
 
-def test_capture_matches_engine_logits_bitwise(qwen, tokens, tmp_path):
-    """The dump's R and hh reproduce the engine's own logits through the engine-faithful tail."""
-    from dumps import read_dump
+@pytest.fixture(scope="module")
+def baseline(qwen, tokens, tmp_path_factory):
+    """One engine run, captured as a dump with micro-batches of 12 (so both of ggml-cpu's Q6_K
+    kernels run: tiled for 12 rows, vec_dot for the short last one), and its prediction."""
     from native.capture import CaptureDoc, capture_dump
     from native.llamacpp import EngineSettings
-    from native.verify import predict_rmsnorm
-    from quant import gguf
-    from solvers.head.engine_numerics import MatchEngine
+    from native.verify import baseline_from_dump
 
-    settings = EngineSettings(n_batch=12, n_ubatch=12)   # micro-batches of 12 and a short tail
-    res = capture_dump(qwen, [CaptureDoc("p", tokens[:-3]), CaptureDoc("q", tokens[-12:])],
-                       tmp_path / "dump", settings=settings)
-    d = read_dump(res.path)
-    assert d.manifest.meta["engine_settings"] == settings.as_meta()
-    match = MatchEngine.from_meta("llamacpp", d.manifest.meta, d.rows)
-    assert not match.tiled_rows().all() and match.tiled_rows().any()   # both kernels exercised
-    with gguf.open(qwen) as g:
-        pred = predict_rmsnorm(g, np.asarray(d.field("R")), np.asarray(d.field("hh")), match)
-    assert np.array_equal(pred, res.logits)
+    settings = EngineSettings(n_batch=12, n_ubatch=12)
+    res = capture_dump(qwen, [CaptureDoc("prompt", tokens)], tmp_path_factory.mktemp("d") / "dump",
+                       settings=settings)
+    return baseline_from_dump(qwen, res.path, res.logits)
 
 
-@pytest.fixture(scope="module")
-def baseline(qwen, tokens):
-    from native.verify import live_baseline
-
-    return live_baseline(qwen, tokens)
+def test_dump_predicts_engine_logits_bitwise(baseline, tokens):
+    """The dump's R and hh reproduce the engine's own logits through the engine-faithful tail."""
+    assert baseline.settings.n_ubatch == 12 and baseline.match.ubatch_sizes[-1] < 8
+    assert baseline.match.tiled_rows().any() and not baseline.match.tiled_rows().all()
+    assert np.array_equal(baseline.tokens, tokens)
+    assert np.array_equal(baseline.predicted, baseline.logits)
 
 
 def test_edit_verifies_live(baseline, bundle):
@@ -134,15 +128,16 @@ def test_wrong_row_fails(qwen, baseline, bundle, tmp_path):
 
 
 def test_misquantized_tensor_fails(qwen, baseline, bundle, tmp_path):
-    """The edited ffn_down re-quantized whole from its dequantized values: every row's bytes move
-    a little (Q6_K's scale search does not round-trip) and the check must see it."""
+    """The edited ffn_down rows re-quantized from their own dequantized values: Q6_K's scale
+    search does not round-trip, the bytes move a little, and the check must see it."""
     import quant
     from native.verify import check_edit
 
     head_edit, down_edit = bundle.edits
+    requant = quant.quantize(quant.dequantize(down_edit.raw, "Q6_K", 8960), "Q6_K")
+    assert not np.array_equal(requant, down_edit.raw)
     down = _edited_down(qwen, down_edit)
-    requant = quant.quantize(quant.dequantize(down, "Q6_K", 8960), "Q6_K")
-    assert not np.array_equal(requant, down)
-    bad = _write_file(qwen, tmp_path, {HEAD_ROW: head_edit.raw[0]}, requant)
+    down[down_edit.row_ids] = requant
+    bad = _write_file(qwen, tmp_path, {HEAD_ROW: head_edit.raw[0]}, down)
     report = check_edit(baseline, bundle.path, edited=bad)
     assert report.checks[0].passed and not report.checks[1].passed
