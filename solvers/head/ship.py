@@ -1,9 +1,10 @@
 """The edit as shipped: the Q6_K (or any stored type's) round trip of the edited head rows.
 
-SPEC.md section 3: rows with no edit keep their original bytes (re-quantizing a dequantized Q6_K
-row does not give its bytes back); only rows whose dW is nonzero are re-quantized, and every
-number the solver reports is computed from `dw_shipped` = (view of the new bytes) - (view of the
-original bytes), where "view" is what the engine multiplies with (the tail's head view).
+SPEC.md section 3 (`quant.roundtrip.requantize_rows`, applied to the rows of S only): rows with no
+edit keep their original bytes (re-quantizing a dequantized Q6_K row does not give its bytes
+back); only rows whose dW is nonzero are re-quantized, and every number the solver reports is
+computed from `dw_shipped` = (view of the new bytes) - (view of the original bytes), where "view"
+is what the engine multiplies with (the tail's head view).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import quant
+from quant.roundtrip import requantize_rows
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,13 +63,14 @@ def ship(rows: HeadRows, dw: np.ndarray) -> Shipped:
     if dw.shape != rows.view.shape:
         raise ValueError(f"dW must be {list(rows.view.shape)}, got {list(dw.shape)}")
     edited = np.flatnonzero(np.any(dw != 0, axis=1))
-    raw = rows.raw.copy()
+    rt = requantize_rows(rows.raw, rows.type_name, rows.shape[1], edited,
+                         (rows.view[edited] + dw[edited]).astype(np.float32))
     shipped = np.zeros_like(dw)
     if edited.size:
-        new = quant.quantize((rows.view[edited] + dw[edited]).astype(np.float32), rows.type_name)
-        raw[edited] = new
-        shipped[edited] = rows.to_view(new) - rows.view[edited]
-    changed = np.any(raw != rows.raw, axis=1)
+        shipped[edited] = rows.to_view(rt.raw[edited]) - rows.view[edited]
+    raw = np.array(rt.raw)
+    changed = np.zeros(len(raw), dtype=bool)
+    changed[rt.changed_rows] = True
     norm = float(np.linalg.norm(dw))
     rel = float(np.linalg.norm(shipped - dw)) / norm if norm > 0 else 0.0
     return Shipped(raw, changed, shipped, rel)
