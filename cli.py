@@ -462,6 +462,54 @@ def verify_live_cmd(engine_name, model, bundle, tokens, text, edited, kl_mean, k
     if not report.passed:
         sys.exit(1)
 
+
+def _lines(path) -> list[str]:
+    with open(path, encoding="utf-8") as fh:
+        return [line.strip() for line in fh if line.strip() and not line.lstrip().startswith("#")]
+
+
+@main.command("mine")
+@click.option("--engine", "engine_name", type=click.Choice(["llamacpp"]), default="llamacpp", show_default=True)
+@click.option("--model", required=True, help="GGUF path, or a public model name (qwen).")
+@click.option("--prompts", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="One user prompt per line.")
+@click.option("--phrases", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="One banned phrase per line, e.g. 'rather than'.")
+@click.option("--out", type=click.Path(file_okay=False), help="Dump of the replies with slop contexts.")
+@click.option("--edited", type=click.Path(dir_okay=False, exists=True), help="Also rate this edited GGUF.")
+@click.option("--max-new", default=96, show_default=True, type=click.IntRange(1))
+@click.option("--samples", default=1, show_default=True, type=click.IntRange(1), help="Replies per prompt.")
+@click.option("--temperature", default=0.8, show_default=True, type=float)
+@click.option("--top-k", default=40, show_default=True, type=click.IntRange(1))
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--overwrite", is_flag=True)
+@_engine_settings
+@click.option("--json", "as_json", is_flag=True)
+def mine_cmd(engine_name, model, prompts, phrases, out, edited, max_new, samples, temperature, top_k, seed,
+             overwrite, as_json, **flags) -> None:
+    """Sample replies, find prefix-exact slop contexts, dump them; style rates of the generation."""
+    import contextlib
+    import dataclasses
+    import json
+
+    from native.mine import MineConfig, mine
+    from native.models import locate
+
+    cfg = MineConfig(max_new=max_new, temperature=temperature, top_k=top_k, seed=seed, samples=samples)
+    with contextlib.ExitStack() as stack:
+        res = mine(locate(model), _lines(prompts), _lines(phrases), out, edited=edited, config=cfg,
+                   settings=_settings(**flags), overwrite=overwrite, progress=_native_bar(stack, "sampling"))
+    if as_json:
+        click.echo(json.dumps(dataclasses.asdict(res), indent=1))
+        return
+    click.echo(f"{len(res.replies)} replies, {len(res.contexts)} slop contexts"
+               + (f", dump {res.dump}" if res.dump else ""))
+    for c in res.contexts:
+        click.echo(f"  {c.doc:10} row {c.row:6}  {c.phrase!r}")
+    for name, r in res.rates.items():
+        click.echo(f"{name:7} kaomoji {r.kaomoji:.3f}  lowercase start {r.lowercase_start:.3f}  "
+                   f"slop starter {r.slop_starter:.3f}  empty step0 {r.empty_step0:.3f}  ({r.replies} replies)")
+
 # ---- end section: native ---------------------------------------------------------------------
 
 # ---- section: evals --------------------------------------------------------------------------
@@ -617,9 +665,11 @@ def eval_blind(model, bundle, doc, dev_report, protocol, out, workspace, as_json
     with contextlib.ExitStack() as stack:
         r = workflow.blind(model, bundle, doc, dev_report, workspace, out, _eval_command_line(),
                            protocol_path=protocol, progress=_eval_progress(stack, "blind run"))
-    comps = [c.__dict__ for c in r.comparisons]
+    from evals.blind import comparison_json, fmt
+
+    comps = [comparison_json(c) for c in r.comparisons]
     lines = [format_table(r.report), "against the dev report:"]
-    lines += [f"  {c.metric:<36} dev {c.dev:.4g}  blind {c.blind:.4g}  bound {c.op} {c.allowed:.4g}  "
+    lines += [f"  {c.metric:<36} dev {fmt(c.dev)}  blind {fmt(c.blind)}  bound {c.op} {fmt(c.allowed)}  "
               f"{'pass' if c.passed else 'FAIL'}" for c in r.comparisons]
     lines.append(f"SIGN-OFF: {'PASS' if r.passed else 'FAIL'}  (wrote {r.files.paths['md']})")
     _eval_print({"passed": r.passed, "comparisons": comps, "report": report_to_json(r.report),

@@ -120,13 +120,22 @@ def run_blind(ledger: Ledger, *, record: ProtocolRecord, bundle_sha256: str, doc
                          extra_md=comparison_markdown(comps, passed, factor))
     done = ledger.append("blind-result", command, {**ins, **{f"out:{k}": v for k, v in files.sha256.items()}},
                          {"claim": claim.seq, "passed": passed, "factor": factor,
-                          "comparisons": [c.__dict__ for c in comps], "report": report_to_json(report)})
+                          "comparisons": [comparison_json(c) for c in comps], "report": report_to_json(report)})
     return BlindResult(passed, comps, report, files, claim.seq, done.seq, bundle_sha256, doc_sha256)
+
+
+def fmt(x: float) -> str:
+    return f"{x:.4g}" if math.isfinite(x) else "n/a"
+
+
+def comparison_json(c: BlindComparison) -> dict:
+    """JSON-safe (a number missing on either side is null)."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in c.__dict__.items()}
 
 
 def comparison_markdown(comps, passed: bool, factor: float) -> str:
     lines = [f"## Against the dev report (within {factor}x)", "",
              "| number | dev | blind | bound | |", "|---|---|---|---|---|"]
-    lines += [f"| {c.metric} | {c.dev:.4g} | {c.blind:.4g} | {c.op} {c.allowed:.4g} | "
+    lines += [f"| {c.metric} | {fmt(c.dev)} | {fmt(c.blind)} | {c.op} {fmt(c.allowed)} | "
               f"{'pass' if c.passed else 'FAIL'} |" for c in comps]
     return "\n".join(lines + ["", f"Sign-off: **{'PASS' if passed else 'FAIL'}**", ""])

@@ -124,6 +124,16 @@ def test_compare_to_dev(blind, ok):
     assert [c.passed for c in compare_to_dev(DEV, blind, 1.5)] == ok
 
 
+def test_dev_report_without_slop_positions_fails_cleanly(ledger, tmp_path):
+    """A dev report whose (c) is n/a (no slop in dev): the run completes, fails, and records JSON."""
+    na = BarRow("c_reduction", "(c)", "", math.nan, 0.5, ">=", None, 0)
+    na_dev = BarReport("score", "dev", (na,) + DEV.rows[1:], "incomplete")
+    res = run(ledger, tmp_path, dev_report=na_dev)
+    assert not res.passed and not res.comparisons[0].passed and all(c.passed for c in res.comparisons[1:])
+    rec = ledger.entries("blind-result")[0].payload
+    assert rec["comparisons"][0]["dev"] is None and ledger.verify().ok
+
+
 def test_missing_numbers_fail():
     na = BarReport("blind", "blind", (BarRow("c_reduction", "(c)", "", math.nan, 0.5, ">=", None, 0),), "incomplete")
     assert not any(c.passed for c in compare_to_dev(DEV, na, 1.5))
