@@ -65,8 +65,10 @@ def pick(run: EngineRun, layer: int, path) -> dict[str, np.ndarray]:
 
 
 def capture_dump(model, docs: Sequence[CaptureDoc], out, *, settings: EngineSettings | None = None,
-                 overwrite: bool = False, progress: Progress | None = None) -> CaptureResult:
-    """Evaluate each document on `model` with llama.cpp and write an rmsnorm dump at `out`."""
+                 overwrite: bool = False, progress: Progress | None = None,
+                 extra_meta: dict | None = None) -> CaptureResult:
+    """Evaluate each document on `model` with llama.cpp and write an rmsnorm dump at `out`
+    (`extra_meta` is stored beside the engine's own record in the dump's meta)."""
     model = Path(model)
     settings = settings or EngineSettings()
     if not docs:
@@ -97,7 +99,7 @@ def capture_dump(model, docs: Sequence[CaptureDoc], out, *, settings: EngineSett
         engine_info = dict(engine.info)
     meta = {"engine": {"name": "llamacpp", **engine_info}, "engine_settings": settings.as_meta(),
             "ubatch_sizes": ubatches, "captured": {k: list(v) for k, v in TAIL_NAMES.items()},
-            "per_document_sequences": True}
+            "per_document_sequences": True, **(extra_meta or {})}
     fields = {k: np.concatenate(v) for k, v in parts.items()}
     path = write_dump(out, arch="rmsnorm", layer=tail.layer, fields=fields, docs=infos,
                       model_sha256=sha, meta=meta, overwrite=overwrite)
