@@ -128,16 +128,17 @@ def test_wrong_row_fails(qwen, baseline, bundle, tmp_path):
 
 
 def test_misquantized_tensor_fails(qwen, baseline, bundle, tmp_path):
-    """The edited ffn_down rows re-quantized from their own dequantized values: Q6_K's scale
-    search does not round-trip, the bytes move a little, and the check must see it."""
-    import quant
+    """The edited head row with every super-block scale d one fp16 step off (a quantizer rounding
+    d the wrong way): the check must see it. (Re-quantizing the rows from their own dequantized
+    values is no test: Q6_K then often flips a sub-block's sign, bytes differ, values do not.)"""
+    from quant import q6_k
     from native.verify import check_edit
 
     head_edit, down_edit = bundle.edits
-    requant = quant.quantize(quant.dequantize(down_edit.raw, "Q6_K", 8960), "Q6_K")
-    assert not np.array_equal(requant, down_edit.raw)
-    down = _edited_down(qwen, down_edit)
-    down[down_edit.row_ids] = requant
-    bad = _write_file(qwen, tmp_path, {HEAD_ROW: head_edit.raw[0]}, down)
+    bad_row = head_edit.raw[0].copy()
+    blocks = bad_row.view(q6_k.BLOCK)
+    blocks["d"] = (blocks["d"].view(np.uint16) + 1).view(np.float16)
+    bad = _write_file(qwen, tmp_path, {HEAD_ROW: bad_row}, _edited_down(qwen, down_edit))
     report = check_edit(baseline, bundle.path, edited=bad)
     assert report.checks[0].passed and not report.checks[1].passed
+    assert report.checks[1].stats.max_abs < 1.0          # a small error, and still caught
