@@ -202,6 +202,23 @@ def _token_ids(token_sets, rows: int) -> np.ndarray:
     return ids
 
 
+def padded_rows(T: int) -> int:
+    """Rows the device kernels are compiled for: T rounded up (to a power of two up to 1024, then
+    to a multiple of 1024), so passes over slightly different row counts share one compile."""
+    if T <= 1024:
+        return max(8, 1 << max(T - 1, 0).bit_length())
+    return -(-T // 1024) * 1024
+
+
+def _pad(x: np.ndarray, rows: int, fill) -> np.ndarray:
+    """x with rows appended (filled with `fill`) up to `rows` rows; padded rows are never read back."""
+    if x.shape[0] == rows:
+        return np.ascontiguousarray(x)
+    out = np.full((rows,) + x.shape[1:], fill, dtype=x.dtype)
+    out[:x.shape[0]] = x
+    return out
+
+
 def _platform(dev) -> str:
     return "gpu" if dev.platform in ("gpu", "cuda") else dev.platform
 
@@ -226,9 +243,10 @@ def vocab_pass_jax(mix, rows: DeviceRows, *, token_sets=None, topk: int = 0, til
     if tile_rows < 1 or topk < 0:
         raise ValueError(f"tile_rows must be >= 1 and topk >= 0, got {tile_rows}, {topk}")
     T, V = mix.shape[0], rows.rows
-    ids = _token_ids(token_sets, T)
+    Tp = padded_rows(T)
+    ids = _pad(_token_ids(token_sets, T), Tp, -1)
     dev = rows.device
-    tile = device_tile(T, V, tile_rows, max_tile_elems)
+    tile = device_tile(Tp, V, tile_rows, max_tile_elems)
     k = min(topk, V)
     excl = None if exclude is None else np.unique(np.asarray(exclude, dtype=np.int64))
     has_exclude = excl is not None
@@ -236,7 +254,7 @@ def vocab_pass_jax(mix, rows: DeviceRows, *, token_sets=None, topk: int = 0, til
                             np.clip(excl, -1, np.iinfo(np.int32).max).astype(np.int32), dev)
     ids_d = jax.device_put(np.clip(ids, -1, np.iinfo(np.int32).max).astype(np.int32), dev)
     selected = jax.device_put(np.full(ids.shape, np.nan, np.float32), dev)
-    mix_r = _prepare(jax.device_put(np.ascontiguousarray(mix, dtype=np.float32), dev), precision)
+    mix_r = _prepare(jax.device_put(_pad(np.asarray(mix, dtype=np.float32), Tp, 0), dev), precision)
     static = dict(qtype=rows.qtype, cols=rows.cols, tile=tile, precision=precision, platform=_platform(dev),
                   softcap=None if softcap is None else float(softcap), k=min(k, tile),
                   has_exclude=has_exclude, want_logits=sink is not None)
@@ -247,11 +265,11 @@ def vocab_pass_jax(mix, rows: DeviceRows, *, token_sets=None, topk: int = 0, til
                                    **static)
         parts.append(out)
         if sink is not None:
-            sink(lo, min(lo + tile, V), np.asarray(out.pop("logits"))[:, lo - start:])
+            sink(lo, min(lo + tile, V), np.asarray(out.pop("logits"))[:T, lo - start:])
         if i and progress is not None:  # report a tile once it is done, while the next one runs
             jax.block_until_ready(parts[i - 1]["max"])
             progress(min(plan[i - 1][0] + tile, V), V)
-    host = {key: np.stack([np.asarray(p[key]) for p in parts]) for key in parts[0]}
+    host = {key: np.stack([np.asarray(p[key])[:T] for p in parts]) for key in parts[0]}
     if progress is not None:
         progress(V, V)
     best_tile = np.argmax(host["max"], axis=0)  # first tile holding the row's max: the lowest id
@@ -263,7 +281,7 @@ def vocab_pass_jax(mix, rows: DeviceRows, *, token_sets=None, topk: int = 0, til
     return VocabPass(
         lse=fold_lse(host["max"], host["sum"]), argmax=host["arg"][best_tile, cols_].astype(np.int64),
         max_logit=host["max"][best_tile, cols_].astype(np.float32), topk_ids=top_ids,
-        topk_logits=top_vals.astype(np.float32), selected=np.asarray(selected),
+        topk_logits=top_vals.astype(np.float32), selected=np.asarray(selected)[:T],
         lse_rest=fold_lse(host["rest_max"], host["rest_sum"]) if has_exclude else None)
 
 
@@ -327,11 +345,12 @@ def kl_pass_jax(mix_base, mix_edit, rows: DeviceRows, *, next_ids=None, precisio
     if mb.ndim != 2 or mb.shape != me.shape or mb.shape[1] != rows.cols:
         raise ValueError(f"mix_base and mix_edit must both be [T, {rows.cols}], got {mb.shape}, {me.shape}")
     T, V = mb.shape[0], rows.rows
-    nxt = np.full(T, -1, np.int64) if next_ids is None else np.asarray(next_ids, np.int64)
+    Tp = padded_rows(T)
+    nxt = _pad(np.full(T, -1, np.int64) if next_ids is None else np.asarray(next_ids, np.int64), Tp, -1)
     dev = rows.device
-    tile = device_tile(2 * T, V, tile_rows, max_tile_elems)
-    mix_b = _prepare(jax.device_put(mb, dev), "exact")
-    mix_e = _prepare(jax.device_put(me, dev), precision)
+    tile = device_tile(2 * Tp, V, tile_rows, max_tile_elems)
+    mix_b = _prepare(jax.device_put(_pad(mb, Tp, 0), dev), "exact")
+    mix_e = _prepare(jax.device_put(_pad(me, Tp, 0), dev), precision)
     nxt_d = jax.device_put(np.clip(nxt, -1, np.iinfo(np.int32).max).astype(np.int32), dev)
     static = dict(qtype=rows.qtype, cols=rows.cols, tile=tile, precision=precision, platform=_platform(dev),
                   softcap=None if softcap is None else float(softcap))
@@ -341,7 +360,7 @@ def kl_pass_jax(mix_base, mix_edit, rows: DeviceRows, *, next_ids=None, precisio
         if progress is not None:
             jax.block_until_ready(parts[-1]["c"])
             progress(min(lo + tile, V), V)
-    h = {key: np.stack([np.asarray(p[key]) for p in parts]).astype(np.float64) for key in parts[0]}
+    h = {key: np.stack([np.asarray(p[key])[:T] for p in parts]).astype(np.float64) for key in parts[0]}
     lse_b, lse_e = fold_lse(h["b_max"], h["b_sum"]), fold_lse(h["e_max"], h["e_sum"])
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         finite = np.isfinite(h["b_max"]) & np.isfinite(h["e_max"])

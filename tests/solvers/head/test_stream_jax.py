@@ -24,8 +24,8 @@ from bench.head import synthetic_q6k
 from solvers import device as devmod
 from solvers.head.forward import logits_ref
 from solvers.head.stream import ArrayRows, QuantRows, vocab_pass
-from solvers.head.stream_jax import (device_tile, fold_lse, kl_pass_jax, measure_precision, to_device,
-                                     topk_rows, vocab_pass_jax)
+from solvers.head.stream_jax import (device_tile, fold_lse, kl_pass_jax, measure_precision, padded_rows,
+                                     to_device, topk_rows, vocab_pass_jax)
 
 DEVICE = devmod.select(os.environ.get("EXACTEDIT_TEST_DEVICE", "cpu"))
 U = 2.0 ** -24
@@ -85,7 +85,7 @@ def case(request):
     ref = logits_ref(mix, W, softcap)
     err = 2 * gamma(n) * (np.abs(mix.astype(np.float64)) @ np.abs(W).T) + 4 * U * np.abs(ref)
     return dict(got=got, want=want, ref=ref, err=err, seen=seen, ticks=ticks, V=V, ids=ids, exclude=exclude,
-                topk=topk, tile=device_tile(T, V, tile_rows))
+                topk=topk, tile=device_tile(padded_rows(T), V, tile_rows))
 
 
 def _lse(x):
@@ -178,6 +178,13 @@ def test_topk_rows_matches_numpy_order(data):
     order = np.lexsort((np.broadcast_to(np.arange(x.shape[1]), x.shape), -x), axis=1)[:, :k]
     np.testing.assert_array_equal(idx, order)
     np.testing.assert_array_equal(vals, np.take_along_axis(x, order, axis=1))
+
+
+def test_padded_rows_and_tiles():
+    assert [padded_rows(t) for t in (1, 8, 9, 1000, 1024, 1025, 17352)] == [8, 8, 16, 1024, 1024, 2048, 17408]
+    assert device_tile(17408, 248320, 8192) == 8192
+    assert device_tile(1 << 20, 248320, 8192) == 256      # the logits tile stays <= 2^28 floats
+    assert device_tile(4, 90, 8192) == 90
 
 
 def test_fold_lse_matches_whole_row():

@@ -1,0 +1,60 @@
+"""bench/gpu.py and bench/gpu_solve.py at small shapes on the CPU (the same code the GPU runs):
+results are complete, JSON-ready, checked against the numpy pass, and targets say n/a off-shape."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from bench.gpu import GpuHeadConfig, render_gpu_head, run_gpu_head
+from bench.gpu_solve import (GpuSolveHeadConfig, GpuWfldConfig, render_gpu_solve_head, render_gpu_wfld,
+                             run_gpu_solve_head, run_gpu_wfld)
+
+
+def test_head_bench_small():
+    ticks = []
+    r = run_gpu_head(GpuHeadConfig(rows=24, vocab=2000, n=256, tile_rows=512, repeats=2, device="cpu",
+                                   kl_rows=8, check_rows=6), progress=lambda d, t: ticks.append((d, t)))
+    assert [m.precision for m in r.modes] == ["exact", "tf32", "bf16"]
+    assert all(len(m.pass_s) == 2 and m.best_s > 0 and m.ratio > 0 for m in r.modes)
+    assert r.check["rows"] == 6 and r.check["argmax_agree"] == 1.0
+    assert r.check["max_abs_dlse"] < 1e-5 * (1 + r.check["max_abs_lse"]) * 256
+    assert [k["precision"] for k in r.kl] == ["tf32", "bf16"]
+    assert all(0 <= k["mean_kl"] <= k["max_kl"] < 1e-2 for k in r.kl)
+    assert r.passes is None and "n/a" in render_gpu_head(r)
+    assert ticks[-1][0] == ticks[-1][1]
+    json.dumps(r.to_dict())
+
+
+def test_solve_head_bench_small():
+    r = run_gpu_solve_head(GpuSolveHeadConfig(rows=480, docs=6, vocab=1500, n=256, d_lo=16, null_k=4, max_steps=10,
+                                              every=5, step_repeats=2, tile_rows=512, device="cpu"))
+    assert r.checkpoints == 3 and np.isfinite(r.loss_first_last).all()
+    assert set(r.seconds) == {"upload_head", "mix", "pass", "rows", "optimize", "total"}
+    assert r.term_rows["nll"] > 0 and r.term_rows["anchor"] > 0 and r.term_rows["closer"] > 0
+    assert [t.param for t in r.step_only] == ["rank 1", "full rows"]
+    assert r.passes is None and "n/a" in render_gpu_solve_head(r)
+    json.dumps(r.to_dict())
+
+
+def test_wfld_bench_small():
+    cfg = GpuWfldConfig(traces=2, trace_rows=60, positions=10, special_rows=20, n=256, h=64, d_lo=16, vocab=1200,
+                        tile_rows=512, device="cpu")
+    r = run_gpu_wfld(cfg)
+    assert r.conditions == 10 * (1 + 3 + 5) + 20 * 5
+    assert r.seconds["estimate"] > 0 and r.seconds["mean_kl"] > 0
+    assert r.passes is None and "n/a" in render_gpu_wfld(r)
+    json.dumps(r.to_dict())
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: GpuHeadConfig(n=300), "multiple of the Q6_K block"),
+    (lambda: GpuHeadConfig(precisions=("exact", "fp8")), "precisions must be"),
+    (lambda: GpuHeadConfig(device="tpu"), "device must be one of"),
+    (lambda: GpuSolveHeadConfig(dev_share=1.0), "dev_share"),
+    (lambda: GpuWfldConfig(positions=5000), "positions"),
+])
+def test_configs_validate(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
