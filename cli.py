@@ -234,14 +234,23 @@ def kld_cmd(model, dump_dir, edited, rows, tile_rows, as_json) -> None:
 @click.option("--tile-rows", default=8192, show_default=True, type=click.IntRange(1), help="Head rows per tile.")
 @click.option("--repeats", default=1, show_default=True, type=click.IntRange(1), help="Alternating repeats; best time kept.")
 @click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default="cpu", show_default=True,
+              help="gpu: the JAX device pass (exact, tf32, bf16) vs the device matmul; auto: gpu if JAX sees one.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def bench_head(rows, vocab, n, tile_rows, repeats, seed, as_json) -> None:
+def bench_head(rows, vocab, n, tile_rows, repeats, seed, device, as_json) -> None:
     """Streaming full-vocab pass over a synthetic Q6_K head vs numpy sgemm of the same shape."""
     import contextlib
     import json
 
+    from bench.gpu import GpuHeadConfig, device_bench, render_gpu_head, run_gpu_head
     from bench.head import BenchHeadConfig, render_bench_head, run_bench_head
 
+    if device_bench(device):
+        with contextlib.ExitStack() as stack:
+            res = run_gpu_head(GpuHeadConfig(rows, vocab, n, tile_rows, repeats, seed, device),
+                               progress=_dump_scan_bar(stack, "bench head (device)"))
+        click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_gpu_head(res))
+        return
     try:
         cfg = BenchHeadConfig(rows, vocab, n, tile_rows, repeats, seed)
     except ValueError as exc:
@@ -817,14 +826,28 @@ def apply_cmd(bundle, model, out, overwrite, as_json) -> None:
 @click.option("--tile-rows", default=8192, show_default=True, type=click.IntRange(1), help="Head rows per tile.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--skip-pass", is_flag=True, help="Time only the Adam steps.")
+@click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default="cpu", show_default=True,
+              help="gpu: mix + one device pass over --rows + 300 steps + dev tracking, timed whole "
+                   "(--pass-rows and --skip-pass do not apply); auto: gpu if JAX sees one.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def bench_solve_head(as_json, **flags) -> None:
+def bench_solve_head(as_json, device, **flags) -> None:
     """One Adam step of solve head at production size, and its full-vocab pass against sgemm."""
     import contextlib
     import json
 
+    from bench.gpu import device_bench
+    from bench.gpu_solve import GpuSolveHeadConfig, render_gpu_solve_head, run_gpu_solve_head
     from bench.solve_head import BenchSolveHeadConfig, render_bench_solve_head, run_bench_solve_head
 
+    if device_bench(device):
+        f = flags
+        with contextlib.ExitStack() as stack:
+            r = run_gpu_solve_head(GpuSolveHeadConfig(rows=f["rows"], k=f["k"], n=f["n"], vocab=f["vocab"],
+                                                      null_k=f["null_k"], step_repeats=f["steps"], seed=f["seed"],
+                                                      tile_rows=f["tile_rows"], device=device),
+                                   progress=_head_progress(stack, "bench solve-head (device)"))
+        click.echo(json.dumps(r.to_dict(), indent=1) if as_json else render_gpu_solve_head(r))
+        return
     try:
         cfg = BenchSolveHeadConfig(**flags)
     except ValueError as exc:
@@ -945,14 +968,28 @@ def solve_wfld_cmd(model, phrases, train, heldout, collateral, anchors, null_, p
 @click.option("--tile-rows", default=8192, show_default=True, type=click.IntRange(1), help="Head rows per tile.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--workdir", type=click.Path(file_okay=False), help="Where the synthetic model and dumps go.")
+@click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default="cpu", show_default=True,
+              help="gpu: the solve's kernels on the JAX device (pass, VJPs, Gram, ship, scoring) at this "
+                   "size, summed over --gn-iters rounds; auto: gpu if JAX sees one.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def bench_solve_wfld(as_json, **flags) -> None:
+def bench_solve_wfld(as_json, device, **flags) -> None:
     """A whole `solve wfld` at production size on synthetic data: where the time goes."""
     import contextlib
     import json
 
+    from bench.gpu import device_bench
+    from bench.gpu_solve import GpuWfldConfig, render_gpu_wfld, run_gpu_wfld
     from bench.solve_wfld import BenchSolveWfldConfig, render_bench_solve_wfld, run_bench_solve_wfld
 
+    if device_bench(device):
+        f = flags
+        with contextlib.ExitStack() as stack:
+            r = run_gpu_wfld(GpuWfldConfig(trace_rows=f["rows"], n=f["n"], h=f["h"], d_lo=f["d_lo"], vocab=f["vocab"],
+                                           gn_iters=f["gn_iters"], special_rows=max(1, f["special_rows"]),
+                                           tile_rows=f["tile_rows"], seed=f["seed"], device=device),
+                             progress=_wfld_bar(stack, "bench solve-wfld (device)"))
+        click.echo(json.dumps(r.to_dict(), indent=1) if as_json else render_gpu_wfld(r))
+        return
     try:
         cfg = BenchSolveWfldConfig(**flags)
     except ValueError as exc:

@@ -266,3 +266,11 @@ def render_gpu_head(r: GpuHeadResult) -> str:
     verdict = {None: "n/a (targets are for 17,352 x 248,320 x 2560)", True: "PASS", False: "FAIL"}[r.passes]
     lines.append(f"targets: exact pass <= {TARGET_PASS_S} s and ratio >= {TARGET_RATIO}: {verdict}")
     return "\n".join(lines)
+
+
+def device_bench(device: str) -> bool:
+    """Whether `exactedit bench ... --device DEVICE` runs the JAX device benchmark: "gpu" always (an
+    error when JAX sees no GPU), "auto" when JAX sees one; "cpu" keeps the host (numpy) benchmark."""
+    if device == "cpu":
+        return False
+    return devmod.is_gpu(devmod.select(device))
