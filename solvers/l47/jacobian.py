@@ -83,13 +83,20 @@ def ffn_gains(tail, rs: RowSet) -> tuple[np.ndarray, np.ndarray]:
 
 def token_rows(head, ids) -> np.ndarray:
     """float64 [len(ids), n]: rows of the head's runtime view (ids < 0 give zeros)."""
+    from solvers.head.stream import QuantRows
+
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
     out = np.zeros((ids.size, head.cols))
     uniq = np.unique(ids[ids >= 0])
-    rows = {int(i): np.asarray(head.read(int(i), int(i) + 1)[0], dtype=np.float64) for i in uniq}
+    if isinstance(head, QuantRows) and uniq.size:  # gather the raw rows, convert them in one call
+        raw = np.concatenate([np.asarray(head.read_raw(int(i), int(i) + 1)) for i in uniq])
+        gathered = QuantRows(lambda a, b: raw[a:b], head.qtype, uniq.size, head.cols, runtime=head.runtime)
+        values = gathered.read(0, uniq.size)
+    else:
+        values = np.stack([head.read(int(i), int(i) + 1)[0] for i in uniq]) if uniq.size else None
     for j, i in enumerate(ids):
         if i >= 0:
-            out[j] = rows[int(i)]
+            out[j] = values[np.searchsorted(uniq, i)]
     return out
 
 

@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 
 import quant
-from dumps import read_dump
+from dumps import ROLE_REPLY, read_dump
 from evals.bars import BarContext, anti_slop_bars, verdict
 from evals.protocol import Bars, ResolvedTokens, load_protocol
 from evals.splits import Splits, same_doc_heldout
@@ -114,21 +114,23 @@ def _open_traces(inputs: WfldInputs, tail) -> list[Trace]:
 
 
 def _special_ids(table, names) -> tuple[int, ...]:
+    """Special tokens by name (or id, as a protocol may give them) -> ids of the model's table."""
     index = {t: i for i, t in enumerate(table.tokens) if table.is_special(i)}
-    missing = [s for s in names if s not in index]
+    missing = [s for s in names if (s not in index if isinstance(s, str) else not 0 <= s < len(table))]
     if missing:
         raise WfldError("model", "specials", f"{missing} are not special tokens of the model's table "
                         "(pass --special for each special token the model has)")
-    return tuple(index[s] for s in names)
+    return tuple(dict.fromkeys(index[s] if isinstance(s, str) else int(s) for s in names))
 
 
 def _heldout_mask(trace: Trace, tm, cfg: WfldConfig) -> np.ndarray:
     """bool [P]: the FTPO positions of a train trace held out for bar (b) (per document, seeded)."""
     splits = Splits("", cfg.seed, cfg.same_doc_heldout, ())
+    key = trace.dump.sha256()  # the dump's identity, not where it lies: a moved dump splits the same
     mask = np.zeros(tm.rows.size, dtype=bool)
     for di, d in enumerate(trace.dump.docs):
         at = np.flatnonzero(tm.doc == di)
-        mask[at[same_doc_heldout(splits, trace.name, d.name, tm.rows[at])]] = True
+        mask[at[same_doc_heldout(splits, key, d.name, tm.rows[at])]] = True
     return mask
 
 
@@ -166,7 +168,7 @@ def solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = Fa
     info = g.tensor(tensor)
     protocol = load_protocol(inputs.protocol) if inputs.protocol else None
     spec_names = tuple(protocol.tokens.specials) if protocol else cfg.specials
-    specials = _special_ids(tail.tokens, [s for s in spec_names if isinstance(s, str)])
+    specials = _special_ids(tail.tokens, spec_names)
     turn_end = _special_ids(tail.tokens, [protocol.tokens.turn_end if protocol else cfg.turn_end])[0]
     phrases = load_phrases(inputs.phrases)
     unknown = [p for p, _ in cfg.phrase_margins if p not in phrases]
@@ -252,7 +254,7 @@ def solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = Fa
 
     report = build_report(cfg=cfg, bars=bars, verdict=verdict(bars), scores=scores, ctx=ctx, mining=mining,
                           gn=gn, cond=cond, null_rank=B.shape[1], w0=w0, tensor=tensor,
-                          timings=st.timings, phrases=phrases, heldout=held)
+                          timings=st.timings, phrases=phrases, heldout=held, warnings=_warnings(by_role, mining, tail.tokens))
     refs = [InputRef("model", str(inputs.model), g.sha256()),
             InputRef("phrases", str(inputs.phrases), _sha256(inputs.phrases))]
     refs += [InputRef(f"dump:{t.name}", t.path, t.dump.sha256()) for t in traces]
@@ -267,6 +269,29 @@ def solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = Fa
     st.mark("write")
     return WfldResult(bundle.path, bundle.sha256, report, report["verdict"], bars, mining, gn, scores,
                       dict(st.timings))
+
+
+def _warnings(by_role, mining: Mining, table) -> list[str]:
+    """What the inputs lack that the solve's guarantees lean on (the report prints these)."""
+    out = []
+    tags = [set(d.tags) for t in by_role["anchors"] for d in t.dump.docs]
+    chat = any("chat" in tg for tg in tags) or any(
+        t.dump.roles is not None and np.any(np.asarray(t.dump.roles) & ROLE_REPLY) for t in by_role["anchors"])
+    if not chat:
+        out.append("no chat-formatted anchor document: the background metric does not see open turns "
+                   "(the edit may move the turn end in chat text)")
+    if not any("plain" in tg for tg in tags):
+        out.append("no anchor document tagged 'plain'")
+    if not by_role["heldout"]:
+        out.append("no held-out documents: bars (c), (f), (g) have nothing to stand on")
+    if not by_role["collateral"]:
+        out.append("no collateral dump: bar (d) has nothing to stand on")
+    held_words = {int(w) for t in by_role["train"] + by_role["null"] for w in mining.trace(t.name).coll_word}
+    for wi, w in enumerate(mining.words):
+        if wi not in held_words:
+            out.append(f"word {table.piece(int(w))!r}: no legitimate use in the train/null dumps, "
+                       "so no null space holds it")
+    return out
 
 
 def _split_role(t: Trace, cfg: WfldConfig) -> str:
