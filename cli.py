@@ -928,13 +928,17 @@ _DUMP = click.Path(file_okay=False, exists=True)
 @click.option("--backend", type=click.Choice(["jax", "numpy"]), default="jax", show_default=True,
               help="jax: float32 VJPs; numpy: the float64 reference.")
 @click.option("--tile-rows", default=8192, show_default=True, type=click.IntRange(1), help="Head rows per tile.")
+@click.option("--unregistered", is_flag=True, help="Allow an unregistered or changed --protocol (marked).")
+@click.option("--workspace", type=click.Path(file_okay=False), default=".exactedit", show_default=True,
+              help="Directory holding this project's ledger (checked when --protocol is given).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def solve_wfld_cmd(model, phrases, train, heldout, collateral, anchors, null_, protocol, out, phrase_margins,
-                   specials, overwrite, as_json, **flags) -> None:
+                   specials, workspace, overwrite, as_json, **flags) -> None:
     """Solve the anti-slop edit of the last layer's shared-expert down projection; write a bundle."""
     import contextlib
     import json
+    import shlex
 
     from solvers.l47.config import DEFAULT_SPECIALS, WfldConfig, parse_phrase_margin
     from solvers.l47.report import format_report
@@ -948,7 +952,9 @@ def solve_wfld_cmd(model, phrases, train, heldout, collateral, anchors, null_, p
     inputs = WfldInputs(model, phrases, tuple(train), tuple(heldout), tuple(collateral), tuple(anchors),
                         tuple(null_), protocol)
     with contextlib.ExitStack() as stack:
-        r = solve_wfld(cfg, inputs, out, overwrite=overwrite, progress=_wfld_bar(stack, "solve wfld"))
+        r = solve_wfld(cfg, inputs, out, overwrite=overwrite, workspace=workspace,
+                       command="exactedit " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+                       progress=_wfld_bar(stack, "solve wfld"))
     if as_json:
         click.echo(json.dumps({**r.report, "bundle": {"path": str(r.bundle), "sha256": r.bundle_sha256}}, indent=1))
     else:

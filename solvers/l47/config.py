@@ -67,6 +67,7 @@ class WfldConfig:
     heldout_role: str = "dev"
     backend: str = "jax"
     tile_rows: int = 8192
+    unregistered: bool = False
 
     def __post_init__(self):
         ints = {"alternatives": 1, "null_rank": 0, "special_rows": 0, "gn_iters": 1, "seed": 0,
@@ -94,8 +95,9 @@ class WfldConfig:
             raise ValueError(f"WfldConfig.heldout_role must be one of {HELDOUT_ROLES}, got {self.heldout_role!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"WfldConfig.backend must be one of {BACKENDS}, got {self.backend!r}")
-        if not isinstance(self.capitalized, bool):
-            raise ValueError(f"WfldConfig.capitalized must be a bool, got {self.capitalized!r}")
+        for name in ("capitalized", "unregistered"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"WfldConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.specials, tuple) or not self.specials or \
                 not all(isinstance(s, str) and s for s in self.specials):
             raise ValueError(f"WfldConfig.specials must be a non-empty tuple of token strings, got {self.specials!r}")

@@ -67,7 +67,7 @@ def _phrase_table(scores, ctx, mining, cfg, phrases) -> list[dict]:
 
 
 def build_report(*, cfg, bars, verdict, scores, ctx, mining, gn, cond, null_rank, w0, tensor, timings,
-                 phrases, heldout, warnings=()) -> dict:
+                 phrases, heldout, marker="", warnings=()) -> dict:
     w_norm = float(np.linalg.norm(np.asarray(w0, dtype=np.float64)))
     positions = []
     for name, tm in mining.traces.items():
@@ -80,6 +80,7 @@ def build_report(*, cfg, bars, verdict, scores, ctx, mining, gn, cond, null_rank
     report = {
         "solver": "wfld",
         "verdict": verdict,
+        "marker": marker,
         "warnings": list(warnings),
         "bars": [bar_json(r) for r in bars],
         "edit": {"tensor": tensor, "dw_rel": float(np.linalg.norm(gn.dW)) / w_norm,
@@ -112,12 +113,14 @@ def format_report(report: dict) -> str:
     lines = [f"wfld: verdict {report['verdict']}, ||dW||/||W|| = {report['edit']['dw_rel']:.4g}, "
              f"null rank {report['edit']['null_rank']}, conditions "
              + ", ".join(f"{k} {v}" for k, v in report["conditions"].items() if v)]
+    if report.get("marker"):
+        lines.insert(0, report["marker"])
     lines += [f"warning: {w}" for w in report.get("warnings", ())]
     lines.append("")
-    lines.append(f"{'bar':<5} {'name':<28} {'value':>10} {'op':>2} {'threshold':>9} {'n':>6}  pass")
+    lines.append(f"{'bar':<5} {'what':<48} {'value':>10} {'op':>2} {'threshold':>9} {'n':>6}  pass")
     for b in report["bars"]:
         status = {True: "PASS", False: "FAIL", None: "n/a"}[b["pass"]]
-        lines.append(f"{b['bar']:<5} {b['name'][:28]:<28} {_fmt(b['value']):>10} {b['op']:>2} "
+        lines.append(f"{b['bar']:<5} {b['label'][:48]:<48} {_fmt(b['value']):>10} {b['op']:>2} "
                      f"{_fmt(b['threshold']):>9} {b['n']:>6}  {status}")
     lines.append("")
     lines.append(f"{'phrase':<20} {'train p base->edit':>22} {'same-doc':>22} {'held-out docs':>22}")

@@ -23,6 +23,7 @@ import numpy as np
 import quant
 from dumps import ROLE_REPLY, read_dump
 from evals.bars import BarContext, anti_slop_bars, verdict
+from evals.ledger import DEFAULT_WORKSPACE, Ledger, require_registered
 from evals.protocol import Bars, ResolvedTokens, load_protocol
 from evals.splits import Splits, same_doc_heldout
 from quant import gguf
@@ -158,15 +159,22 @@ def _anchor_rows(tail, anchors: list[Trace], specials, count: int) -> list[tuple
 
 
 def solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = False,
+               workspace=DEFAULT_WORKSPACE, command: str = "exactedit solve wfld",
                progress: Progress | None = None) -> WfldResult:
-    """Mine, solve, re-score and write the bundle at `out`."""
+    """Mine, solve, re-score and write the bundle at `out`. With a protocol, its bars' thresholds
+    and special tokens are used, and it must be registered in the workspace's ledger (or the run
+    is marked `unregistered` in every report)."""
     st = _Stages(5 + cfg.gn_iters, progress)
+    protocol = load_protocol(inputs.protocol) if inputs.protocol else None
+    marker = ""
+    if protocol is not None:
+        with Ledger.open(workspace) as ledger:
+            marker = require_registered(ledger, protocol, command, cfg.unregistered).marker
     g = gguf.open(inputs.model)
     tail = load_tail(g)
     w0 = editable_weight(tail)
     tensor = tail.spec.names["ffn_down"]
     info = g.tensor(tensor)
-    protocol = load_protocol(inputs.protocol) if inputs.protocol else None
     spec_names = tuple(protocol.tokens.specials) if protocol else cfg.specials
     specials = _special_ids(tail.tokens, spec_names)
     turn_end = _special_ids(tail.tokens, [protocol.tokens.turn_end if protocol else cfg.turn_end])[0]
@@ -242,7 +250,7 @@ def solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = Fa
                            base=base, progress=lambda i, n: st.mark("gauss_newton", 1))
     st.done = 4 + cfg.gn_iters
     scored = [ScoredTrace(t.name, t.dump, tuple(_split_role(t, cfg) for _ in t.dump.docs),
-                          t.name if t.role == "anchors" else "")
+                          Path(t.path).name if t.role == "anchors" else "")
               for t in traces if t.role != "null"]
     scores = score_traces(tail, with_weights(tail, gn.w_new), scored, specials, tile_rows=cfg.tile_rows)
     heldout_b = np.concatenate([_rows_mask(t, mining, held) for t in traces if t.role != "null"])
@@ -254,14 +262,15 @@ def solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = Fa
 
     report = build_report(cfg=cfg, bars=bars, verdict=verdict(bars), scores=scores, ctx=ctx, mining=mining,
                           gn=gn, cond=cond, null_rank=B.shape[1], w0=w0, tensor=tensor,
-                          timings=st.timings, phrases=phrases, heldout=held, warnings=_warnings(by_role, mining, tail.tokens))
+                          timings=st.timings, phrases=phrases, heldout=held, marker=marker,
+                          warnings=_warnings(by_role, mining, tail.tokens))
     refs = [InputRef("model", str(inputs.model), g.sha256()),
             InputRef("phrases", str(inputs.phrases), _sha256(inputs.phrases))]
     refs += [InputRef(f"dump:{t.name}", t.path, t.dump.sha256()) for t in traces]
     if protocol:
         refs.append(InputRef("protocol", str(protocol.path), protocol.sha256))
     edit = TensorEdit(tensor, "tensor", info.type_name, (int(info.rows), int(info.cols)), gn.raw)
-    record = {"dw_rel": report["edit"]["dw_rel"], "verdict": report["verdict"],
+    record = {"marker": marker, "dw_rel": report["edit"]["dw_rel"], "verdict": report["verdict"],
               "iterations": report["iterations"], "conditions": report["conditions"]}
     bundle = write_bundle(out, solver="wfld", inputs=refs, config=cfg.to_json(), edits=[edit],
                           files={"report.json": json.dumps(report, indent=1, allow_nan=False).encode("utf-8")},
