@@ -192,8 +192,11 @@ def dump_inspect(directory: str, as_json: bool, verify_hashes: bool) -> None:
 @click.option("--rows", default=None, metavar="A:B", help="Row range of the dump (default: all).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output .npy [rows, V] float32.")
 @click.option("--tile-rows", default=8192, show_default=True, type=click.IntRange(1), help="Head rows per tile.")
+@click.option("--match-engine", type=click.Choice(["llamacpp"]), default=None,
+              help="Compute the logits as this engine does (quantized activations, its summation order; "
+                   "needs a dump captured by that engine). Default: exact float arithmetic.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def logits_cmd(model, dump_dir, rows, out, tile_rows, as_json) -> None:
+def logits_cmd(model, dump_dir, rows, out, tile_rows, match_engine, as_json) -> None:
     """Full-vocabulary logits of MODEL recomputed from the dump rows, written to OUT."""
     import contextlib
     import json
@@ -201,7 +204,7 @@ def logits_cmd(model, dump_dir, rows, out, tile_rows, as_json) -> None:
     from solvers.logits import render_logits, write_logits
 
     with contextlib.ExitStack() as stack:
-        res = write_logits(model, dump_dir, out, rows=rows, tile_rows=tile_rows,
+        res = write_logits(model, dump_dir, out, rows=rows, tile_rows=tile_rows, match_engine=match_engine,
                            progress=_dump_scan_bar(stack, "vocab pass"))
     click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_logits(res))
 

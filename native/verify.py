@@ -31,7 +31,7 @@ import numpy as np
 from native.capture import pick, tail_names
 from native.llamacpp import EngineError, EngineSettings, LlamaEngine
 from quant import arch, gguf
-from solvers.head.engine_numerics import MatchEngine, engine_matmul, rms_norm
+from solvers.head.engine_numerics import MatchEngine, engine_matmul, rmsnorm_engine_mix
 
 Progress = Callable[[int, int], None]
 
@@ -172,9 +172,8 @@ def predict_rmsnorm(g: gguf.GGUFFile, R: np.ndarray, hh: np.ndarray, match: Matc
 def _normed(g, tail, R, hh, match, W_down) -> np.ndarray:
     down = tail.tensor("ffn_down")
     W_down = W_down if W_down is not None else g.read_raw(down.name)
-    ffn_out = engine_matmul(W_down, down.type_name, tail.h, hh, match)
     norm = np.asarray(g.read_rows(tail.tensor("output_norm").name), np.float32).reshape(-1)
-    return rms_norm(ffn_out + R, norm, tail.rms_eps)
+    return rmsnorm_engine_mix(R, hh, W_down, down.type_name, tail.h, norm, tail.rms_eps, match)
 
 
 @dataclass(frozen=True)

@@ -110,16 +110,25 @@ def _fsync_replace(tmp: Path, dst: Path) -> None:
 
 
 def write_logits(model, dump, out, *, rows: str | tuple[int, int] | None = None,
-                 tile_rows: int = 8192, matmul: Matmul | None = None,
+                 tile_rows: int = 8192, matmul: Matmul | None = None, match_engine: str | None = None,
                  progress: Progress | None = None) -> LogitsResult:
-    """Full-vocabulary float32 logits [rows, V] of `model` on the rows of `dump`, as OUT (.npy)."""
+    """Full-vocabulary float32 logits [rows, V] of `model` on the rows of `dump`, as OUT (.npy).
+    `match_engine` ("llamacpp") computes them as that engine does (activations quantized before
+    each quantized matmul, its summation order; solvers.head.engine_numerics) instead of exactly."""
     from solvers.head.forward_fast import Sgemm
 
     out = Path(out)
     g, tail, d = open_pair(model, dump)
     span = rows if isinstance(rows, tuple) else parse_rows(rows, d.rows)
-    matmul = Sgemm() if matmul is None else matmul
-    mix = tail_mix(tail, d, span)
+    if match_engine is not None:
+        if matmul is not None:
+            raise ValueError("give match_engine or matmul, not both")
+        from solvers.head.engine_numerics import engine_logits_setup
+
+        mix, matmul = engine_logits_setup(g, tail, d, span, match_engine)
+    else:
+        matmul = Sgemm() if matmul is None else matmul
+        mix = tail_mix(tail, d, span)
     V = tail.spec.vocab
     tmp = out.with_name(out.name + ".tmp")
     arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(mix.shape[0], V))

@@ -249,14 +249,66 @@ MATMULS_REF = {"Q6_K": q6_k_matmul_ref}
 
 
 def engine_matmul(raw: np.ndarray, type_name: str, cols: int, x: np.ndarray, match: MatchEngine,
-                  reference: bool = False) -> np.ndarray:
-    """float32 [T, rows] = W @ x[t] as `match.engine` computes it, for W's GGUF type."""
+                  reference: bool = False, tiled: np.ndarray | None = None) -> np.ndarray:
+    """float32 [T, rows] = W @ x[t] as `match.engine` computes it, for W's GGUF type. `tiled`
+    (bool [T]) overrides `match.tiled_rows()` for a slice of the rows the engine ran."""
     table = MATMULS_REF if reference else MATMULS
     if type_name not in table:
         raise QuantError(f"match-engine {match.engine}: no engine-faithful matmul for {type_name} "
                          f"weights (supported: {sorted(table)})")
-    tiled = match.tiled_rows()
+    tiled = match.tiled_rows() if tiled is None else np.asarray(tiled, bool)
     if tiled.shape[0] != x.shape[0]:
         raise QuantError(f"match-engine: ubatch_sizes cover {tiled.shape[0]} rows, the activations "
                          f"have {x.shape[0]}")
     return table[type_name](raw, cols, x, tiled)
+
+
+# ---- the engine-faithful logits path (`exactedit logits --match-engine llamacpp`) -----------
+def rmsnorm_engine_mix(R: np.ndarray, hh: np.ndarray, w_down_raw: np.ndarray, down_type: str, h: int,
+                       w_norm: np.ndarray, eps: float, match: MatchEngine,
+                       tiled: np.ndarray | None = None) -> np.ndarray:
+    """The head's input [T, n] of a plain rmsnorm tail as the engine computes it:
+    rms_norm(R + W_down @ hh) with the engine's quantized-activation matmul and float32 norm."""
+    ffn_out = engine_matmul(w_down_raw, down_type, h, np.asarray(hh, np.float32), match, tiled=tiled)
+    return rms_norm(ffn_out + np.asarray(R, np.float32), w_norm, eps)
+
+
+class EngineMatmul:
+    """A `solvers.head.forward_fast.Matmul` strategy: head tiles as the engine multiplies them,
+    from the source's raw quantized rows (a `solvers.head.stream.QuantRows`)."""
+
+    def __init__(self, match: MatchEngine, tiled: np.ndarray | None = None):
+        self.match = match
+        self.tiled = match.tiled_rows() if tiled is None else np.asarray(tiled, bool)
+        self.name = f"match-engine {match.engine}"
+
+    def prepare(self, mix: np.ndarray) -> np.ndarray:
+        mix = np.ascontiguousarray(mix, np.float32)
+        if mix.shape[0] != self.tiled.shape[0]:
+            raise QuantError(f"match-engine: {self.tiled.shape[0]} rows of micro-batch layout, "
+                             f"{mix.shape[0]} activation rows")
+        return mix
+
+    def tile(self, prepared: np.ndarray, source, start: int, stop: int) -> np.ndarray:
+        if not hasattr(source, "read_raw"):
+            raise QuantError("match-engine: the head must be read from its quantized bytes")
+        return engine_matmul(source.read_raw(start, stop), source.qtype, source.cols, prepared,
+                             self.match, tiled=self.tiled)
+
+
+def engine_logits_setup(g, tail, dump, span: tuple[int, int], engine: str):
+    """(mix [T, n], EngineMatmul) for dump rows `span` of the rmsnorm `tail`
+    (solvers.model.RmsnormTail) of the open GGUF `g`, the micro-batch layout from the dump's meta."""
+    spec = tail.spec
+    if tail.kind != "rmsnorm" or "post_ffn_norm" in spec.names or tail.softcap:
+        raise QuantError(f"match-engine {engine}: covers a plain rmsnorm tail (no post-FFN norm, "
+                         f"no softcap); {tail.path} has a {tail.kind} tail")
+    match = MatchEngine.from_meta(engine, dump.meta, dump.rows)
+    tiled = match.tiled_rows()[span[0]:span[1]]
+    down = spec.tensor("ffn_down")
+    sl = slice(*span)
+    w_norm = np.asarray(tail.mix_params.w_norm, np.float32).reshape(-1)
+    mix = rmsnorm_engine_mix(dump.R[sl], dump.hh[sl], g.read_raw(down.name), down.type_name, spec.h,
+                             w_norm, tail.mix_params.eps, match, tiled)
+    return mix, EngineMatmul(match, tiled)
+
