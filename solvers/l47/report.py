@@ -66,7 +66,7 @@ def _phrase_table(scores, ctx, mining, cfg, phrases) -> list[dict]:
     return out
 
 
-def build_report(*, cfg, bars, verdict, scores, ctx, mining, gn, cond, null_rank, w0, tensor, timings,
+def build_report(*, cfg, bars, verdict, scores, ctx, mining, gn, cond, null, w0, tensor, timings,
                  phrases, heldout, marker="", warnings=()) -> dict:
     w_norm = float(np.linalg.norm(np.asarray(w0, dtype=np.float64)))
     positions = []
@@ -85,7 +85,8 @@ def build_report(*, cfg, bars, verdict, scores, ctx, mining, gn, cond, null_rank
         "bars": [bar_json(r) for r in bars],
         "edit": {"tensor": tensor, "dw_rel": float(np.linalg.norm(gn.dW)) / w_norm,
                  "dw_fro": float(np.linalg.norm(gn.dW)), "w_fro": w_norm,
-                 "rows_changed": int(np.sum(np.any(gn.dW != 0, axis=1))), "null_rank": int(null_rank)},
+                 "rows_changed": int(np.sum(np.any(gn.dW != 0, axis=1))), "null_rank": int(null["rank"])},
+        "null": dict(null),
         "conditions": {KIND_NAMES[k]: int(np.sum(cond.kind == k)) for k in range(len(KIND_NAMES))},
         "iterations": [asdict(it) for it in gn.iterations],
         "phrases": _phrase_table(scores, ctx, mining, cfg, phrases),
@@ -110,9 +111,11 @@ def _fmt(x, digits=4) -> str:
 
 def format_report(report: dict) -> str:
     """A readable summary: bars, per-phrase p(rejected), the Gauss-Newton log, timings."""
-    lines = [f"wfld: verdict {report['verdict']}, ||dW||/||W|| = {report['edit']['dw_rel']:.4g}, "
-             f"null rank {report['edit']['null_rank']}, conditions "
-             + ", ".join(f"{k} {v}" for k, v in report["conditions"].items() if v)]
+    nl = report["null"]
+    lines = [f"wfld: verdict {report['verdict']}, ||dW||/||W|| = {report['edit']['dw_rel']:.4g}, conditions "
+             + ", ".join(f"{k} {v}" for k, v in report["conditions"].items() if v),
+             f"null space: {nl['rows']} legitimate uses held, rank {nl['rank']}; max ||dW h||/||W h|| "
+             f"{_fmt(nl['solved_max_rel'], 3)} solved, {_fmt(nl['shipped_max_rel'], 3)} as shipped (Q8_0)"]
     if report.get("marker"):
         lines.insert(0, report["marker"])
     lines += [f"warning: {w}" for w in report.get("warnings", ())]

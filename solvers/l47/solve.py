@@ -261,7 +261,7 @@ def solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = Fa
     st.mark("score")
 
     report = build_report(cfg=cfg, bars=bars, verdict=verdict(bars), scores=scores, ctx=ctx, mining=mining,
-                          gn=gn, cond=cond, null_rank=B.shape[1], w0=w0, tensor=tensor,
+                          gn=gn, cond=cond, null=_null_summary(groups, B, w0, gn), w0=w0, tensor=tensor,
                           timings=st.timings, phrases=phrases, heldout=held, marker=marker,
                           warnings=_warnings(by_role, mining, tail.tokens))
     refs = [InputRef("model", str(inputs.model), g.sha256()),
@@ -278,6 +278,18 @@ def solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = Fa
     st.mark("write")
     return WfldResult(bundle.path, bundle.sha256, report, report["verdict"], bars, mining, gn, scores,
                       dict(st.timings))
+
+
+def _null_summary(groups, B, w0, gn: wfld.GaussNewton) -> dict:
+    """How still the null anchors are: max over the held uses of ||dW h|| / ||W h||, for the
+    solved edit and for the edit as shipped (the Q8_0 round trip's share)."""
+    hh = np.concatenate([np.asarray(g, np.float64) for g in groups], axis=0) if groups else np.zeros((0, w0.shape[1]))
+    out = {"rows": int(hh.shape[0]), "rank": int(B.shape[1]), "solved_max_rel": None, "shipped_max_rel": None}
+    if hh.shape[0]:
+        base = np.linalg.norm(hh @ np.asarray(w0, np.float64).T, axis=1)
+        for key, dW in (("solved_max_rel", gn.last_solve.dW), ("shipped_max_rel", gn.dW)):
+            out[key] = float(np.max(np.linalg.norm(hh @ dW.T, axis=1) / np.maximum(base, 1e-30)))
+    return out
 
 
 def _warnings(by_role, mining: Mining, table) -> list[str]:

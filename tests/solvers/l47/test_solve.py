@@ -15,6 +15,7 @@ from solvers.apply import apply_bundle
 from solvers.bundle import read_bundle
 from solvers.l47 import wfld
 from solvers.l47.config import WfldConfig, WfldError
+from solvers.l47.mining import load_phrases
 from solvers.l47.solve import WfldInputs, solve_wfld
 from solvers.logits import write_logits
 from tests.solvers.l47.synth import build_world
@@ -145,3 +146,31 @@ def test_pair_pass_matches_kl_rows(seed, softcap):
     np.testing.assert_array_equal(got.argmax_edited, ref.argmax_edited)
     np.testing.assert_allclose(got.logp_next_edited, ref.logp_next_edited, rtol=0, atol=1e-6)
     assert np.array_equal(np.isnan(got.logp_next_base), nxt < 0)
+
+
+FIXTURE = __import__("pathlib").Path(__file__).resolve().parents[3] / "fixtures" / "default"
+
+
+@pytest.mark.skipif(not (FIXTURE / "model.gguf").is_file(), reason="the bundled fixture is not built yet")
+def test_fixture_solve_passes_the_bars_and_matches_the_applied_gguf(tmp_path):
+    """On the bundled fixture (planted slop, legitimate uses, chat turns), the default solve passes
+    bars (a)-(g), and its re-score of the separate held-out document is what `exactedit logits`
+    computes on the GGUF `exactedit apply` writes."""
+    d = FIXTURE / "dumps"
+    inputs = WfldInputs(str(FIXTURE / "model.gguf"), str(FIXTURE / "phrases.txt"), (str(d / "train"),),
+                        (str(d / "test"),), (str(d / "collateral"),), (str(d / "anchors"),))
+    res = solve_wfld(WfldConfig(), inputs, tmp_path / "wfld")
+    failed = [b for b in res.report["bars"] if b["pass"] is not True]
+    assert res.verdict == "pass", failed
+    assert res.report["warnings"] == []
+    assert {p["phrase"] for p in res.report["phrases"] if p["heldout"]["n"] == 1} == set(load_phrases(FIXTURE / "phrases.txt"))
+    out = tmp_path / "edited.gguf"
+    apply_bundle(res.bundle, inputs.model, out)
+    lr = write_logits(out, d / "test", tmp_path / "test.npy")
+    lg = np.load(tmp_path / "test.npy").astype(np.float64) - lr.lse[:, None]
+    s = res.scores
+    sel = np.flatnonzero(np.array([s.docs[i].trace for i in s.doc]) == "heldout:test")
+    nxt = np.asarray(read_dump(d / "test").next)
+    r = np.flatnonzero(nxt >= 0)
+    np.testing.assert_allclose(s.logp_edit[sel][r], lg[r, nxt[r]], rtol=0, atol=2e-5)
+    np.testing.assert_array_equal(s.argmax_edit[sel], lg.argmax(axis=1))
