@@ -301,6 +301,45 @@ def fixture_make(out, seed, force, as_json) -> None:
         sys.exit(1)
 
 
+@main.command("demo")
+@click.option("--out", default="demo-out", show_default=True, type=click.Path(file_okay=False),
+              help="New directory for the demo's bundles, reports and workspace.")
+@click.option("--fixture", type=click.Path(file_okay=False, exists=True), default=None,
+              help="Fixture directory (default: the bundled fixtures/default).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
+def demo_cmd(out, fixture, as_json) -> None:
+    """The whole workflow on the bundled fixture: register + split, solve head, solve wfld,
+    dev score, and the one-shot blind sign-off (its command line in OUT/blind.cmd)."""
+    import contextlib
+    import json
+
+    from fixtures.demo import DEFAULT_FIXTURE, run_demo
+    from solvers.head.report import summary_table
+    from solvers.l47.report import format_report
+
+    with contextlib.ExitStack() as stack:
+        bars: dict = {}
+
+        def progress(label: str, done: int, total: int) -> None:
+            if label not in bars:
+                bars[label] = stack.enter_context(click.progressbar(length=total, label=label, file=sys.stderr))
+            bars[label].update(max(done - bars[label].pos, 0))
+
+        r = run_demo(out, fixture=fixture or DEFAULT_FIXTURE, progress=progress)
+    if as_json:
+        click.echo(json.dumps({"out": str(r.out), "head_bundle": str(r.head_bundle.path),
+                               "head_chosen_step": r.head.chosen_step, "wfld_bundle": str(r.wfld.bundle),
+                               "wfld_verdict": r.wfld.verdict, "dev_verdict": r.dev.report.verdict,
+                               "blind": _blind_json(r.blind), "blind_cmd": r.blind_cmd}, indent=1))
+        return
+    click.echo("== solve head (rank 1, the protocol's stopping rule)\n" + summary_table(r.head))
+    click.echo(f"bundle {r.head_bundle.path}\n")
+    click.echo("== solve wfld (anti-slop edit of the last layer's shared-expert down projection)\n"
+               + format_report(r.wfld.report) + f"\nbundle {r.wfld.bundle}\n")
+    click.echo(f"== dev score of the wfld bundle: {r.dev.report.verdict} ({r.dev.files.paths['json']})\n")
+    click.echo("== blind sign-off (one shot)\n" + _blind_text(r.blind))
+    click.echo(f"\nthe blind command is in {r.out / 'blind.cmd'}; running it again is refused.")
+
 # ---- end section: fixture + demo -------------------------------------------------------------
 
 # ---- section: native (engine run, verify live, mine) -----------------------------------------
@@ -671,21 +710,31 @@ def eval_blind(model, bundle, doc, dev_report, protocol, out, workspace, as_json
     from pathlib import Path
 
     from evals import workflow
-    from evals.report import format_table, report_to_json
 
     out = out or str(Path(workspace) / "blind")
     with contextlib.ExitStack() as stack:
         r = workflow.blind(model, bundle, doc, dev_report, workspace, out, _eval_command_line(),
                            protocol_path=protocol, progress=_eval_progress(stack, "blind run"))
-    from evals.blind import comparison_json, fmt
+    _eval_print(_blind_json(r), as_json, _blind_text(r))
 
-    comps = [comparison_json(c) for c in r.comparisons]
+
+def _blind_json(r) -> dict:
+    from evals.blind import comparison_json
+    from evals.report import report_to_json
+
+    return {"passed": r.passed, "comparisons": [comparison_json(c) for c in r.comparisons],
+            "report": report_to_json(r.report), "files": {k: str(v) for k, v in r.files.paths.items()}}
+
+
+def _blind_text(r) -> str:
+    from evals.blind import fmt
+    from evals.report import format_table
+
     lines = [format_table(r.report), "against the dev report:"]
     lines += [f"  {c.metric:<36} dev {fmt(c.dev)}  blind {fmt(c.blind)}  bound {c.op} {fmt(c.allowed)}  "
               f"{'pass' if c.passed else 'FAIL'}" for c in r.comparisons]
     lines.append(f"SIGN-OFF: {'PASS' if r.passed else 'FAIL'}  (wrote {r.files.paths['md']})")
-    _eval_print({"passed": r.passed, "comparisons": comps, "report": report_to_json(r.report),
-                 "files": {k: str(v) for k, v in r.files.paths.items()}}, as_json, "\n".join(lines))
+    return "\n".join(lines)
 
 
 @eval_.command("ledger")

@@ -1,0 +1,47 @@
+"""`exactedit demo` on the bundled fixture: both bundles, the wfld bars, the one-shot blind
+sign-off, and its command line in DIR/blind.cmd refused on a second run."""
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+from click.testing import CliRunner
+
+import cli
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo") / "out"
+    r = CliRunner().invoke(cli.main, ["demo", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    return out, r.output
+
+
+def test_demo_leaves_both_bundles_and_the_bars(demo):
+    out, text = demo
+    head = json.loads((out / "head" / "manifest.json").read_text())
+    wfld = json.loads((out / "wfld" / "manifest.json").read_text())
+    assert head and wfld
+    report = json.loads((out / "wfld" / "report.json").read_text())
+    assert report["bars"], "the wfld report lists its bars"
+    for bar in report["bars"]:
+        assert {"name", "value", "threshold", "pass"} <= set(bar)
+    assert "SIGN-OFF:" in text and "== solve wfld" in text
+
+
+def test_blind_command_is_recorded_and_a_rerun_is_refused(demo):
+    out, _ = demo
+    args = shlex.split((out / "blind.cmd").read_text())
+    assert args[:3] == ["exactedit", "eval", "blind"]
+    assert (out / "blind" / "signoff.json").exists()
+    r = CliRunner().invoke(cli.main, args[1:])
+    assert r.exit_code != 0
+    assert "already had its blind run" in r.output
+
+
+def test_demo_refuses_a_non_empty_output(demo):
+    out, _ = demo
+    r = CliRunner().invoke(cli.main, ["demo", "--out", str(out)])
+    assert r.exit_code != 0 and "not empty" in r.output
