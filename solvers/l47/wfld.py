@@ -224,27 +224,24 @@ def ftpo_targets(base_rej, base_alt, margins, delta_cho: float) -> tuple[np.ndar
 
 
 class Shipper:
-    """The edited tensor as the engine will load it: `ship(w)` quantizes the rows of w [n, h] that
-    differ from the original view to the tensor's type (rows with no edit keep their original
-    bytes, SPEC.md section 3) and returns (raw bytes, runtime view float32)."""
+    """The edited tensor as the engine will load it: `ship(w)` re-quantizes the rows of w [n, h]
+    that differ from the original view (`quant.roundtrip.requantize_rows`: rows with no edit keep
+    their original bytes, SPEC.md section 3) and returns (raw bytes, runtime view float32)."""
 
     def __init__(self, raw0: np.ndarray, type_name: str, cols: int, view: Callable):
-        import quant
-
         self.raw0 = np.array(raw0, dtype=np.uint8, copy=True)
         self.type_name, self.cols, self.view = type_name, int(cols), view
         self.w0 = np.asarray(view(self.raw0, type_name, cols), dtype=np.float32)
-        self._quantize = quant.quantize
 
     def __call__(self, w) -> tuple[np.ndarray, np.ndarray]:
+        from quant.roundtrip import requantize_rows
+
         w32 = np.asarray(w, dtype=np.float32)
         if w32.shape != self.w0.shape:
             raise WfldError("ship", "w", f"expected {list(self.w0.shape)}, got {list(w32.shape)}")
         edited = np.flatnonzero(np.any(w32 != self.w0, axis=1))
-        raw = self.raw0.copy()
+        rt = requantize_rows(self.raw0, self.type_name, self.cols, edited, w32[edited])
         view = self.w0.copy()
         if edited.size:
-            new = self._quantize(w32[edited], self.type_name)
-            raw[edited] = new
-            view[edited] = np.asarray(self.view(new, self.type_name, self.cols), dtype=np.float32)
-        return raw, view
+            view[edited] = np.asarray(self.view(rt.raw[edited], self.type_name, self.cols), dtype=np.float32)
+        return np.array(rt.raw), view
