@@ -274,3 +274,38 @@ def device_bench(device: str) -> bool:
     if device == "cpu":
         return False
     return devmod.is_gpu(devmod.select(device))
+
+
+def probe_compile(rows: int = 17352, vocab: int = 248320, n: int = 2560, d_lo: int = 320, repeats: int = 3,
+                  device: str = "gpu", seed: int = 0) -> dict:
+    """Seconds of the first call (compile + run) and of later calls of the exact pass and of the hc4
+    mix at this shape, in this process. On a GPU a fresh process's first calls are dominated by
+    XLA's gemm autotuning, which XLA_FLAGS (and a persistent compilation cache) change: run this
+    under each setting, in a new process each time, to compare them."""
+    import os
+
+    import jax
+
+    from bench.gpu_solve import synthetic_tail_params
+    from bench.head import synthetic_q6k
+    from solvers.head.forward_fast import hc4_mix_jax
+    from solvers.head.stream import QuantRows
+    from solvers.head.stream_jax import to_device, vocab_pass_jax
+
+    out = {"xla_flags": os.environ.get("XLA_FLAGS", ""),
+           "cache_dir": os.environ.get("JAX_COMPILATION_CACHE_DIR", "")}
+    with devmod.scope(devmod.DeviceConfig(device, "exact")) as dev:
+        rng = np.random.default_rng(seed)
+        raw = synthetic_q6k(vocab, n, seed)
+        head = to_device(QuantRows(lambda a, b: raw[a:b], "Q6_K", vocab, n), dev)
+        params, _ = synthetic_tail_params(rng, n, d_lo)
+        R = jax.device_put(rng.standard_normal((rows, 4, n)).astype(np.float32), dev)
+        weights = [jax.device_put(w, dev) for w in params[:3]]
+        mix = lambda: jax.block_until_ready(hc4_mix_jax(R, *weights, np.float32(params.eps)))  # noqa: E731
+        out["mix_first_s"] = _timed(mix)
+        out["mix_s"] = min(_timed(mix) for _ in range(repeats))
+        z = np.asarray(hc4_mix_jax(R, *weights, np.float32(params.eps)))
+        run = lambda: vocab_pass_jax(z, head)  # noqa: E731
+        out["pass_first_s"] = _timed(run)
+        out["pass_s"] = min(_timed(run) for _ in range(repeats))
+    return out

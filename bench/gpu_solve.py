@@ -73,7 +73,8 @@ class GpuSolveHeadConfig:
 class GpuSolveHeadResult:
     config: GpuSolveHeadConfig
     device: dict
-    seconds: dict              # upload_head, mix, pass, rows, optimize, total (total excludes upload)
+    seconds: dict              # upload_head, mix, pass, rows, numba_warm, optimize, total (total: mix
+                               # to the last checkpoint, without upload and numba_warm), checkpoint parts
     per_step_ms: float         # _optimize's own per-step time (Adam only, after the compile)
     step_only: tuple           # bench.solve_head.StepTiming of rank r and full rows on the device
     term_rows: dict
@@ -150,6 +151,19 @@ def _row_data(z, vp, tokens, nxt, roles, doc, docs, edit, sel_ids):
                    argmax=vp.argmax, sel_ids=tuple(int(s) for s in sel_ids), sel_logits=chosen[:, k:k + len(sel_ids)])
 
 
+def _checkpoint_parts(dw, rows_s, scorer, train_rd, dev_rd, batch, weights) -> dict:
+    """Seconds of each part of one dev-tracking checkpoint of `_optimize`, at the last edit."""
+    from solvers.head.objective import objective
+    from solvers.head.ship import ship
+
+    shipped, t_ship = _timed(lambda: ship(rows_s, dw))
+    eff_tr, t_tr = _timed(lambda: scorer.effect(train_rd, shipped.dw))
+    eff_dv, t_dv = _timed(lambda: scorer.effect(dev_rd, shipped.dw))
+    _, t_gains = _timed(lambda: (scorer.gains(train_rd, eff_tr), scorer.gains(dev_rd, eff_dv)))
+    _, t_obj = _timed(lambda: objective(batch, shipped.dw, weights))
+    return {"ship": t_ship, "effect_train": t_tr, "effect_dev": t_dv, "gains": t_gains, "objective": t_obj}
+
+
 def run_gpu_solve_head(cfg: GpuSolveHeadConfig, progress: Progress | None = None) -> GpuSolveHeadResult:
     import jax
 
@@ -212,11 +226,15 @@ def run_gpu_solve_head(cfg: GpuSolveHeadConfig, progress: Progress | None = None
         rows_s = HeadRows("output.weight", "Q6_K", (cfg.vocab, cfg.n), edit, raw[edit].copy(), view, False)
         scorer = head_solve._Scorer(edit, edit, SPECIALS, TURN_END)
         seconds["rows"] = time.perf_counter() - t
+        # numba compiles its Q6_K quantizer once per install (cached on disk): kept out of the total
+        _, seconds["numba_warm"] = _timed(lambda: quant.quantize(np.ones((1, cfg.n), np.float32), "Q6_K"))
         t = time.perf_counter()
-        checkpoints, _, losses, _, per_step = head_solve._optimize(
+        checkpoints, saved, losses, _, per_step = head_solve._optimize(
             scfg, batch, q, rows_s, train_rd, dev_rd, scorer, stopping, lambda d, tot: tick())
         seconds["optimize"] = time.perf_counter() - t
-        seconds["total"] = time.perf_counter() - t0
+        seconds["total"] = time.perf_counter() - t0 - seconds["numba_warm"]
+        seconds["checkpoint"] = _checkpoint_parts(saved[max(saved)], rows_s, scorer, train_rd, dev_rd, batch,
+                                                  scfg.weights)
         bcfg = BenchSolveHeadConfig(rows=cfg.rows, k=cfg.k, n=cfg.n, null_k=cfg.null_k, steps=cfg.step_repeats,
                                     vocab=cfg.vocab, seed=cfg.seed, skip_pass=True)
         sb = synthetic_batch(np.random.default_rng(cfg.seed), cfg.rows, cfg.k, cfg.n)
@@ -238,6 +256,7 @@ def render_gpu_solve_head(r: GpuSolveHeadResult) -> str:
              f"  {c.max_steps} Adam steps + dev tracking every {c.every}: {s['optimize']:7.3f} s "
              f"({r.checkpoints} checkpoints, {r.per_step_ms:.2f} ms per step, J {r.loss_first_last[0]:.4g} -> "
              f"{r.loss_first_last[1]:.4g})",
+             "  one checkpoint: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in s["checkpoint"].items()),
              f"  total                          {s['total']:7.3f} s  (target <= {TARGET_SOLVE_HEAD_S:g} s: "
              f"{_verdict(r.passes)})"]
     for t in r.step_only:

@@ -5,7 +5,8 @@ Bit-identical to `quant.dequantize` (the numba fast paths) for every byte patter
   * fp16 scales are converted with integer bit operations (normal, subnormal, inf, NaN made
     quiet as ggml does), never through a float16 type whose conversion a backend might flush;
   * Q6_K values are (d * scales[j]) * (code - 32) and Q8_0 values float(qs) * d, in float32 and
-    in that order, exactly as the numpy references and the numba kernels compute them;
+    in that order, exactly as the numpy references and the numba kernels compute them, with the host's
+    NaN results (`mul_host`: a GPU would give its one canonical NaN for inf * 0 and NaN operands);
   * BF16, F16 and F32 are pure bit moves (BF16: the two bytes become the top of a float32).
 The functions are traceable (call them inside jit): `dequantize(raw, qtype, cols)` takes uint8
 [rows, row_bytes] and returns float32 [rows, cols]; `dequantize_jit` is the jitted entry point.
@@ -50,6 +51,21 @@ def fp16_bits_to_f32(h):
     return jax.lax.bitcast_convert_type(bits, _F32)
 
 
+with np.errstate(invalid="ignore"):  # the host CPU's NaN for inf * 0 (x86: 0xFFC00000)
+    _HOST_DEFAULT_NAN = (np.array([np.inf], np.float32) * np.array([0], np.float32)).view(np.uint32)[0]
+
+
+def mul_host(a, b):
+    """float32 a * b with the host CPU's NaN results, which the numpy and numba paths produce: a NaN
+    operand is returned as is (the first one if both are NaN), and an invalid product with no NaN
+    operand (inf * 0) is the host's default NaN (0xFFC00000 on x86). A GPU returns one canonical
+    NaN instead, so without this the bits of NaN outputs would depend on the backend. Operand NaNs
+    here are always quiet (fp16 conversion makes them so)."""
+    r = a * b
+    default = jax.lax.bitcast_convert_type(jnp.full(r.shape, _HOST_DEFAULT_NAN), _F32)
+    return jnp.where(jnp.isnan(a), a, jnp.where(jnp.isnan(b), b, jnp.where(jnp.isnan(r), default, r)))
+
+
 def _le16(lo, hi):
     """Little-endian uint16 value of two byte arrays, as uint32."""
     return lo.astype(_U32) | (hi.astype(_U32) << 8)
@@ -71,8 +87,8 @@ def q6_k(raw, cols: int):
     lo = jnp.stack([ql[..., 0, :] & 0xF, ql[..., 1, :] & 0xF, ql[..., 0, :] >> 4, ql[..., 1, :] >> 4], axis=3)
     hi = jnp.stack([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=3)           # [.., half, 4, l]
     q = ((lo | (hi << 4)) - 32).astype(_F32).reshape(rows, nb, qk // 16, 16)
-    ds = d[..., None] * scales
-    return (ds[..., None] * q).reshape(rows, cols)
+    ds = mul_host(jnp.broadcast_to(d[..., None], scales.shape), scales)
+    return mul_host(jnp.broadcast_to(ds[..., None], q.shape), q).reshape(rows, cols)
 
 
 def q8_0(raw, cols: int):
@@ -82,7 +98,7 @@ def q8_0(raw, cols: int):
     b = raw.reshape(rows, nb, size)
     d = fp16_bits_to_f32(_le16(b[..., 0], b[..., 1]))
     qs = _int8(b[..., 2:]).astype(_F32)
-    return (qs * d[..., None]).reshape(rows, cols)
+    return mul_host(qs, jnp.broadcast_to(d[..., None], qs.shape)).reshape(rows, cols)
 
 
 def bf16(raw, cols: int):

@@ -182,12 +182,13 @@ def fold_lse(t_max: np.ndarray, t_sum: np.ndarray) -> np.ndarray:
         return m + np.log(s)
 
 
-def _merge_topk(vals: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """[tiles, T, k] candidates -> the k best per row, larger first, ties to the lower id."""
-    v = np.concatenate(list(vals), axis=1)
-    i = np.concatenate(list(ids), axis=1).astype(np.int64)
-    order = np.lexsort((i, -v.astype(np.float64)), axis=1)[:, :k]
-    return np.take_along_axis(i, order, axis=1), np.take_along_axis(v, order, axis=1)
+@partial(jax.jit, static_argnames="k")
+def _merge_topk(vals, ids, k: int):
+    """Per-tile top-k candidates side by side [T, tiles * k'] (tiles in id order, each tile's in
+    numpy's order) -> the k best per row. Equal values sit in id order, so first-index selection
+    gives numpy's order: larger first, ties to the lower id."""
+    v, j = _first_topk(vals, k)
+    return v, jnp.take_along_axis(ids, j, axis=1)
 
 
 def _token_ids(token_sets, rows: int) -> np.ndarray:
@@ -237,7 +238,7 @@ def vocab_pass_jax(mix, rows: DeviceRows, *, token_sets=None, topk: int = 0, til
 
     `precision` is "exact" (default), "tf32" or "bf16" (`solvers.device`). `sink(start, stop, tile)`
     gets each float32 logits tile on the host (a copy off the device: slow, for writing logits)."""
-    mix = np.asarray(mix)
+    mix = mix if isinstance(mix, jax.Array) else np.asarray(mix)
     if mix.ndim != 2 or mix.shape[1] != rows.cols:
         raise ValueError(f"mix must be [T, {rows.cols}], got shape {mix.shape}")
     if tile_rows < 1 or topk < 0:
@@ -254,7 +255,7 @@ def vocab_pass_jax(mix, rows: DeviceRows, *, token_sets=None, topk: int = 0, til
                             np.clip(excl, -1, np.iinfo(np.int32).max).astype(np.int32), dev)
     ids_d = jax.device_put(np.clip(ids, -1, np.iinfo(np.int32).max).astype(np.int32), dev)
     selected = jax.device_put(np.full(ids.shape, np.nan, np.float32), dev)
-    mix_r = _prepare(jax.device_put(_pad(np.asarray(mix, dtype=np.float32), Tp, 0), dev), precision)
+    mix_r = _prepare(jax.device_put(mix, dev), precision, Tp)
     static = dict(qtype=rows.qtype, cols=rows.cols, tile=tile, precision=precision, platform=_platform(dev),
                   softcap=None if softcap is None else float(softcap), k=min(k, tile),
                   has_exclude=has_exclude, want_logits=sink is not None)
@@ -269,13 +270,15 @@ def vocab_pass_jax(mix, rows: DeviceRows, *, token_sets=None, topk: int = 0, til
         if i and progress is not None:  # report a tile once it is done, while the next one runs
             jax.block_until_ready(parts[i - 1]["max"])
             progress(min(plan[i - 1][0] + tile, V), V)
-    host = {key: np.stack([np.asarray(p[key])[:T] for p in parts]) for key in parts[0]}
+    host = {key: np.asarray(jnp.stack([p[key] for p in parts]))[:, :T] for key in parts[0] if "top" not in key}
     if progress is not None:
         progress(V, V)
     best_tile = np.argmax(host["max"], axis=0)  # first tile holding the row's max: the lowest id
     cols_ = np.arange(T)
     if k:
-        top_ids, top_vals = _merge_topk(host["top_vals"], host["top_ids"], k)
+        vals, ids_ = (jnp.concatenate([p[key] for p in parts], axis=1) for key in ("top_vals", "top_ids"))
+        top_vals, top_ids = (np.asarray(a)[:T] for a in _merge_topk(vals, ids_, k))
+        top_ids = top_ids.astype(np.int64)
     else:
         top_ids, top_vals = np.zeros((T, 0), np.int64), np.zeros((T, 0), np.float32)
     return VocabPass(
@@ -285,9 +288,10 @@ def vocab_pass_jax(mix, rows: DeviceRows, *, token_sets=None, topk: int = 0, til
         lse_rest=fold_lse(host["rest_max"], host["rest_sum"]) if has_exclude else None)
 
 
-@partial(jax.jit, static_argnames="precision")
-def _prepare(mix, precision: str):
-    return round_operand(mix, precision)
+@partial(jax.jit, static_argnames=("precision", "rows"))
+def _prepare(mix, precision: str, rows: int):
+    """The activations on the device as the mode multiplies them, zero rows appended up to `rows`."""
+    return round_operand(jnp.pad(mix.astype(jnp.float32), ((0, rows - mix.shape[0]), (0, 0))), precision)
 
 
 # ---- KL between two activations (or two precisions) over the same head ------------------------------
@@ -349,8 +353,8 @@ def kl_pass_jax(mix_base, mix_edit, rows: DeviceRows, *, next_ids=None, precisio
     nxt = _pad(np.full(T, -1, np.int64) if next_ids is None else np.asarray(next_ids, np.int64), Tp, -1)
     dev = rows.device
     tile = device_tile(2 * Tp, V, tile_rows, max_tile_elems)
-    mix_b = _prepare(jax.device_put(_pad(mb, Tp, 0), dev), "exact")
-    mix_e = _prepare(jax.device_put(_pad(me, Tp, 0), dev), precision)
+    mix_b = _prepare(jax.device_put(mb, dev), "exact", Tp)
+    mix_e = _prepare(jax.device_put(me, dev), precision, Tp)
     nxt_d = jax.device_put(np.clip(nxt, -1, np.iinfo(np.int32).max).astype(np.int32), dev)
     static = dict(qtype=rows.qtype, cols=rows.cols, tile=tile, precision=precision, platform=_platform(dev),
                   softcap=None if softcap is None else float(softcap))
@@ -360,7 +364,7 @@ def kl_pass_jax(mix_base, mix_edit, rows: DeviceRows, *, next_ids=None, precisio
         if progress is not None:
             jax.block_until_ready(parts[-1]["c"])
             progress(min(lo + tile, V), V)
-    h = {key: np.stack([np.asarray(p[key])[:T] for p in parts]).astype(np.float64) for key in parts[0]}
+    h = {key: np.asarray(jnp.stack([p[key] for p in parts]))[:, :T].astype(np.float64) for key in parts[0]}
     lse_b, lse_e = fold_lse(h["b_max"], h["b_sum"]), fold_lse(h["e_max"], h["e_sum"])
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         finite = np.isfinite(h["b_max"]) & np.isfinite(h["e_max"])

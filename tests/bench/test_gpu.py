@@ -31,7 +31,8 @@ def test_solve_head_bench_small():
     r = run_gpu_solve_head(GpuSolveHeadConfig(rows=480, docs=6, vocab=1500, n=256, d_lo=16, null_k=4, max_steps=10,
                                               every=5, step_repeats=2, tile_rows=512, device="cpu"))
     assert r.checkpoints == 3 and np.isfinite(r.loss_first_last).all()
-    assert set(r.seconds) == {"upload_head", "mix", "pass", "rows", "optimize", "total"}
+    assert set(r.seconds) == {"upload_head", "mix", "pass", "rows", "numba_warm", "optimize", "total", "checkpoint"}
+    assert set(r.seconds["checkpoint"]) == {"ship", "effect_train", "effect_dev", "gains", "objective"}
     assert r.term_rows["nll"] > 0 and r.term_rows["anchor"] > 0 and r.term_rows["closer"] > 0
     assert [t.param for t in r.step_only] == ["rank 1", "full rows"]
     assert r.passes is None and "n/a" in render_gpu_solve_head(r)

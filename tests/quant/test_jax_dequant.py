@@ -83,6 +83,17 @@ def test_quantized_corners_match_fast_path(x, qtype):
     assert_bits_equal(on_device(raw, qtype, x.shape[1]), quant.dequantize(raw, qtype, x.shape[1]), qtype)
 
 
+def test_products_keep_the_host_nan_bits():
+    """mul_host == numpy's float32 product bit for bit, NaN payloads and inf * 0 included."""
+    nan_a = np.array([0x7FC01234, 0xFFC00001], np.uint32).view(np.float32)
+    vals = np.concatenate([nan_a, np.float32([np.inf, -np.inf, 0.0, -0.0, 3.5, -2.0, 6e-5])])
+    a, b = (x.ravel() for x in np.meshgrid(vals, vals, indexing="ij"))
+    with np.errstate(invalid="ignore"):
+        want = a * b
+    got = np.asarray(jax.jit(jax_dequant.mul_host)(jax.device_put(a, DEVICE), jax.device_put(b, DEVICE)))
+    assert_bits_equal(got, want, "a * b")
+
+
 def test_traceable_inside_jit_on_a_tile():
     """dequantize works on a slice taken inside a jitted function (how the vocab pass calls it)."""
     raw, cols = _random_bytes("Q6_K", rows=9, cols=256)
