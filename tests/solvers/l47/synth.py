@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 
-import quant
 from dumps import DocInfo, write_dump
 from dumps.roles import infer_roles
 from quant.gguf_write import synthetic_model

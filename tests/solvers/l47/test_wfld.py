@@ -9,7 +9,7 @@ import pytest
 import quant
 from solvers.l47 import wfld
 from solvers.l47.config import WfldConfig, WfldError
-from solvers.l47.jacobian import RowSet, editable_weight, linearize, with_weights
+from solvers.l47.jacobian import editable_weight, linearize, with_weights
 from tests.solvers.l47.test_jacobian import hc4_case
 
 
