@@ -22,6 +22,20 @@ class _Group(click.Group):
             raise click.ClickException(str(exc)) from exc
 
 
+def _progress(stack, label: str):
+    """progress(done, total) for the library -> a click progress bar on stderr, opened at the
+    first call and closed with `stack`."""
+    bar = None
+
+    def update(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = stack.enter_context(click.progressbar(length=total, label=label, file=sys.stderr))
+        bar.update(max(done - bar.pos, 0))
+
+    return update
+
+
 @click.group(cls=_Group)
 @click.version_option(package_name="exactedit")
 def main() -> None:
@@ -65,19 +79,6 @@ def engine() -> None:
 
 # ---- section: quant (inspect, bench quant) ---------------------------------------------------
 
-def _gguf_bar(stack, label: str):
-    """A progress(done, total) callback drawing a click progress bar on stderr, opened lazily."""
-    bar = None
-
-    def update(done: int, total: int) -> None:
-        nonlocal bar
-        if bar is None:
-            bar = stack.enter_context(click.progressbar(length=total, label=label, file=sys.stderr))
-        bar.update(done - bar.pos)
-
-    return update
-
-
 @main.command("inspect")
 @click.argument("model", type=click.Path(dir_okay=False, exists=True, path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
@@ -89,7 +90,7 @@ def inspect_cmd(model: str, as_json: bool) -> None:
     from quant.arch import render_summary, summarize
 
     with contextlib.ExitStack() as stack:
-        summary = summarize(model, progress=_gguf_bar(stack, "sha256"))
+        summary = summarize(model, progress=_progress(stack, "sha256"))
     click.echo(json.dumps(summary.to_dict(), indent=1) if as_json else render_summary(summary))
 
 
@@ -112,7 +113,7 @@ def bench_gguf_open(vocab, merges, layers, repeats, gguf_py_repeats, json_out) -
     cfg = GGUFOpenBenchConfig(vocab=vocab, merges=merges, layers=layers, repeats=repeats,
                               gguf_py_repeats=gguf_py_repeats)
     with contextlib.ExitStack() as stack:
-        r = run_gguf_open_bench(cfg, progress=_gguf_bar(stack, "bench gguf-open"))
+        r = run_gguf_open_bench(cfg, progress=_progress(stack, "bench gguf-open"))
     text = json.dumps(r.to_dict(), indent=1)
     if json_out == "-":
         click.echo(text)
@@ -144,7 +145,7 @@ def bench_quant(rows, cols, threads, repeats, json_out) -> None:
 
     cfg = QuantBenchConfig(rows=rows, cols=cols, threads=threads, repeats=repeats)
     with contextlib.ExitStack() as stack:
-        result = run_quant_bench(cfg, progress=_gguf_bar(stack, "bench quant"))
+        result = run_quant_bench(cfg, progress=_progress(stack, "bench quant"))
     click.echo(format_table(result))
     if json_out:
         sha = write_json(result, json_out)
@@ -154,19 +155,6 @@ def bench_quant(rows, cols, threads, repeats, json_out) -> None:
 # ---- end section: quant ----------------------------------------------------------------------
 
 # ---- section: dumps + forwards (dump inspect, logits, kld, bench head) ------------------------
-
-def _dump_scan_bar(stack, label: str):
-    """A progress(done, total) callback drawing a click progress bar on stderr, opened lazily."""
-    bar = None
-
-    def update(done: int, total: int) -> None:
-        nonlocal bar
-        if bar is None:
-            bar = stack.enter_context(click.progressbar(length=total, label=label, file=sys.stderr))
-        bar.update(done - bar.pos)
-
-    return update
-
 
 @dump.command("inspect")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=str))
@@ -181,7 +169,7 @@ def dump_inspect(directory: str, as_json: bool, verify_hashes: bool) -> None:
 
     with contextlib.ExitStack() as stack:
         summary = inspect_dump(directory, verify_hashes=verify_hashes,
-                               progress=_dump_scan_bar(stack, "validating"))
+                               progress=_progress(stack, "validating"))
     click.echo(json.dumps(summary.to_json(), indent=1) if as_json else format_table(summary))
 
 
@@ -205,7 +193,7 @@ def logits_cmd(model, dump_dir, rows, out, tile_rows, match_engine, as_json) -> 
 
     with contextlib.ExitStack() as stack:
         res = write_logits(model, dump_dir, out, rows=rows, tile_rows=tile_rows, match_engine=match_engine,
-                           progress=_dump_scan_bar(stack, "vocab pass"))
+                           progress=_progress(stack, "vocab pass"))
     click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_logits(res))
 
 
@@ -226,7 +214,7 @@ def kld_cmd(model, dump_dir, edited, rows, tile_rows, as_json) -> None:
 
     with contextlib.ExitStack() as stack:
         res = kld(model, dump_dir, edited, rows=rows, tile_rows=tile_rows,
-                  progress=_dump_scan_bar(stack, "KL pass"))
+                  progress=_progress(stack, "KL pass"))
     click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_kld(res))
 
 
@@ -251,7 +239,7 @@ def bench_head(rows, vocab, n, tile_rows, repeats, seed, device, as_json) -> Non
     if device_bench(device):
         with contextlib.ExitStack() as stack:
             res = run_gpu_head(GpuHeadConfig(rows, vocab, n, tile_rows, repeats, seed, device),
-                               progress=_dump_scan_bar(stack, "bench head (device)"))
+                               progress=_progress(stack, "bench head (device)"))
         click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_gpu_head(res))
         return
     try:
@@ -259,26 +247,13 @@ def bench_head(rows, vocab, n, tile_rows, repeats, seed, device, as_json) -> Non
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     with contextlib.ExitStack() as stack:
-        res = run_bench_head(cfg, progress=_dump_scan_bar(stack, "bench head"))
+        res = run_bench_head(cfg, progress=_progress(stack, "bench head"))
     click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_bench_head(res))
 
 
 # ---- end section: dumps + forwards -----------------------------------------------------------
 
 # ---- section: fixture + demo -----------------------------------------------------------------
-
-def _fixture_bar(stack, label: str):
-    """A progress(done, total) callback drawing a click progress bar on stderr, opened lazily."""
-    bar = None
-
-    def update(done: int, total: int) -> None:
-        nonlocal bar
-        if bar is None:
-            bar = stack.enter_context(click.progressbar(length=total, label=label, file=sys.stderr))
-        bar.update(done - bar.pos)
-
-    return update
-
 
 @fixture.command("make")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")
@@ -295,7 +270,7 @@ def fixture_make(out, seed, force, as_json) -> None:
     from fixtures.readme import render_result
 
     with contextlib.ExitStack() as stack:
-        result = make_fixture(out, seed, progress=_fixture_bar(stack, "building"), overwrite=force)
+        result = make_fixture(out, seed, progress=_progress(stack, "building"), overwrite=force)
     click.echo(json.dumps(result.to_json(), indent=1) if as_json else render_result(result))
     if not result.ok:
         sys.exit(1)
@@ -321,9 +296,7 @@ def demo_cmd(out, fixture, as_json) -> None:
         bars: dict = {}
 
         def progress(label: str, done: int, total: int) -> None:
-            if label not in bars:
-                bars[label] = stack.enter_context(click.progressbar(length=total, label=label, file=sys.stderr))
-            bars[label].update(max(done - bars[label].pos, 0))
+            bars.setdefault(label, _progress(stack, label))(done, total)
 
         r = run_demo(out, fixture=fixture or DEFAULT_FIXTURE, progress=progress)
     if as_json:
@@ -343,19 +316,6 @@ def demo_cmd(out, fixture, as_json) -> None:
 # ---- end section: fixture + demo -------------------------------------------------------------
 
 # ---- section: native (engine run, verify live, mine) -----------------------------------------
-
-def _native_bar(stack, label: str):
-    """A progress(done, total) callback drawing a click progress bar on stderr, opened lazily."""
-    bar = None
-
-    def update(done: int, total: int) -> None:
-        nonlocal bar
-        if bar is None:
-            bar = stack.enter_context(click.progressbar(length=total, label=label, file=sys.stderr))
-        bar.update(done - bar.pos)
-
-    return update
-
 
 def _engine_settings(f):
     """llama.cpp evaluation flags, mapping 1:1 to native.llamacpp.EngineSettings."""
@@ -411,7 +371,7 @@ def engine_run(gguf_path, tokens_file, logits_out, as_json, **flags) -> None:
 
     with contextlib.ExitStack() as stack:
         res = run_llamacpp(gguf_path, tokens_file, logits_out, _settings(**flags),
-                           progress=_native_bar(stack, "evaluating"))
+                           progress=_progress(stack, "evaluating"))
     if as_json:
         click.echo(json.dumps(dataclasses.asdict(res), indent=1))
     else:
@@ -428,7 +388,7 @@ def engine_model(name) -> None:
     from native.models import locate
 
     with contextlib.ExitStack() as stack:
-        path = locate(name, progress=_native_bar(stack, f"assembling {name}"))
+        path = locate(name, progress=_progress(stack, f"assembling {name}"))
     click.echo(str(path))
 
 
@@ -452,7 +412,7 @@ def engine_dump(model, tokens, text, out, overwrite, as_json, **flags) -> None:
     toks = _read_tokens_arg(tokens, text, path)
     with contextlib.ExitStack() as stack:
         res = capture_dump(path, [CaptureDoc(str(text or tokens), toks)], out, settings=_settings(**flags),
-                           overwrite=overwrite, progress=_native_bar(stack, "capturing"))
+                           overwrite=overwrite, progress=_progress(stack, "capturing"))
     info = {"dump": str(res.path), "rows": res.rows, "layer": res.layer, "model_sha256": res.model_sha256,
             "ubatch_sizes": res.meta["ubatch_sizes"]}
     click.echo(json.dumps(info, indent=1) if as_json else
@@ -474,7 +434,7 @@ def untie_cmd(model, out, overwrite, as_json) -> None:
     from native.untie import untie
 
     with contextlib.ExitStack() as stack:
-        res = untie(locate(model), out, overwrite=overwrite, progress=_native_bar(stack, "writing"))
+        res = untie(locate(model), out, overwrite=overwrite, progress=_progress(stack, "writing"))
     click.echo(json.dumps(dataclasses.asdict(res), indent=1) if as_json else
                f"wrote {res.dst} (sha256 {res.dst_sha256}): output.weight = token_embd.weight, "
                f"{res.type_name} {list(res.shape)}")
@@ -508,7 +468,7 @@ def verify_live_cmd(engine_name, model, bundle, tokens, text, edited, kl_mean, k
     tol = Tolerance(kl_mean=kl_mean, kl_max=kl_max, top1=top1, max_abs_rel=max_abs_rel)
     with contextlib.ExitStack() as stack:
         report = verify_live(path, bundle, toks, settings=_settings(**flags), tolerance=tol, edited=edited,
-                             progress=_native_bar(stack, "live check"))
+                             progress=_progress(stack, "live check"))
     click.echo(json.dumps(report.to_json(), indent=1) if as_json else render_report(report))
     if not report.passed:
         sys.exit(1)
@@ -549,7 +509,7 @@ def mine_cmd(engine_name, model, prompts, phrases, out, edited, max_new, samples
     cfg = MineConfig(max_new=max_new, temperature=temperature, top_k=top_k, seed=seed, samples=samples)
     with contextlib.ExitStack() as stack:
         res = mine(locate(model), _lines(prompts), _lines(phrases), out, edited=edited, config=cfg,
-                   settings=_settings(**flags), overwrite=overwrite, progress=_native_bar(stack, "sampling"))
+                   settings=_settings(**flags), overwrite=overwrite, progress=_progress(stack, "sampling"))
     if as_json:
         click.echo(json.dumps(dataclasses.asdict(res), indent=1))
         return
@@ -574,19 +534,6 @@ def _eval_command_line() -> str:
     import shlex
 
     return "exactedit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-
-
-def _eval_progress(stack, label: str):
-    """progress(done, total) -> a click progress bar on stderr, opened at the first call."""
-    bar = None
-
-    def update(done: int, total: int) -> None:
-        nonlocal bar
-        if bar is None:
-            bar = stack.enter_context(click.progressbar(length=total, label=label, file=sys.stderr))
-        bar.update(done - bar.pos)
-
-    return update
 
 
 def _eval_print(obj, as_json: bool, text: str) -> None:
@@ -657,7 +604,7 @@ def eval_score(protocol, model, bundle, edited, shapes, bars, persona_tag, out, 
     config = _eval_config(heldout_role="dev", bars=bars, shapes=tuple(shapes), persona_tag=persona_tag)
     with contextlib.ExitStack() as stack:
         r = workflow.score(protocol, workspace, model, out, _eval_command_line(), bundle=bundle, edited=edited,
-                           config=config, unregistered=unregistered, progress=_eval_progress(stack, "scoring"))
+                           config=config, unregistered=unregistered, progress=_progress(stack, "scoring"))
     files = {k: str(v) for k, v in r.files.paths.items()}
     _eval_print({**report_to_json(r.report), "files": files, "entry": r.seq}, as_json,
                 format_table(r.report) + f"\nwrote {files['json']} (ledger entry {r.seq})")
@@ -684,7 +631,7 @@ def eval_test(protocol, model, bundle, bars, out, unregistered, workspace, as_js
     try:
         with contextlib.ExitStack() as stack:
             r = workflow.score_test(protocol, workspace, model, bundle, out, _eval_command_line(), config=config,
-                                    unregistered=unregistered, progress=_eval_progress(stack, "scoring test"))
+                                    unregistered=unregistered, progress=_progress(stack, "scoring test"))
     except LedgerRefusal as exc:
         if exc.recorded is not None:
             _eval_print(exc.recorded, as_json, "recorded test result:\n" + format_table(report_from_json(exc.recorded)))
@@ -714,7 +661,7 @@ def eval_blind(model, bundle, doc, dev_report, protocol, out, workspace, as_json
     out = out or str(Path(workspace) / "blind")
     with contextlib.ExitStack() as stack:
         r = workflow.blind(model, bundle, doc, dev_report, workspace, out, _eval_command_line(),
-                           protocol_path=protocol, progress=_eval_progress(stack, "blind run"))
+                           protocol_path=protocol, progress=_progress(stack, "blind run"))
     _eval_print(_blind_json(r), as_json, _blind_text(r))
 
 
@@ -760,19 +707,6 @@ def eval_ledger(check, workspace, as_json):
 # ---- end section: evals ----------------------------------------------------------------------
 
 # ---- section: solve head + apply -------------------------------------------------------------
-
-def _head_progress(stack, label: str):
-    """progress(done, total) -> a click progress bar on stderr, opened at the first call."""
-    bar = None
-
-    def update(done: int, total: int) -> None:
-        nonlocal bar
-        if bar is None:
-            bar = stack.enter_context(click.progressbar(length=total, label=label, file=sys.stderr))
-        bar.update(max(done - bar.pos, 0))
-
-    return update
-
 
 def _head_tokens(values) -> tuple:
     """Token flags: the token's text as the model's table decodes it, or #ID for an id."""
@@ -834,7 +768,7 @@ def solve_head_cmd(model, train, dev, test, protocol, out, workspace, overwrite,
     command = "exactedit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     with contextlib.ExitStack() as stack:
         result = solve_head(cfg, model=model, train=train, dev=dev, test=test, protocol=protocol,
-                            workspace=workspace, command=command, progress=_head_progress(stack, "solve head"))
+                            workspace=workspace, command=command, progress=_progress(stack, "solve head"))
     bundle = write_head_bundle(result, out, overwrite=overwrite)
     if as_json:
         click.echo(json.dumps({**result_json(result), "bundle": {"path": str(bundle.path), "sha256": bundle.sha256}},
@@ -857,7 +791,7 @@ def apply_cmd(bundle, model, out, overwrite, as_json) -> None:
     from solvers.apply import apply_bundle
 
     with contextlib.ExitStack() as stack:
-        r = apply_bundle(bundle, model, out, overwrite=overwrite, progress=_head_progress(stack, "apply"))
+        r = apply_bundle(bundle, model, out, overwrite=overwrite, progress=_progress(stack, "apply"))
     obj = {"bundle": str(r.bundle), "bundle_sha256": r.bundle_sha256, "model": str(r.model), "out": str(r.out),
            "out_sha256": r.out_sha256, "manifest": str(r.manifest),
            "edits": [{"tensor": e.tensor, "kind": e.kind, "rows": e.rows_replaced} for e in r.edits]}
@@ -897,7 +831,7 @@ def bench_solve_head(as_json, device, **flags) -> None:
             r = run_gpu_solve_head(GpuSolveHeadConfig(rows=f["rows"], k=f["k"], n=f["n"], vocab=f["vocab"],
                                                       null_k=f["null_k"], step_repeats=f["steps"], seed=f["seed"],
                                                       tile_rows=f["tile_rows"], device=device),
-                                   progress=_head_progress(stack, "bench solve-head (device)"))
+                                   progress=_progress(stack, "bench solve-head (device)"))
         click.echo(json.dumps(r.to_dict(), indent=1) if as_json else render_gpu_solve_head(r))
         return
     try:
@@ -905,25 +839,12 @@ def bench_solve_head(as_json, device, **flags) -> None:
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     with contextlib.ExitStack() as stack:
-        r = run_bench_solve_head(cfg, progress=_head_progress(stack, "bench solve-head"))
+        r = run_bench_solve_head(cfg, progress=_progress(stack, "bench solve-head"))
     click.echo(json.dumps(r.to_dict(), indent=1) if as_json else render_bench_solve_head(r))
 
 # ---- end section: solve head -----------------------------------------------------------------
 
 # ---- section: solve wfld ---------------------------------------------------------------------
-
-def _wfld_bar(stack, label: str):
-    """progress(done, total) -> a click progress bar on stderr, opened at the first call."""
-    bar = None
-
-    def update(done: int, total: int) -> None:
-        nonlocal bar
-        if bar is None:
-            bar = stack.enter_context(click.progressbar(length=total, label=label, file=sys.stderr))
-        bar.update(max(done - bar.pos, 0))
-
-    return update
-
 
 _DUMP = click.Path(file_okay=False, exists=True)
 
@@ -1006,7 +927,7 @@ def solve_wfld_cmd(model, phrases, train, heldout, collateral, anchors, null_, p
     with contextlib.ExitStack() as stack:
         r = solve_wfld(cfg, inputs, out, overwrite=overwrite, workspace=workspace,
                        command="exactedit " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-                       progress=_wfld_bar(stack, "solve wfld"))
+                       progress=_progress(stack, "solve wfld"))
     if as_json:
         click.echo(json.dumps({**r.report, "bundle": {"path": str(r.bundle), "sha256": r.bundle_sha256}}, indent=1))
     else:
@@ -1045,7 +966,7 @@ def bench_solve_wfld(as_json, device, **flags) -> None:
             r = run_gpu_wfld(GpuWfldConfig(trace_rows=f["rows"], n=f["n"], h=f["h"], d_lo=f["d_lo"], vocab=f["vocab"],
                                            gn_iters=f["gn_iters"], special_rows=max(1, f["special_rows"]),
                                            tile_rows=f["tile_rows"], seed=f["seed"], device=device),
-                             progress=_wfld_bar(stack, "bench solve-wfld (device)"))
+                             progress=_progress(stack, "bench solve-wfld (device)"))
         click.echo(json.dumps(r.to_dict(), indent=1) if as_json else render_gpu_wfld(r))
         return
     try:
@@ -1053,7 +974,7 @@ def bench_solve_wfld(as_json, device, **flags) -> None:
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     with contextlib.ExitStack() as stack:
-        r = run_bench_solve_wfld(cfg, progress=_wfld_bar(stack, "bench solve-wfld"))
+        r = run_bench_solve_wfld(cfg, progress=_progress(stack, "bench solve-wfld"))
     click.echo(json.dumps(r.to_dict(), indent=1) if as_json else render_bench_solve_wfld(r))
 
 # ---- end section: solve wfld -----------------------------------------------------------------
