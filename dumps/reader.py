@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from dumps.errors import DumpFormatError
+from quant.files import file_sha256  # noqa: F401 - re-exported as dumps.reader.file_sha256
 from dumps.format import (
     MANIFEST, MANIFEST_MAX_BYTES, ROLE_NAMES, DocInfo, DumpExpect, Manifest, check_shapes, field_spec,
     parse_manifest,
@@ -124,14 +125,6 @@ def _check_chunk(path, name: str, chunk: np.ndarray, start: int, vocab: int | No
             bound = f"[0, {vocab})" if vocab is not None else ">= 0"
             extra = " or -1 (unknown)" if name == "next" else ""
             raise DumpFormatError(path, name, f"row {row}: token id {int(chunk[row - start])}; expected {bound}{extra}")
-
-
-def file_sha256(file: Path) -> str:
-    digest = hashlib.sha256()
-    with open(file, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def canonical_json(obj: Any) -> bytes:

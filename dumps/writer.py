@@ -17,6 +17,7 @@ from dumps.format import (
     parse_manifest, required_fields,
 )
 from dumps.reader import Progress, check_values
+from quant.files import fsync_dir
 
 _INT_RANGE = {"int32": (-(2 ** 31), 2 ** 31 - 1), "uint8": (0, 255)}
 
@@ -94,7 +95,7 @@ def write_dump(path, *, arch: str, layer: int, fields: Mapping[str, Any], docs: 
         parsed: Manifest = parse_manifest(manifest, path)
         text = json.dumps(parsed.to_json(), indent=1, ensure_ascii=True, allow_nan=False) + "\n"
         _write_bytes(tmp / MANIFEST, text.encode())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         _replace(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -117,7 +118,7 @@ def _replace(tmp: Path, path: Path) -> None:
         old = path.parent / f"{path.name}.old-{os.getpid()}"
         path.rename(old)
     tmp.rename(path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     if old is not None:
         shutil.rmtree(old)
 
@@ -147,11 +148,3 @@ def _write_bytes(file: Path, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

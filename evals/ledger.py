@@ -14,13 +14,13 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import os
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from quant.errors import ExacteditError
+from quant.files import atomic_write_text, file_sha256  # file_sha256: re-exported
 
 DEFAULT_WORKSPACE = Path(".exactedit")
 DB_NAME = "ledger.sqlite"
@@ -94,14 +94,6 @@ def entry_hash(seq: int, time: str, kind: str, command: str, inputs: str, payloa
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def file_sha256(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def tree_sha256(path) -> str:
     """sha256 of a file, or of a directory as the sorted list of (relative path, file sha256)."""
     path = Path(path)
@@ -167,12 +159,7 @@ class Ledger:
         return self.path.parent / HEAD_NAME
 
     def _write_head(self, seq: int, h: str) -> None:
-        tmp = self.head_path.with_name(HEAD_NAME + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(f"{seq} {h}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.head_path)
+        atomic_write_text(self.head_path, f"{seq} {h}\n")
 
     def _read_head(self) -> tuple[int, str] | None:
         try:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from evals.bars import BarRow, PhraseRow
 from evals.ledger import file_sha256
+from quant.files import fsync_replace
 
 REPORT_KIND = "exactedit.eval-report"
 
@@ -155,9 +155,7 @@ class WrittenFiles:
 def _atomic(path: Path, write) -> None:
     tmp = path.with_name(path.name + ".tmp")
     write(tmp)
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    fsync_replace(tmp, path)
 
 
 def write_report(r: BarReport, out_dir, stem: str, title: str = "", png: bool = True,

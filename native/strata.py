@@ -12,7 +12,6 @@ with llama.cpp (`run_llamacpp` below), so the same runner and the same checks se
 """
 from __future__ import annotations
 
-import os
 import shlex
 import subprocess
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from quant.errors import ExacteditError
+from quant.files import atomic_write_bytes
 
 TEMPLATE = ("strata_window_cli", "--metal-gguf", "{gguf}", "--tokens-file", "{tokens}",
             "--logits-out", "{logits}")
@@ -36,22 +36,13 @@ class StrataError(ExacteditError):
         super().__init__(f"{self.what}: {field}: {message}")
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 def write_tokens(path, tokens) -> Path:
     path = Path(path)
     toks = np.asarray(tokens)
     if toks.ndim != 1 or toks.size == 0 or not np.issubdtype(toks.dtype, np.integer) or toks.min() < 0 \
             or toks.max() > np.iinfo(np.int32).max:
         raise StrataError(path, "tokens", "expected a non-empty 1-D array of non-negative int32 ids")
-    _atomic_write(path, toks.astype("<i4").tobytes())
+    atomic_write_bytes(path, toks.astype("<i4").tobytes())
     return path
 
 
@@ -77,7 +68,7 @@ def write_logits(path, logits) -> Path:
     arr = np.asarray(logits)
     if arr.ndim != 2 or arr.dtype != np.float32:
         raise StrataError(path, "logits", f"expected float32 [T, V], got {arr.dtype} {arr.shape}")
-    _atomic_write(path, arr.astype("<f4").tobytes())
+    atomic_write_bytes(path, arr.astype("<f4").tobytes())
     return path
 
 

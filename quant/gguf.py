@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import builtins
 import difflib
-import hashlib
 import mmap
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -21,6 +19,7 @@ import numpy as np
 from gguf import GGUFValueType
 
 from quant.errors import GGUFFormatError, QuantError
+from quant.files import file_sha256  # noqa: F401 - re-exported as quant.gguf.file_sha256
 from quant.gguf_parse import (ARRAY_DTYPES, DEFAULT_ALIGNMENT, GGUF_MAGIC, HEADER_BYTES,  # noqa: F401
                                SCALAR_FORMATS, SUPPORTED_VERSIONS, KV, Reader, TensorInfo, ggml_layout,
                                parse, row_bytes_of)
@@ -139,19 +138,6 @@ class GGUFFile:
         if self._sha256 is None:
             self._sha256 = file_sha256(self.path, progress)
         return self._sha256
-
-
-def file_sha256(path, progress: Callable[[int, int], None] | None = None,
-                chunk: int = 1 << 24) -> str:
-    """sha256 of a file, read in chunks; progress(bytes done, bytes total) after each."""
-    total, done, h = os.path.getsize(path), 0, hashlib.sha256()
-    with builtins.open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-            done += len(block)
-            if progress is not None:
-                progress(done, total)
-    return h.hexdigest()
 
 
 def open(path) -> GGUFFile:  # noqa: A001 - the public name the project asked for

@@ -36,6 +36,7 @@ import numpy as np
 
 import quant
 from quant.errors import ExacteditError
+from quant.files import file_sha256
 from quant.gguf_write import fsync_dir
 from quant.patch import RowPatchError, read_row_patch, write_row_patch
 
@@ -141,14 +142,6 @@ def _sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _write_file(path: Path, data: bytes) -> None:
     with open(path, "wb") as fh:
         fh.write(data)
@@ -182,7 +175,7 @@ def write_bundle(out, *, solver: str, inputs: Sequence[InputRef], config: Mappin
             else:
                 _write_file(path, np.ascontiguousarray(e.raw).tobytes())
             entry = {"tensor": e.tensor, "kind": e.kind, "type": e.type_name, "shape": list(e.shape),
-                     "file": e.file_name, "sha256": _sha256_file(path)}
+                     "file": e.file_name, "sha256": file_sha256(path)}
             if e.kind == "rows":
                 entry["rows"] = [int(r) for r in e.row_ids]
             edit_entries.append(entry)
@@ -260,7 +253,7 @@ def _check_file(path: Path, name, sha) -> Path:
     f = path / name
     if not f.is_file():
         raise BundleError(path, name, "listed in the manifest but missing")
-    if _sha256_file(f) != sha:
+    if file_sha256(f) != sha:
         raise BundleError(path, name, f"sha256 differs from the manifest's {sha}: the bundle was altered")
     return f
 

@@ -8,9 +8,7 @@ logits [rows, V] are written into `OUT.tmp` as a .npy, fsynced, renamed to OUT, 
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -18,6 +16,7 @@ from typing import Callable
 import numpy as np
 
 from quant.errors import ExacteditError
+from quant.files import file_sha256, fsync_replace
 from solvers.head.forward_fast import Matmul
 from solvers.head.stream import VocabPass, vocab_pass
 
@@ -95,20 +94,6 @@ class LogitsResult:
                 "matmul": self.matmul, "mean_lse": float(np.mean(self.lse))}
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 24):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _fsync_replace(tmp: Path, dst: Path) -> None:
-    with open(tmp, "rb+") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, dst)
-
-
 def write_logits(model, dump, out, *, rows: str | tuple[int, int] | None = None,
                  tile_rows: int = 8192, matmul: Matmul | None = None, match_engine: str | None = None,
                  progress: Progress | None = None) -> LogitsResult:
@@ -140,17 +125,17 @@ def write_logits(model, dump, out, *, rows: str | tuple[int, int] | None = None,
         vp = head_pass(tail, mix, matmul=matmul, tile_rows=tile_rows, sink=sink, progress=progress)
         arr.flush()
         del arr
-        _fsync_replace(tmp, out)
+        fsync_replace(tmp, out)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     result = LogitsResult(str(out), str(out) + ".manifest.json", span, V, vp.lse, vp.argmax,
-                          g.sha256(), d.sha256(), _sha256_file(out), getattr(matmul, "name", repr(matmul)))
+                          g.sha256(), d.sha256(), file_sha256(out), getattr(matmul, "name", repr(matmul)))
     man = Path(result.manifest)
     man_tmp = man.with_name(man.name + ".tmp")
     man_tmp.write_text(json.dumps({"kind": "exactedit-logits", "model": str(model),
                                    "dump": str(dump), **result.to_dict()}, indent=2) + "\n")
-    _fsync_replace(man_tmp, man)
+    fsync_replace(man_tmp, man)
     return result
 
 

@@ -27,6 +27,7 @@ from evals.ledger import DEFAULT_WORKSPACE, Ledger, require_registered
 from evals.protocol import Bars, ResolvedTokens, load_protocol
 from evals.splits import Splits, same_doc_heldout
 from quant import gguf
+from quant.files import file_sha256
 from solvers.bundle import InputRef, TensorEdit, write_bundle
 from solvers.head.stream import vocab_pass
 from solvers.l47 import wfld
@@ -265,7 +266,7 @@ def solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = Fa
                           timings=st.timings, phrases=phrases, heldout=held, marker=marker,
                           warnings=_warnings(by_role, mining, tail.tokens))
     refs = [InputRef("model", str(inputs.model), g.sha256()),
-            InputRef("phrases", str(inputs.phrases), _sha256(inputs.phrases))]
+            InputRef("phrases", str(inputs.phrases), file_sha256(inputs.phrases))]
     refs += [InputRef(f"dump:{t.name}", t.path, t.dump.sha256()) for t in traces]
     if protocol:
         refs.append(InputRef("protocol", str(protocol.path), protocol.sha256))
@@ -324,12 +325,6 @@ def _rows_mask(t: Trace, mining: Mining, held: dict) -> np.ndarray:
     if t.name in held:
         mask[mining.trace(t.name).rows[held[t.name]]] = True
     return mask
-
-
-def _sha256(path) -> str:
-    import hashlib
-
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 class _Vocab:
