@@ -250,7 +250,8 @@ def render_gpu_head(r: GpuHeadResult) -> str:
     """The text report of `exactedit bench head --device gpu`."""
     c, gb = r.config, 1e9
     lines = [f"head {c.vocab:,} x {c.n} Q6_K ({r.q6k_bytes / gb:.3f} GB on the device, upload {r.upload_s:.2f} s), "
-             f"{c.rows:,} rows, tile {r.tile}, device {r.device['device_kind']} (jax {r.device['jax']})",
+             f"{c.rows:,} rows, tile {r.tile}, device {r.device['device_kind']} (jax {r.device['jax']}"
+             + (f", XLA_FLAGS={r.device['xla_flags']}" if r.device.get("xla_flags") else "") + ")",
              f"{'mode':<6} {'pass s':>8} {'median':>8} {'TFLOP/s':>8} {'matmul s':>9} {'TFLOP/s':>8} {'ratio':>6}"]
     for m in r.modes:
         lines.append(f"{m.precision:<6} {m.best_s:8.3f} {np.median(m.pass_s):8.3f} {m.tflops:8.1f} "

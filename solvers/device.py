@@ -80,9 +80,13 @@ def is_gpu(dev) -> bool:
 
 
 def describe(dev) -> dict:
-    """Platform, device kind and JAX version, for reports."""
+    """Platform, device kind, JAX version and the XLA / JAX settings that change GPU timings (XLA_FLAGS,
+    the persistent compilation cache), for reports."""
+    import os
+
     return {"platform": dev.platform, "device_kind": getattr(dev, "device_kind", dev.platform),
-            "jax": jax.__version__}
+            "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "compilation_cache": os.environ.get("JAX_COMPILATION_CACHE_DIR", "")}
 
 
 @contextlib.contextmanager
