@@ -36,8 +36,7 @@ import numpy as np
 
 import quant
 from quant.errors import ExacteditError
-from quant.files import file_sha256
-from quant.gguf_write import fsync_dir
+from quant.files import file_sha256, fsync_dir
 from quant.patch import RowPatchError, read_row_patch, write_row_patch
 
 KIND = "exactedit.bundle"
@@ -191,7 +190,7 @@ def write_bundle(out, *, solver: str, inputs: Sequence[InputRef], config: Mappin
             "config": dict(config), "edits": edit_entries, "files": hashes, "record": dict(record or {}),
         }
         _write_file(tmp / MANIFEST, json.dumps(manifest, indent=1, allow_nan=False).encode("utf-8"))
-        fsync_dir(tmp / MANIFEST)
+        fsync_dir(tmp)
         if out.exists():
             old = out.with_name(out.name + ".old")
             if old.exists():
@@ -201,7 +200,7 @@ def write_bundle(out, *, solver: str, inputs: Sequence[InputRef], config: Mappin
             shutil.rmtree(old)
         else:
             os.replace(tmp, out)
-        fsync_dir(out)
+        fsync_dir(out.parent)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
