@@ -275,7 +275,7 @@ def _null_space(cfg: HeadSolveConfig, z_anchor: np.ndarray, n: int) -> np.ndarra
     return null_basis(z_anchor, cfg.null_k)
 
 
-def solve_head(cfg: HeadSolveConfig, *, model, train: Sequence, dev: Sequence, protocol, test: Sequence = (),
+def _solve_head(cfg: HeadSolveConfig, *, model, train: Sequence, dev: Sequence, protocol, test: Sequence = (),
                workspace=DEFAULT_WORKSPACE, command: str = "exactedit solve head",
                progress: Progress | None = None) -> HeadSolveResult:
     """Run a head solve; nothing is written except ledger entries (see `write_head_bundle`)."""
@@ -381,3 +381,12 @@ def write_head_bundle(r: HeadSolveResult, out, *, overwrite: bool = False):
     if b.sha256 != r.bundle_sha256 or ident != r.bundle_sha256:
         raise HeadSolveError(out, "identity", f"bundle identity {b.sha256} differs from the solve's {r.bundle_sha256}")
     return b
+
+
+def solve_head(*args, **kwargs):
+    """Run a head solve (see `_solve_head`) with every JAX matmul in exact float32 (HIGHEST) on
+    the default device: TF32 / bf16 are opt-in (solvers.device), never a GPU's silent default."""
+    from solvers.device import DeviceConfig, scope
+
+    with scope(DeviceConfig()):
+        return _solve_head(*args, **kwargs)

@@ -159,7 +159,7 @@ def _anchor_rows(tail, anchors: list[Trace], specials, count: int) -> list[tuple
             for ai in range(len(anchors)) if any(a == ai for _, a, _ in picked)]
 
 
-def solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = False,
+def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = False,
                workspace=DEFAULT_WORKSPACE, command: str = "exactedit solve wfld",
                progress: Progress | None = None) -> WfldResult:
     """Mine, solve, re-score and write the bundle at `out`. With a protocol, its bars' thresholds
@@ -338,3 +338,12 @@ class _Vocab:
 
     def __getitem__(self, i: int) -> str:
         return self.table.piece(int(i))
+
+
+def solve_wfld(*args, **kwargs):
+    """The WFLD solve (see `_solve_wfld`) with every JAX matmul in exact float32 (HIGHEST) on
+    the default device: TF32 / bf16 are opt-in (solvers.device), never a GPU's silent default."""
+    from solvers.device import DeviceConfig, scope
+
+    with scope(DeviceConfig()):
+        return _solve_wfld(*args, **kwargs)
