@@ -474,6 +474,42 @@ def verify_live_cmd(engine_name, model, bundle, tokens, text, edited, kl_mean, k
         sys.exit(1)
 
 
+@verify.command("engine")
+@click.option("--command", "template", default=None,
+              help="Engine command template with {gguf} {tokens} {logits} "
+                   "(default: strata_window_cli --metal-gguf {gguf} --tokens-file {tokens} --logits-out {logits}).")
+@click.option("--extra", default="", help="Extra flags appended to the command.")
+@click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True), help="Base GGUF.")
+@click.option("--bundle", required=True, type=click.Path(file_okay=False, exists=True), help="Bundle directory.")
+@click.option("--dump", "dump_dir", required=True, type=click.Path(file_okay=False, exists=True),
+              help="Dump whose tokens the engine reads and whose activations predict its logits.")
+@click.option("--match-engine", type=click.Choice(["llamacpp"]), default=None,
+              help="Predict with this engine's arithmetic (default: exact float arithmetic).")
+@click.option("--kl-mean", default=1e-8, show_default=True, type=float)
+@click.option("--kl-max", default=1e-5, show_default=True, type=float)
+@click.option("--top1", default=1.0, show_default=True, type=float)
+@click.option("--max-abs-rel", default=1e-4, show_default=True, type=float)
+@click.option("--json", "as_json", is_flag=True)
+def verify_engine_cmd(template, extra, model, bundle, dump_dir, match_engine, kl_mean, kl_max, top1, max_abs_rel,
+                      as_json) -> None:
+    """Apply BUNDLE, run the production engine's command on base and edited files, compare with the
+    offline prediction from DUMP; exit 1 on a failure."""
+    import contextlib
+    import json
+
+    from native.strata import EngineCommand
+    from native.verify import Tolerance, render_report
+    from native.verify_engine import verify_engine
+
+    tol = Tolerance(kl_mean=kl_mean, kl_max=kl_max, top1=top1, max_abs_rel=max_abs_rel)
+    with contextlib.ExitStack() as stack:
+        report = verify_engine(EngineCommand.parse(template, extra), model, bundle, dump_dir, tolerance=tol,
+                               match_engine=match_engine, progress=_progress(stack, "engine check"))
+    click.echo(json.dumps(report.to_json(), indent=1) if as_json else render_report(report))
+    if not report.passed:
+        sys.exit(1)
+
+
 def _lines(path) -> list[str]:
     with open(path, encoding="utf-8") as fh:
         return [line.strip() for line in fh if line.strip() and not line.lstrip().startswith("#")]

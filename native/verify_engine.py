@@ -1,0 +1,64 @@
+"""Live verification through the production engine's command contract (native/strata.py).
+
+The engine is any program honouring `--metal-gguf {gguf} --tokens-file {tokens} --logits-out
+{logits}` (the Metal CLI in production; `exactedit engine run`, llama.cpp, on Linux). exactedit
+applies the bundle through the transplant, runs the command on the base and the edited file with
+the dump's tokens, and compares each engine output with its offline prediction recomputed from the
+dump (`solvers.logits.write_logits`, exact arithmetic or `match_engine`'s). The tolerance is the
+caller's: it depends on how faithfully the offline arithmetic models the engine's (docs/live.md).
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from native.strata import EngineCommand, run_engine
+from native.verify import Check, Tolerance, VerifyReport, logit_stats
+
+Progress = Callable[[int, int], None]
+
+
+def verify_engine(command: EngineCommand, model, bundle, dump, *, tolerance: Tolerance | None = None,
+                  match_engine: str | None = None, workdir=None,
+                  progress: Progress | None = None) -> VerifyReport:
+    """Engine (through `command`) vs offline prediction, on base and edited files, over the
+    tokens of `dump` (one document read from its first token)."""
+    from dumps import read_dump
+    from quant.gguf import file_sha256
+    from solvers.apply import apply_bundle
+    from solvers.logits import write_logits
+
+    tolerance = tolerance or Tolerance()
+    tick = (lambda i: progress(i, 5)) if progress else (lambda i: None)
+    d = read_dump(dump, check_finite=False)
+    tokens = np.asarray(d.tokens, dtype=np.int32)
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        tmp = Path(tmp)
+        edited = tmp / "edited.gguf"
+        applied = apply_bundle(bundle, model, edited)
+        tick(1)
+        checks, engine_out = [], {}
+        for i, (name, path) in enumerate((("base", Path(model)), ("edited", edited))):
+            predicted = write_logits(path, dump, tmp / f"{name}-offline.npy", match_engine=match_engine)
+            offline = np.load(predicted.out)
+            run_dir = tmp / f"{name}-run"
+            run_dir.mkdir()
+            engine_out[name] = run_engine(command, path, tokens, offline.shape[1], run_dir).logits
+            stats = logit_stats(offline, engine_out[name])
+            checks.append(Check(name, stats, tolerance.failures(stats)))
+            tick(2 + 2 * i)
+        report = VerifyReport(str(model), file_sha256(model), str(edited), applied.out_sha256,
+                              applied.bundle_sha256, int(tokens.size),
+                              {"engine": shell_join(command), "match_engine": match_engine}, (),
+                              tuple(checks), logit_stats(engine_out["base"], engine_out["edited"]), tolerance)
+    tick(5)
+    return report
+
+
+def shell_join(command: EngineCommand) -> str:
+    import shlex
+
+    return shlex.join(command.template + command.extra)
