@@ -1,6 +1,6 @@
 """`exactedit verify engine`: the production engine's command contract, exercised with
 `exactedit engine run` (llama.cpp) as the engine, on the real Qwen model: the engine's logits on
-base and edited files equal the offline `--match-engine llamacpp` prediction bit for bit, and a
+base and edited files equal the offline `--match-engine llamacpp` prediction bit for bit, and an
 exact-arithmetic prediction fails the default tolerance."""
 from __future__ import annotations
 
