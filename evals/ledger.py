@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from quant.errors import ExacteditError
+from quant.errors import ExacteditError, FieldError
 from quant.files import atomic_write_text, file_sha256  # file_sha256: re-exported
 
 DEFAULT_WORKSPACE = Path(".exactedit")
@@ -45,12 +45,8 @@ BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
 """
 
 
-class LedgerError(ExacteditError):
+class LedgerError(FieldError):
     """The ledger cannot be opened, or its hash chain is broken."""
-
-    def __init__(self, path, field: str, message: str):
-        self.path, self.field = str(path), field
-        super().__init__(f"{self.path}: {field}: {message}")
 
 
 class LedgerRefusal(ExacteditError):

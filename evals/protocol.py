@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from quant.errors import ExacteditError
+from quant.errors import FieldError
 
 TRACE_ROLES = ("pool", "train", "dev", "test", "blind", "anchors", "collateral")
 SPLIT_KEYS = ("source", "character")
@@ -23,12 +23,8 @@ EDIT_SET_RULES = ("explicit", "top-train-style")
 Token = str | int
 
 
-class ProtocolError(ExacteditError):
+class ProtocolError(FieldError):
     """A protocol file is malformed or asks for something impossible."""
-
-    def __init__(self, path, field: str, message: str):
-        self.path, self.field = str(path), field
-        super().__init__(f"{self.path}: {field}: {message}")
 
 
 @dataclass(frozen=True)

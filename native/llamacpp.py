@@ -21,7 +21,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from quant.errors import ExacteditError
+from quant.errors import FieldError
 
 # ggml_type ids of the tensors a capture can copy (f32 is all a graph node of interest holds).
 _GGML_TYPE_F32 = 0
@@ -31,12 +31,8 @@ _FLASH_ATTN = {"off": 0, "on": 1}
 _NUMERICS_ENV = ("GGML_CPU_TILED_MM", "GGML_CPU_TILED_MM_FORCE", "GGML_CPU_DISABLE_FUSION")
 
 
-class EngineError(ExacteditError):
+class EngineError(FieldError):
     """The engine is missing, refused a model, or failed while evaluating."""
-
-    def __init__(self, what, field: str, message: str):
-        self.what, self.field = str(what), field
-        super().__init__(f"{self.what}: {field}: {message}")
 
 
 @dataclass(frozen=True)

@@ -23,17 +23,13 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Callable
 
-from quant.errors import ExacteditError
+from quant.errors import FieldError
 
 Progress = Callable[[int, int], None]
 
 
-class ModelError(ExacteditError):
+class ModelError(FieldError):
     """A public model is not installed, or its assembled bytes are not the published ones."""
-
-    def __init__(self, what, field: str, message: str):
-        self.what, self.field = str(what), field
-        super().__init__(f"{self.what}: {field}: {message}")
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from quant.errors import ExacteditError
+from quant.errors import FieldError
 from quant.files import atomic_write_bytes
 
 TEMPLATE = ("strata_window_cli", "--metal-gguf", "{gguf}", "--tokens-file", "{tokens}",
@@ -28,12 +28,8 @@ TEMPLATE = ("strata_window_cli", "--metal-gguf", "{gguf}", "--tokens-file", "{to
 PLACEHOLDERS = ("{gguf}", "{tokens}", "{logits}")
 
 
-class StrataError(ExacteditError):
+class StrataError(FieldError):
     """A tokens/logits file or an engine command does not follow the contract."""
-
-    def __init__(self, what, field: str, message: str):
-        self.what, self.field = str(what), field
-        super().__init__(f"{self.what}: {field}: {message}")
 
 
 def write_tokens(path, tokens) -> Path:

@@ -6,13 +6,18 @@ class ExacteditError(Exception):
     """Base of every error exactedit raises on bad input; the CLI turns it into a clean message."""
 
 
-class GGUFFormatError(ExacteditError):
-    """A GGUF file is malformed, truncated, or lacks what was asked of it."""
+class FieldError(ExacteditError):
+    """Bad input at one place: `WHERE: FIELD[ at offset N]: MESSAGE`, WHERE the file, directory or
+    input it came from. The base of every error that names a file and a field."""
 
     def __init__(self, path, field: str, message: str, offset: int | None = None):
-        self.path, self.field, self.offset = str(path), field, offset
-        where = f" at offset {offset}" if offset is not None else ""
-        super().__init__(f"{self.path}: {field}{where}: {message}")
+        self.path, self.field, self.message, self.offset = str(path), field, message, offset
+        at = f" at offset {offset}" if offset is not None else ""
+        super().__init__(f"{self.path}: {field}{at}: {message}")
+
+
+class GGUFFormatError(FieldError):
+    """A GGUF file is malformed, truncated, or lacks what was asked of it."""
 
 
 class QuantError(ExacteditError):

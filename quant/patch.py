@@ -13,17 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
-from quant.errors import ExacteditError
+from quant.errors import FieldError
 from quant.gguf_write import fsync_dir
 
 
-class RowPatchError(ExacteditError):
+class RowPatchError(FieldError):
     """A row patch file or a row patch request is malformed."""
-
-    def __init__(self, path, field: str, message: str, offset: int | None = None):
-        self.path, self.field, self.offset = str(path), field, offset
-        where = f" at offset {offset}" if offset is not None else ""
-        super().__init__(f"{self.path}: {field}{where}: {message}")
 
 
 @dataclass(frozen=True)

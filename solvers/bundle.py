@@ -35,7 +35,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 import quant
-from quant.errors import ExacteditError
+from quant.errors import FieldError
 from quant.files import file_sha256, fsync_dir
 from quant.patch import RowPatchError, read_row_patch, write_row_patch
 
@@ -45,12 +45,8 @@ MANIFEST = "manifest.json"
 EDIT_KINDS = ("rows", "tensor")
 
 
-class BundleError(ExacteditError):
+class BundleError(FieldError):
     """A bundle directory is malformed, altered, or cannot be written."""
-
-    def __init__(self, path, field: str, message: str):
-        self.path, self.field = str(path), field
-        super().__init__(f"{self.path}: {field}: {message}")
 
 
 @dataclass(frozen=True)

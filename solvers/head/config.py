@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from quant.errors import ExacteditError
+from quant.errors import FieldError
 from solvers.head.adam import AdamConfig
 from solvers.head.objective import Weights
 
@@ -19,12 +19,8 @@ BACKENDS = ("jax", "numpy")
 _NON_NEGATIVE = ("w_nll", "w_margin", "w_ul", "w_close", "w_kl", "w_guard", "guard_eps", "ridge")
 
 
-class HeadSolveError(ExacteditError):
+class HeadSolveError(FieldError):
     """A head solve cannot run on these inputs (names the input, the field and what was expected)."""
-
-    def __init__(self, where, field: str, message: str):
-        self.where, self.field = str(where), field
-        super().__init__(f"{self.where}: {field}: {message}")
 
 
 @dataclass(frozen=True)

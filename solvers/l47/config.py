@@ -16,19 +16,15 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from quant.errors import ExacteditError
+from quant.errors import FieldError
 
 DEFAULT_SPECIALS = ("<|im_end|>", "<|im_start|>", "<think>", "</think>", "<|endoftext|>")
 BACKENDS = ("jax", "numpy")
 HELDOUT_ROLES = ("dev", "test")
 
 
-class WfldError(ExacteditError):
+class WfldError(FieldError):
     """A WFLD solve cannot run on these inputs (names the input, the field and what was expected)."""
-
-    def __init__(self, where, field: str, message: str):
-        self.where, self.field = str(where), field
-        super().__init__(f"{self.where}: {field}: {message}")
 
 
 def parse_phrase_margin(text: str) -> tuple[str, float]:
