@@ -31,7 +31,7 @@ import numpy as np
 from native.capture import pick, tail_names
 from native.llamacpp import EngineError, EngineSettings, LlamaEngine
 from quant import arch, gguf
-from solvers.head.engine_numerics import MatchEngine, engine_matmul, rmsnorm_engine_mix
+from solvers.head.engine_numerics import MatchEngine, engine_matmul, rmsnorm_engine_mix, softcap
 
 Progress = Callable[[int, int], None]
 
@@ -145,11 +145,11 @@ def predict_rmsnorm(g: gguf.GGUFFile, R: np.ndarray, hh: np.ndarray, match: Matc
     tail = arch.detect_tail(g)
     if tail.kind != "rmsnorm":
         raise EngineError(g.path, "tail", f"expected an rmsnorm tail, got {tail.kind}")
-    if "post_ffn_norm" in tail.names or tail.logit_softcap:
-        raise EngineError(g.path, "tail", "the engine-faithful prediction covers a plain rmsnorm tail "
-                          "(no post-FFN norm, no logit softcap)")
     raw = dict(raw or {})
     head, down = tail.tensor("head"), tail.tensor("ffn_down")
+    if head.name == "token_embd.weight" and head.name in raw:
+        raise EngineError(g.path, "edits", "token_embd.weight is the tied head: an edit of it also moves "
+                          "input embeddings, which a dump cannot predict; untie first")
     unknown = sorted(set(raw) - {head.name, down.name})
     if unknown:
         raise EngineError(g.path, "edits", f"{unknown} are not in the tail (head {head.name}, "
@@ -162,18 +162,27 @@ def predict_rmsnorm(g: gguf.GGUFFile, R: np.ndarray, hh: np.ndarray, match: Matc
         xn = _normed(g, tail, R, hh, match, None)
         out = base.copy()
         if changed.size:
-            out[:, changed] = engine_matmul(W_out[changed], head.type_name, tail.n, xn, match)
+            out[:, changed] = _capped(engine_matmul(W_out[changed], head.type_name, tail.n, xn, match), tail)
         return out
     xn = _normed(g, tail, R, hh, match, raw.get(down.name))
     W_out = W_out if W_out is not None else g.read_raw(head.name)
-    return engine_matmul(W_out, head.type_name, tail.n, xn, match)
+    return _capped(engine_matmul(W_out, head.type_name, tail.n, xn, match), tail)
+
+
+def _capped(logits: np.ndarray, tail) -> np.ndarray:
+    return softcap(logits, tail.logit_softcap) if tail.logit_softcap else logits
 
 
 def _normed(g, tail, R, hh, match, W_down) -> np.ndarray:
     down = tail.tensor("ffn_down")
     W_down = W_down if W_down is not None else g.read_raw(down.name)
-    norm = np.asarray(g.read_rows(tail.tensor("output_norm").name), np.float32).reshape(-1)
-    return rmsnorm_engine_mix(R, hh, W_down, down.type_name, tail.h, norm, tail.rms_eps, match)
+
+    def vector(role):
+        return np.asarray(g.read_rows(tail.tensor(role).name), np.float32).reshape(-1)
+
+    post = vector("post_ffn_norm") if "post_ffn_norm" in tail.names else None
+    return rmsnorm_engine_mix(R, hh, W_down, down.type_name, tail.h, vector("output_norm"), tail.rms_eps,
+                              match, w_post=post)
 
 
 @dataclass(frozen=True)

@@ -123,3 +123,61 @@ def _dequantize_rows(raw, out, fp16):
 def dequantize_into(raw: np.ndarray, out: np.ndarray) -> None:
     """Fast path: uint8 [rows, row_bytes] -> float32 [rows, cols], rows in parallel."""
     _dequantize_rows(raw, out, FP16_TO_FP32)
+
+
+# ---- the activation quantizer of ggml-cpu's x86 build (`quantize_row_q8_0`, AVX2 path) -------
+# ggml-cpu quantizes a float32 activation row to Q8_0 before multiplying it with Q8_0 weights,
+# with arithmetic that differs from the reference quantizer above:
+#     amax = max |x| (exact);  d = amax / 127, stored as fp16 (round to nearest even)
+#     id = amax ? 127 / amax : 0      (not 1 / d)
+#     qs = nearest-even(x * id) as int32 (cvtps: INT_MIN for inf, NaN, out of range), then
+#          saturated to int8: an id that overflows (amax < ~3.7e-37) gives -128 codes.
+def quantize_x86_ref(x: np.ndarray) -> np.ndarray:
+    """float32 [rows, cols] -> uint8 [rows, cols / 32 * 34], as ggml-cpu's AVX2
+    `quantize_row_q8_0` (numpy over (n_blocks, 32))."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    rows, cols = x.shape
+    xb = x.reshape(-1, QK)
+    blocks = np.zeros(xb.shape[0], dtype=BLOCK)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        amax = np.abs(xb).max(axis=1)
+        blocks["d"] = (amax / np.float32(127)).astype(np.float16)
+        inv = np.where(amax != 0, np.float32(127) / np.where(amax != 0, amax, 1), 0).astype(np.float32)
+        v = np.rint(xb * inv[:, None])
+        ok = np.abs(v) < _INT32_LIMIT                        # False for inf and NaN
+        blocks["qs"] = np.where(ok, np.clip(np.where(ok, v, 0), -128, 127), -128).astype(np.int8)
+    return blocks.view(np.uint8).reshape(rows, cols // QK * BLOCK_BYTES)
+
+
+@numba.njit(error_model="numpy", cache=True)
+def _quantize_x86_row(x, out):
+    for b in range(x.shape[0] // QK):
+        xs = x[b * QK:(b + 1) * QK]
+        amax = np.float32(0)
+        for j in range(QK):
+            amax = max(amax, abs(xs[j]))
+        h = fp32_to_fp16_bits(amax / np.float32(127))
+        inv = np.float32(127) / amax if amax != 0 else np.float32(0)
+        o = b * BLOCK_BYTES
+        out[o] = h & 0xFF
+        out[o + 1] = h >> 8
+        for j in range(QK):
+            v = np.rint(xs[j] * inv)
+            q = -128
+            if abs(v) < _INT32_LIMIT:
+                q = min(max(np.int64(v), -128), 127)
+            out[o + 2 + j] = q & 0xFF
+
+
+@numba.njit(parallel=True, error_model="numpy", cache=True)
+def quantize_x86_into(x, out):
+    """Fast path of `quantize_x86_ref`: float32 [rows, cols] -> uint8 [rows, row_bytes]."""
+    for r in prange(x.shape[0]):
+        _quantize_x86_row(x[r], out[r])
+
+
+def quantize_x86(x: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.empty((x.shape[0], x.shape[1] // QK * BLOCK_BYTES), np.uint8)
+    quantize_x86_into(x, out)
+    return out

@@ -28,6 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+import math
+
 import numba
 import numpy as np
 from numba import prange, types
@@ -244,15 +246,48 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return ((x * scale[..., None]) * np.asarray(w, np.float32)).astype(np.float32)
 
 
-MATMULS = {"Q6_K": q6_k_matmul}
-MATMULS_REF = {"Q6_K": q6_k_matmul_ref}
+def softcap_ref(logits: np.ndarray, cap: float) -> np.ndarray:
+    """ggml's final logit softcap, float32: scale by f32(1 / cap), libm's `tanhf` (glibc's is not
+    correctly rounded, so it is called itself, element by element), scale by cap."""
+    import ctypes
+    import ctypes.util
+
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.tanhf.restype, libm.tanhf.argtypes = ctypes.c_float, [ctypes.c_float]
+    y = (np.asarray(logits, np.float32) * (np.float32(1) / np.float32(cap))).astype(np.float32)
+    t = np.array([libm.tanhf(float(v)) for v in y.reshape(-1)], np.float32).reshape(y.shape)
+    return (t * np.float32(cap)).astype(np.float32)
+
+
+@numba.njit(parallel=True, error_model="numpy", cache=True)
+def _softcap_kernel(y, cap, out):
+    inv = np.float32(1) / cap
+    for t in prange(y.shape[0]):
+        for v in range(y.shape[1]):
+            out[t, v] = math.tanh(y[t, v] * inv) * cap      # float32 math.tanh calls libm's tanhf
+
+
+def softcap(logits: np.ndarray, cap: float) -> np.ndarray:
+    """Fast path of `softcap_ref` (numba); identical floats."""
+    y = np.ascontiguousarray(logits, np.float32)
+    out = np.empty_like(y)
+    _softcap_kernel(y.reshape(y.shape[0], -1), np.float32(cap), out.reshape(y.shape[0], -1))
+    return out
+
+
+def _matmuls(reference: bool) -> dict:
+    from solvers.head import engine_q8_0  # imported here: it builds on this module's fma
+
+    if reference:
+        return {"Q6_K": q6_k_matmul_ref, "Q8_0": engine_q8_0.q8_0_matmul_ref}
+    return {"Q6_K": q6_k_matmul, "Q8_0": engine_q8_0.q8_0_matmul}
 
 
 def engine_matmul(raw: np.ndarray, type_name: str, cols: int, x: np.ndarray, match: MatchEngine,
                   reference: bool = False, tiled: np.ndarray | None = None) -> np.ndarray:
     """float32 [T, rows] = W @ x[t] as `match.engine` computes it, for W's GGUF type. `tiled`
     (bool [T]) overrides `match.tiled_rows()` for a slice of the rows the engine ran."""
-    table = MATMULS_REF if reference else MATMULS
+    table = _matmuls(reference)
     if type_name not in table:
         raise QuantError(f"match-engine {match.engine}: no engine-faithful matmul for {type_name} "
                          f"weights (supported: {sorted(table)})")
@@ -266,10 +301,13 @@ def engine_matmul(raw: np.ndarray, type_name: str, cols: int, x: np.ndarray, mat
 # ---- the engine-faithful logits path (`exactedit logits --match-engine llamacpp`) -----------
 def rmsnorm_engine_mix(R: np.ndarray, hh: np.ndarray, w_down_raw: np.ndarray, down_type: str, h: int,
                        w_norm: np.ndarray, eps: float, match: MatchEngine,
-                       tiled: np.ndarray | None = None) -> np.ndarray:
-    """The head's input [T, n] of a plain rmsnorm tail as the engine computes it:
-    rms_norm(R + W_down @ hh) with the engine's quantized-activation matmul and float32 norm."""
+                       tiled: np.ndarray | None = None, w_post: np.ndarray | None = None) -> np.ndarray:
+    """The head's input [T, n] of an rmsnorm tail as the engine computes it:
+    rms_norm(R + W_down @ hh), or rms_norm(R + rms_norm(W_down @ hh) * w_post) with a post-FFN
+    norm (Gemma 3), with the engine's quantized-activation matmul and float32 norms."""
     ffn_out = engine_matmul(w_down_raw, down_type, h, np.asarray(hh, np.float32), match, tiled=tiled)
+    if w_post is not None:
+        ffn_out = rms_norm(ffn_out, w_post, eps)
     return rms_norm(ffn_out + np.asarray(R, np.float32), w_norm, eps)
 
 
@@ -298,17 +336,20 @@ class EngineMatmul:
 
 def engine_logits_setup(g, tail, dump, span: tuple[int, int], engine: str):
     """(mix [T, n], EngineMatmul) for dump rows `span` of the rmsnorm `tail`
-    (solvers.model.RmsnormTail) of the open GGUF `g`, the micro-batch layout from the dump's meta."""
+    (solvers.model.RmsnormTail) of the open GGUF `g`, the micro-batch layout from the dump's meta.
+    A post-FFN norm (Gemma 3) is modelled; a logit softcap is refused here, because the head
+    pass (solvers.head.stream.vocab_pass) applies its own exact softcap to the tiles."""
     spec = tail.spec
-    if tail.kind != "rmsnorm" or "post_ffn_norm" in spec.names or tail.softcap:
-        raise QuantError(f"match-engine {engine}: covers a plain rmsnorm tail (no post-FFN norm, "
-                         f"no softcap); {tail.path} has a {tail.kind} tail")
+    if tail.kind != "rmsnorm" or tail.softcap:
+        raise QuantError(f"match-engine {engine}: covers rmsnorm tails without a logit softcap; "
+                         f"{tail.path} has a {tail.kind} tail, softcap {tail.softcap}")
     match = MatchEngine.from_meta(engine, dump.meta, dump.rows)
     tiled = match.tiled_rows()[span[0]:span[1]]
     down = spec.tensor("ffn_down")
     sl = slice(*span)
     w_norm = np.asarray(tail.mix_params.w_norm, np.float32).reshape(-1)
+    w_post = tail.l47.w_post
+    w_post = None if w_post is None else np.asarray(w_post, np.float32).reshape(-1)
     mix = rmsnorm_engine_mix(dump.R[sl], dump.hh[sl], g.read_raw(down.name), down.type_name, spec.h,
-                             w_norm, tail.mix_params.eps, match, tiled)
+                             w_norm, tail.mix_params.eps, match, tiled, w_post)
     return mix, EngineMatmul(match, tiled)
-

@@ -87,7 +87,7 @@ def test_kernel_choice_follows_micro_batches():
     with pytest.raises(QuantError):
         en.MatchEngine("vllm", (4,))
     with pytest.raises(QuantError):
-        en.engine_matmul(np.zeros((1, 34), np.uint8), "Q8_0", 32, np.zeros((1, 32), np.float32), m)
+        en.engine_matmul(np.zeros((1, 144), np.uint8), "Q4_K", 256, np.zeros((1, 256), np.float32), m)
 
 
 def test_rms_norm_sums_in_index_order():
