@@ -309,12 +309,8 @@ def format_table(result: QuantBenchResult) -> str:
 
 def write_json(result: QuantBenchResult, path: str | os.PathLike) -> str:
     """Write the result as JSON (temporary name, fsync, rename); returns its sha256."""
+    from quant.files import atomic_write_bytes
+
     data = (json.dumps(result.to_dict(), indent=2) + "\n").encode()
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    atomic_write_bytes(path, data)
     return hashlib.sha256(data).hexdigest()
