@@ -89,10 +89,26 @@ def describe(dev) -> dict:
             "compilation_cache": os.environ.get("JAX_COMPILATION_CACHE_DIR", "")}
 
 
+def pass_device(device="auto"):
+    """Where a solver's full-vocab passes and checkpoint scoring run: None for the host numpy path
+    (the reference, bit-for-bit what the solvers did before there was a device path), or a jax.Device.
+    "cpu" -> None; "gpu" -> the first CUDA device (DeviceError if JAX sees none); "auto" -> the GPU
+    when JAX sees one, else None. A jax.Device is returned as is: the device path on that device
+    (how the tests run the device path on the CPU backend)."""
+    if not isinstance(device, str):
+        return device
+    if device not in DEVICES:
+        raise DeviceError(f"--device {device!r}: expected one of {', '.join(DEVICES)}")
+    if device == "cpu" or (device == "auto" and not gpu_devices()):
+        return None
+    return select(device)
+
+
 @contextlib.contextmanager
-def scope(cfg: DeviceConfig):
-    """Run the body on cfg's device with cfg's default matmul precision; yields the jax.Device."""
-    dev = select(cfg.device)
+def scope(cfg: DeviceConfig, device=None):
+    """Run the body on cfg's device (or `device`, a jax.Device, when given) with cfg's default matmul
+    precision; yields the jax.Device."""
+    dev = select(cfg.device) if device is None else device
     with jax.default_device(dev), jax.default_matmul_precision(_JAX_PRECISION[cfg.precision]):
         yield dev
 

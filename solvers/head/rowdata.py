@@ -58,8 +58,11 @@ class RowData:
 
 
 def gather(tail, dump, spans: Sequence[tuple[int, int, int]], docs: Sequence[DocMeta], edit_ids: Sequence[int],
-           sel_ids: Sequence[int], *, tile_rows: int = 8192, progress: Progress | None = None) -> RowData:
-    """RowData for the row ranges `spans` = [(start, stop, doc index)] of `dump` (one pass)."""
+           sel_ids: Sequence[int], *, tile_rows: int = 8192, device_head=None,
+           progress: Progress | None = None) -> RowData:
+    """RowData for the row ranges `spans` = [(start, stop, doc index)] of `dump` (one pass). With
+    `device_head` (the tail's head on a JAX device, `stream_jax.to_device`) the pass is
+    `vocab_pass_jax` in exact mode (float32 HIGHEST) there; without, the host `vocab_pass`."""
     from solvers.logits import head_pass, tail_mix
 
     if not spans:
@@ -72,8 +75,14 @@ def gather(tail, dump, spans: Sequence[tuple[int, int, int]], docs: Sequence[Doc
     wanted = np.concatenate([np.broadcast_to(np.asarray(edit_ids, np.int64), (len(rows), k)),
                              np.broadcast_to(np.asarray(sel_ids, np.int64), (len(rows), len(sel_ids))),
                              nxt.astype(np.int64)[:, None]], axis=1)
-    vp = head_pass(tail, z, token_sets=wanted, topk=k + 1, exclude=np.asarray(edit_ids), tile_rows=tile_rows,
-                   progress=progress)
+    if device_head is None:
+        vp = head_pass(tail, z, token_sets=wanted, topk=k + 1, exclude=np.asarray(edit_ids), tile_rows=tile_rows,
+                       progress=progress)
+    else:
+        from solvers.head.stream_jax import vocab_pass_jax
+
+        vp = vocab_pass_jax(z, device_head, token_sets=wanted, topk=k + 1, exclude=np.asarray(edit_ids),
+                            tile_rows=tile_rows, softcap=tail.softcap, progress=progress)
     chosen = vp.selected.astype(np.float64)
     outside = ~np.isin(vp.topk_ids, np.asarray(edit_ids))
     first = np.argmax(outside, axis=1)

@@ -57,9 +57,8 @@ class Shipped:
         return np.flatnonzero(self.changed)
 
 
-def ship(rows: HeadRows, dw: np.ndarray) -> Shipped:
-    """Round-trip the edited rows through the tensor's type."""
-    dw = np.asarray(dw, dtype=np.float64)
+def _round_trip(rows: HeadRows, dw: np.ndarray):
+    """(RoundTrip of the edited rows, shipped dW float64 [k, cols], changed bool [k])."""
     if dw.shape != rows.view.shape:
         raise ValueError(f"dW must be {list(rows.view.shape)}, got {list(dw.shape)}")
     edited = np.flatnonzero(np.any(dw != 0, axis=1))
@@ -67,10 +66,24 @@ def ship(rows: HeadRows, dw: np.ndarray) -> Shipped:
                          (rows.view[edited] + dw[edited]).astype(np.float32))
     shipped = np.zeros_like(dw)
     if edited.size:
-        shipped[edited] = rows.to_view(rt.raw[edited]) - rows.view[edited]
-    raw = np.array(rt.raw)
-    changed = np.zeros(len(raw), dtype=bool)
+        # rt.dequantized is quant.dequantize of exactly these bytes: the plain view without a second call
+        view = rows.to_view(rt.raw[edited]) if rows.runtime else rt.dequantized.astype(np.float64)
+        shipped[edited] = view - rows.view[edited]
+    changed = np.zeros(len(rows.raw), dtype=bool)
     changed[rt.changed_rows] = True
+    return rt, shipped, changed
+
+
+def ship(rows: HeadRows, dw: np.ndarray) -> Shipped:
+    """Round-trip the edited rows through the tensor's type."""
+    dw = np.asarray(dw, dtype=np.float64)
+    rt, shipped, changed = _round_trip(rows, dw)
     norm = float(np.linalg.norm(dw))
     rel = float(np.linalg.norm(shipped - dw)) / norm if norm > 0 else 0.0
-    return Shipped(raw, changed, shipped, rel)
+    return Shipped(np.array(rt.raw), changed, shipped, rel)
+
+
+def shipped_edit(rows: HeadRows, dw: np.ndarray) -> tuple[np.ndarray, int]:
+    """`ship(rows, dw)`'s (dw, number of changed rows) alone, as every checkpoint needs them."""
+    _, shipped, changed = _round_trip(rows, np.asarray(dw, dtype=np.float64))
+    return shipped, int(changed.sum())

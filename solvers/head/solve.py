@@ -32,11 +32,12 @@ from solvers.head.batch import build_batch, rejected_openers
 from solvers.head.config import HeadSolveConfig, HeadSolveError
 from solvers.head.editset import EditSet, choose_edit_set, resolve_tokens
 from solvers.head.inputs import gather_inputs, solve_splits
-from solvers.head.objective import Terms, objective, objective_grad
+from solvers.head.objective import Terms, objective_grad
 from solvers.head.param import anchor_energy_kept, delta_w, init_params, n_params, null_basis, project, pullback
 from solvers.head.scores import ClassGains, SplitReport, class_masks, gains, split_report
-from solvers.head.ship import HeadRows, Shipped, load_head_rows, ship
+from solvers.head.ship import HeadRows, Shipped, load_head_rows, ship, shipped_edit
 from solvers.head.testonce import TestOutcome, score_test_once
+from solvers.head.track import DeviceTracker, HostTracker
 
 Progress = Callable[[int, int], None]
 
@@ -116,9 +117,9 @@ def _check_tail(tail) -> str:
     return tail.spec.names["head"]
 
 
-def _gather(tail, role_rows, edit_ids, sel_ids, tile_rows, tick: _Ticker):
+def _gather(tail, role_rows, edit_ids, sel_ids, tile_rows, tick: _Ticker, device_head=None):
     parts = [rowdata.gather(tail, rr.dump, rr.spans, rr.docs, edit_ids, sel_ids, tile_rows=tile_rows,
-                            progress=tick.phase(tail.spec.vocab)) for rr in role_rows]
+                            device_head=device_head, progress=tick.phase(tail.spec.vocab)) for rr in role_rows]
     return rowdata.concat(parts)
 
 
@@ -138,9 +139,9 @@ class _Scorer:
         return split_report(name, rd, eff, class_masks(rd, self.style, self.specials), self.specials, self.turn_end)
 
 
-def _optimize(cfg: HeadSolveConfig, batch, q, head: HeadRows, train_rd, dev_rd, scorer: _Scorer,
-              stopping, tick: Progress):
-    """Adam from the zero edit; a scored Checkpoint every `stopping.every` steps. Returns
+def _optimize(cfg: HeadSolveConfig, batch, q, head: HeadRows, track, stopping, tick: Progress):
+    """Adam from the zero edit; a scored Checkpoint every `stopping.every` steps (`track`: a
+    track.HostTracker or DeviceTracker of the train and dev rows). Returns
     (checkpoints, {step: dW}, per-step losses, n_params, seconds per step)."""
     w = cfg.weights
     _, g0 = objective_grad(batch, np.zeros(batch.base_s.shape[1:2] + batch.z.shape[1:]), w)
@@ -149,13 +150,11 @@ def _optimize(cfg: HeadSolveConfig, batch, q, head: HeadRows, train_rd, dev_rd, 
 
     def check(step, p):
         dw = delta_w(p, q)
-        shipped = ship(head, dw)
-        tr, dv = scorer.effect(train_rd, shipped.dw), scorer.effect(dev_rd, shipped.dw)
-        g_tr, g_dv = scorer.gains(train_rd, tr), scorer.gains(dev_rd, dv)
-        a, b = g_dv.of(stopping.metric), g_tr.of(stopping.metric)
+        shipped, changed = shipped_edit(head, dw)
+        sc = track(shipped)
+        a, b = sc.dev.of(stopping.metric), sc.train.of(stopping.metric)
         ratio = a / b if np.isfinite(a) and np.isfinite(b) and b > 0 else float("nan")
-        checkpoints.append(Checkpoint(step, objective(batch, shipped.dw, w), g_tr, g_dv, float(np.mean(dv.kl)),
-                                      float(ratio), int(shipped.changed.sum())))
+        checkpoints.append(Checkpoint(step, sc.terms, sc.train, sc.dev, sc.dev_kl, float(ratio), changed))
         saved[step] = dw
 
     check(0, params)
@@ -242,9 +241,10 @@ class _Setup:
     openers: tuple[int, ...]
     closers: tuple[int, ...]
     sel_ids: tuple[int, ...]      # tokens whose base logits every pass keeps
+    device_head: object = None    # the head on the solve's JAX device (stream_jax.DeviceRows), or None: host passes
 
 
-def _setup(cfg: HeadSolveConfig, proto, splits, g, train, dev, test) -> _Setup:
+def _setup(cfg: HeadSolveConfig, proto, splits, g, train, dev, test, device=None) -> _Setup:
     from solvers.model import load_tail
 
     tail = load_tail(g)
@@ -263,7 +263,12 @@ def _setup(cfg: HeadSolveConfig, proto, splits, g, train, dev, test) -> _Setup:
     rejected = rejected_openers([d for rr in given["train"] for d in rr.docs], tail.spec.vocab)
     sel_ids = tuple(dict.fromkeys([*resolved.specials, resolved.turn_end, *openers, *closers,
                                    *(int(r) for r in rejected if r >= 0)]))
-    return _Setup(tail, head_name, vocab, resolved, given, edit, openers, closers, sel_ids)
+    device_head = None
+    if device is not None:
+        from solvers.head.stream_jax import to_device
+
+        device_head = to_device(tail.head, device)
+    return _Setup(tail, head_name, vocab, resolved, given, edit, openers, closers, sel_ids, device_head)
 
 
 def _null_space(cfg: HeadSolveConfig, z_anchor: np.ndarray, n: int) -> np.ndarray:
@@ -276,19 +281,21 @@ def _null_space(cfg: HeadSolveConfig, z_anchor: np.ndarray, n: int) -> np.ndarra
 
 
 def _solve_head(cfg: HeadSolveConfig, *, model, train: Sequence, dev: Sequence, protocol, test: Sequence = (),
-               workspace=DEFAULT_WORKSPACE, command: str = "exactedit solve head",
+               workspace=DEFAULT_WORKSPACE, command: str = "exactedit solve head", device=None,
                progress: Progress | None = None) -> HeadSolveResult:
-    """Run a head solve; nothing is written except ledger entries (see `write_head_bundle`)."""
+    """Run a head solve; nothing is written except ledger entries (see `write_head_bundle`).
+    `device`: None for the host passes and float64 numpy tracking, or a jax.Device for the device
+    passes (`vocab_pass_jax`, exact mode) and the float64 DeviceTracker there."""
     clock = {"start": time.perf_counter()}
     proto = load_protocol(protocol)
     with Ledger.open(workspace) as ledger, gguf.open(model) as g:
         record = require_registered(ledger, proto, command, cfg.unregistered)
-        su = _setup(cfg, proto, solve_splits(proto, ledger, cfg.unregistered), g, train, dev, test)
+        su = _setup(cfg, proto, solve_splits(proto, ledger, cfg.unregistered), g, train, dev, test, device)
         tail, resolved, given, edit, V = su.tail, su.resolved, su.given, su.edit, su.tail.spec.vocab
         passes = len(given["train"]) + len(given["dev"]) + len(given["anchors"]) + len(given["test"])
         tick = _Ticker(progress, passes * V + proto.stopping.max_steps)
 
-        gather = lambda rows: _gather(tail, rows, edit.ids, su.sel_ids, cfg.tile_rows, tick)  # noqa: E731
+        gather = lambda rows: _gather(tail, rows, edit.ids, su.sel_ids, cfg.tile_rows, tick, su.device_head)  # noqa: E731
         train_rd, dev_rd = gather(given["train"]), gather(given["dev"])
         anchor_rds = [gather([rr]) for rr in given["anchors"]]
         clock["pass"] = time.perf_counter()
@@ -298,8 +305,11 @@ def _solve_head(cfg: HeadSolveConfig, *, model, train: Sequence, dev: Sequence, 
         q = _null_space(cfg, z_anchor, tail.spec.n)
         head = load_head_rows(g, su.head_name, edit.ids, runtime=tail.head.runtime)
         scorer = _Scorer(edit.ids, resolved.style, resolved.specials, resolved.turn_end)
+        tracking = (resolved.style, resolved.specials)
+        track = (HostTracker(batch, cfg.weights, train_rd, dev_rd, edit.ids, *tracking) if device is None else
+                 DeviceTracker(batch, cfg.weights, train_rd, dev_rd, edit.ids, *tracking, device))
         checkpoints, saved, losses, n_par, per_step = _optimize(
-            cfg, batch, q, head, train_rd, dev_rd, scorer, proto.stopping, tick.phase(proto.stopping.max_steps))
+            cfg, batch, q, head, track, proto.stopping, tick.phase(proto.stopping.max_steps))
         clock["steps"] = time.perf_counter()
 
         metric = proto.stopping.metric
@@ -342,7 +352,7 @@ def _solve_head(cfg: HeadSolveConfig, *, model, train: Sequence, dev: Sequence, 
 
 def _score_test(su: _Setup, test_rows, cfg, scorer, shipped, parts, bars_with, tick: _Ticker):
     """Test rows: one pass each, the exact effect, the split report and the bars with test held out."""
-    rd = _gather(su.tail, test_rows, su.edit.ids, su.sel_ids, cfg.tile_rows, tick)
+    rd = _gather(su.tail, test_rows, su.edit.ids, su.sel_ids, cfg.tile_rows, tick, su.device_head)
     eff = scorer.effect(rd, shipped.dw)
     return scorer.report("test", rd, eff), bars_with([*parts, rowdata.row_scores(rd, eff, su.resolved.specials)], "test")
 
@@ -383,10 +393,13 @@ def write_head_bundle(r: HeadSolveResult, out, *, overwrite: bool = False):
     return b
 
 
-def solve_head(*args, **kwargs):
-    """Run a head solve (see `_solve_head`) with every JAX matmul in exact float32 (HIGHEST) on
-    the default device: TF32 / bf16 are opt-in (solvers.device), never a GPU's silent default."""
-    from solvers.device import DeviceConfig, scope
+def solve_head(*args, device="auto", **kwargs):
+    """Run a head solve (see `_solve_head`) with every JAX matmul in exact float32 (HIGHEST):
+    TF32 / bf16 are opt-in (solvers.device), never a GPU's silent default. `device` ("cpu", "gpu",
+    "auto" or a jax.Device; `solvers.device.pass_device`): on "cpu", and on "auto" without a GPU,
+    the passes and dev tracking are the host numpy path, unchanged; else they run on the device."""
+    from solvers.device import DeviceConfig, pass_device, scope
 
-    with scope(DeviceConfig()):
-        return _solve_head(*args, **kwargs)
+    dev = pass_device(device)
+    with scope(DeviceConfig(), device=dev):
+        return _solve_head(*args, device=dev, **kwargs)

@@ -129,13 +129,21 @@ def _docs(t: ScoredTrace) -> tuple[DocMeta, ...]:
 
 
 def score_traces(tail, tail_edit, traces: Sequence[ScoredTrace], specials: Sequence[int], *,
-                 tile_rows: int = 8192, progress: Progress | None = None) -> RowScores:
-    """RowScores of every row of every trace (documents appended in order, as `concat` does)."""
+                 tile_rows: int = 8192, device_head=None, progress: Progress | None = None) -> RowScores:
+    """RowScores of every row of every trace (documents appended in order, as `concat` does). With
+    `device_head` (the head on a JAX device, `stream_jax.to_device`) the pass is `kl_pass_jax` in
+    exact mode there (same fields as `pair_rows`); without, the host `pair_rows`."""
     mix_b = np.concatenate([tail_mix(tail, t.dump) for t in traces], axis=0)
     mix_e = np.concatenate([tail_mix(tail_edit, t.dump) for t in traces], axis=0)
     nxt = np.concatenate([np.asarray(t.dump.next, dtype=np.int64) for t in traces])
-    r = pair_rows(mix_b, mix_e, tail.head, next_ids=nxt, softcap=tail.softcap, tile_rows=tile_rows,
-                  progress=progress)
+    if device_head is None:
+        r = pair_rows(mix_b, mix_e, tail.head, next_ids=nxt, softcap=tail.softcap, tile_rows=tile_rows,
+                      progress=progress)
+    else:
+        from solvers.head.stream_jax import kl_pass_jax
+
+        r = kl_pass_jax(mix_b, mix_e, device_head, next_ids=nxt, softcap=tail.softcap, tile_rows=tile_rows,
+                        progress=progress)
     sp = list(int(s) for s in specials)
     w_sp = token_rows(tail.head, sp)                                         # [s, n] float64
     l_sp_b = apply_softcap(np.asarray(mix_b, np.float64) @ w_sp.T, tail.softcap)

@@ -160,11 +160,12 @@ def _anchor_rows(tail, anchors: list[Trace], specials, count: int) -> list[tuple
 
 
 def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = False,
-               workspace=DEFAULT_WORKSPACE, command: str = "exactedit solve wfld",
+               workspace=DEFAULT_WORKSPACE, command: str = "exactedit solve wfld", device=None,
                progress: Progress | None = None) -> WfldResult:
     """Mine, solve, re-score and write the bundle at `out`. With a protocol, its bars' thresholds
     and special tokens are used, and it must be registered in the workspace's ledger (or the run
-    is marked `unregistered` in every report)."""
+    is marked `unregistered` in every report). `device`: None for the host passes, or a jax.Device
+    for the device ones (`vocab_pass_jax`, `kl_pass_jax`, exact mode; the head goes up once)."""
     st = _Stages(5 + cfg.gn_iters, progress)
     protocol = load_protocol(inputs.protocol) if inputs.protocol else None
     marker = ""
@@ -184,6 +185,11 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
     if unknown:
         raise WfldError(inputs.phrases, "phrase_margins", f"{unknown} are not phrases of the file")
     traces = _open_traces(inputs, tail)
+    dhead = None
+    if device is not None:
+        from solvers.head.stream_jax import to_device
+
+        dhead = to_device(tail.head, device)
     by_role = {r: [t for t in traces if t.role == r] for r in ROLES}
     st.mark("open")
 
@@ -204,8 +210,14 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
     st.mark("mine")
 
     mix_t = tail.mix(tail.residual(rs_t))
-    vp = vocab_pass(mix_t, tail.head, topk=cfg.alternatives + len(specials) + 1, softcap=tail.softcap,
-                    tile_rows=cfg.tile_rows)
+    if dhead is None:
+        vp = vocab_pass(mix_t, tail.head, topk=cfg.alternatives + len(specials) + 1, softcap=tail.softcap,
+                        tile_rows=cfg.tile_rows)
+    else:
+        from solvers.head.stream_jax import vocab_pass_jax
+
+        vp = vocab_pass_jax(mix_t, dhead, topk=cfg.alternatives + len(specials) + 1, softcap=tail.softcap,
+                            tile_rows=cfg.tile_rows)
     alts = natural_alternatives(vp.topk_ids, rej, specials, cfg.alternatives)
     a_blocks = _anchor_rows(tail, by_role["anchors"], specials, cfg.special_rows)
     rs = gather_rows(blocks + a_blocks)
@@ -253,7 +265,8 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
     scored = [ScoredTrace(t.name, t.dump, tuple(_split_role(t, cfg) for _ in t.dump.docs),
                           Path(t.path).name if t.role == "anchors" else "")
               for t in traces if t.role != "null"]
-    scores = score_traces(tail, with_weights(tail, gn.w_new), scored, specials, tile_rows=cfg.tile_rows)
+    scores = score_traces(tail, with_weights(tail, gn.w_new), scored, specials, tile_rows=cfg.tile_rows,
+                          device_head=dhead)
     heldout_b = np.concatenate([_rows_mask(t, mining, held) for t in traces if t.role != "null"])
     tokens = ResolvedTokens(specials, turn_end, (), mining.tuples, mining.words, ())
     ctx = BarContext(tokens, protocol.bars if protocol else Bars(), cfg.heldout_role, heldout_b,
@@ -340,10 +353,13 @@ class _Vocab:
         return self.table.piece(int(i))
 
 
-def solve_wfld(*args, **kwargs):
-    """The WFLD solve (see `_solve_wfld`) with every JAX matmul in exact float32 (HIGHEST) on
-    the default device: TF32 / bf16 are opt-in (solvers.device), never a GPU's silent default."""
-    from solvers.device import DeviceConfig, scope
+def solve_wfld(*args, device="auto", **kwargs):
+    """The WFLD solve (see `_solve_wfld`) with every JAX matmul in exact float32 (HIGHEST): TF32 /
+    bf16 are opt-in (solvers.device), never a GPU's silent default. `device` ("cpu", "gpu", "auto"
+    or a jax.Device; `solvers.device.pass_device`): on "cpu", and on "auto" without a GPU, the
+    full-vocab passes are the host ones, unchanged; else they run on the device."""
+    from solvers.device import DeviceConfig, pass_device, scope
 
-    with scope(DeviceConfig()):
-        return _solve_wfld(*args, **kwargs)
+    dev = pass_device(device)
+    with scope(DeviceConfig(), device=dev):
+        return _solve_wfld(*args, device=dev, **kwargs)

@@ -174,3 +174,22 @@ def test_fixture_solve_passes_the_bars_and_matches_the_applied_gguf(tmp_path):
     r = np.flatnonzero(nxt >= 0)
     np.testing.assert_allclose(s.logp_edit[sel][r], lg[r, nxt[r]], rtol=0, atol=2e-5)
     np.testing.assert_array_equal(s.argmax_edit[sel], lg.argmax(axis=1))
+
+
+def test_device_path_matches_the_host_path(solved, tmp_path):
+    """solve_wfld with device=<the CPU jax.Device>: the alternatives pass is vocab_pass_jax and the
+    re-score kl_pass_jax (float32 HIGHEST, folded in float64). Against the host passes: the same
+    alternatives (hence the same conditions and edit), scores equal to float32 rounding of the logits."""
+    import jax
+
+    w, inputs, res, root, seen = solved
+    dev = solve_wfld(CFG, inputs, tmp_path / "bundle", device=jax.devices("cpu")[0])
+    assert dev.report["conditions"] == res.report["conditions"]
+    assert np.allclose(dev.gn.w_new, res.gn.w_new, rtol=1e-4, atol=1e-6)
+    a, b = res.scores, dev.scores
+    assert np.allclose(b.kl, a.kl, rtol=1e-3, atol=1e-6)
+    known = ~np.isnan(a.logp_edit)
+    assert np.array_equal(known, ~np.isnan(b.logp_edit))
+    assert np.allclose(b.logp_edit[known], a.logp_edit[known], atol=1e-4)
+    assert np.mean(a.argmax_edit == b.argmax_edit) >= 0.99
+    assert [bar["name"] for bar in dev.report["bars"]] == [bar["name"] for bar in res.report["bars"]]
