@@ -81,3 +81,22 @@ def raw_floats(block: int, max_rows: int = 2, max_blocks: int = 2):
     shape = st.tuples(st.integers(1, max_rows), st.integers(1, max_blocks).map(lambda b: b * block))
     return arrays(np.float32, shape, elements=st.floats(width=32, allow_nan=False,
                                                          allow_infinity=False))
+
+
+# ---- float32 forward tests (fast path vs float64 reference) ------------------------------------
+U32 = 2.0 ** -24          # unit roundoff of float32
+
+
+def gamma(k: int) -> float:
+    """The standard bound gamma_k = k u / (1 - k u) on the relative error of a length-k float32 sum."""
+    return k * U32 / (1 - k * U32)
+
+
+def spread_floats(draw, shape, scale=None, decades=(-3, 3)) -> np.ndarray:
+    """float32 values (seeded Gaussian) at a drawn scale 10^k, k in `decades`, with exact zeros mixed in."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    if scale is None:
+        scale = 10.0 ** draw(st.integers(*decades))
+    x = rng.standard_normal(shape) * scale
+    x[rng.random(shape) < 0.05] = 0.0
+    return x.astype(np.float32)

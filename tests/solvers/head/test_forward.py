@@ -12,25 +12,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from tests.strategies import U32, gamma, spread_floats
+
 from solvers.head.forward import (HC_LO_DIVISOR, HC_MIX_SCALE, Hc4Head, RmsnormHead, hc4_mix_ref,
                                   logits_ref, rmsnorm_mix_ref)
 from solvers.head.forward_fast import Sgemm, hc4_mix, rmsnorm_mix
 from solvers.head.stream import ArrayRows
 
-U32 = 2.0 ** -24
-
-
-def gamma(k: int) -> float:
-    return k * U32 / (1 - k * U32)
-
-
-def arrays(draw, shape, scale=None):
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    if scale is None:
-        scale = 10.0 ** draw(st.integers(-3, 3))
-    x = rng.standard_normal(shape) * scale
-    x[rng.random(shape) < 0.05] = 0.0
-    return x.astype(np.float32)
+arrays = spread_floats
 
 
 def hc4_bound(Rp, head: Hc4Head) -> np.ndarray:

@@ -11,24 +11,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from tests.strategies import U32, gamma, spread_floats
+
 from solvers.l47.forward import Hc4L47, RmsnormL47, hc4_l47_ref, rmsnorm_l47_ref, stream_gates
 from solvers.l47.forward_fast import hc4_l47, rmsnorm_l47
 
-U32 = 2.0 ** -24
-
-
-def gamma(k: int) -> float:
-    return k * U32 / (1 - k * U32)
-
-
 def arrays(draw, shape, scale=None):
     """float32 values spread over several decades, with exact zeros mixed in."""
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    if scale is None:
-        scale = 10.0 ** draw(st.integers(-4, 3))
-    x = rng.standard_normal(shape) * scale
-    x[rng.random(shape) < 0.05] = 0.0
-    return x.astype(np.float32)
+    return spread_floats(draw, shape, scale, decades=(-4, 3))
 
 
 def hc4_case(draw, with_dw: bool):
