@@ -781,12 +781,15 @@ def _head_tokens(values) -> tuple:
 @click.option("--backend", type=click.Choice(["jax", "numpy"]), default="jax", show_default=True,
               help="jax: float32 jitted steps; numpy: the float64 reference loop.")
 @click.option("--tile-rows", default=8192, show_default=True, type=click.IntRange(1), help="Head rows per tile.")
+@click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default="auto", show_default=True,
+              help="Where the full-vocab passes and dev tracking run: cpu = the host numpy path; gpu = JAX's "
+                   "CUDA device (exact float32); auto = gpu if JAX sees one, else cpu.")
 @click.option("--unregistered", is_flag=True, help="Allow an unregistered or changed protocol (marked).")
 @click.option("--workspace", type=click.Path(file_okay=False), default=".exactedit", show_default=True,
               help="Directory holding this project's ledger.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON.")
-def solve_head_cmd(model, train, dev, test, protocol, out, workspace, overwrite, as_json, openers, closers,
+def solve_head_cmd(model, train, dev, test, protocol, out, workspace, overwrite, as_json, openers, closers, device,
                    **flags) -> None:
     """Solve an exact edit of output-head rows under a registered protocol; write a bundle."""
     import contextlib
@@ -804,7 +807,8 @@ def solve_head_cmd(model, train, dev, test, protocol, out, workspace, overwrite,
     command = "exactedit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     with contextlib.ExitStack() as stack:
         result = solve_head(cfg, model=model, train=train, dev=dev, test=test, protocol=protocol,
-                            workspace=workspace, command=command, progress=_progress(stack, "solve head"))
+                            workspace=workspace, command=command, device=device,
+                            progress=_progress(stack, "solve head"))
     bundle = write_head_bundle(result, out, overwrite=overwrite)
     if as_json:
         click.echo(json.dumps({**result_json(result), "bundle": {"path": str(bundle.path), "sha256": bundle.sha256}},
@@ -937,13 +941,16 @@ _DUMP = click.Path(file_okay=False, exists=True)
 @click.option("--backend", type=click.Choice(["jax", "numpy"]), default="jax", show_default=True,
               help="jax: float32 VJPs; numpy: the float64 reference.")
 @click.option("--tile-rows", default=8192, show_default=True, type=click.IntRange(1), help="Head rows per tile.")
+@click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default="auto", show_default=True,
+              help="Where the full-vocab passes run: cpu = the host path; gpu = JAX's CUDA device (exact "
+                   "float32); auto = gpu if JAX sees one, else cpu.")
 @click.option("--unregistered", is_flag=True, help="Allow an unregistered or changed --protocol (marked).")
 @click.option("--workspace", type=click.Path(file_okay=False), default=".exactedit", show_default=True,
               help="Directory holding this project's ledger (checked when --protocol is given).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def solve_wfld_cmd(model, phrases, train, heldout, collateral, anchors, null_, protocol, out, phrase_margins,
-                   specials, workspace, overwrite, as_json, **flags) -> None:
+                   specials, workspace, overwrite, as_json, device, **flags) -> None:
     """Solve the anti-slop edit of the last layer's shared-expert down projection; write a bundle."""
     import contextlib
     import json
@@ -961,7 +968,7 @@ def solve_wfld_cmd(model, phrases, train, heldout, collateral, anchors, null_, p
     inputs = WfldInputs(model, phrases, tuple(train), tuple(heldout), tuple(collateral), tuple(anchors),
                         tuple(null_), protocol)
     with contextlib.ExitStack() as stack:
-        r = solve_wfld(cfg, inputs, out, overwrite=overwrite, workspace=workspace,
+        r = solve_wfld(cfg, inputs, out, overwrite=overwrite, workspace=workspace, device=device,
                        command="exactedit " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
                        progress=_progress(stack, "solve wfld"))
     if as_json:
@@ -984,8 +991,8 @@ def solve_wfld_cmd(model, phrases, train, heldout, collateral, anchors, null_, p
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--workdir", type=click.Path(file_okay=False), help="Where the synthetic model and dumps go.")
 @click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default="cpu", show_default=True,
-              help="gpu: the solve's kernels on the JAX device (pass, VJPs, Gram, ship, scoring) at this "
-                   "size, summed over --gn-iters rounds; auto: gpu if JAX sees one.")
+              help="gpu: the whole solve with its passes and VJPs on the JAX device, timed twice in one "
+                   "process (first call: compiles included); auto: gpu if JAX sees one.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def bench_solve_wfld(as_json, device, **flags) -> None:
     """A whole `solve wfld` at production size on synthetic data: where the time goes."""
@@ -993,22 +1000,18 @@ def bench_solve_wfld(as_json, device, **flags) -> None:
     import json
 
     from bench.gpu import device_bench
-    from bench.gpu_solve import GpuWfldConfig, render_gpu_wfld, run_gpu_wfld
+    from bench.gpu_wfld import render_gpu_solve_wfld, run_gpu_solve_wfld
     from bench.solve_wfld import BenchSolveWfldConfig, render_bench_solve_wfld, run_bench_solve_wfld
 
-    if device_bench(device):
-        f = flags
-        with contextlib.ExitStack() as stack:
-            r = run_gpu_wfld(GpuWfldConfig(trace_rows=f["rows"], n=f["n"], h=f["h"], d_lo=f["d_lo"], vocab=f["vocab"],
-                                           gn_iters=f["gn_iters"], special_rows=max(1, f["special_rows"]),
-                                           tile_rows=f["tile_rows"], seed=f["seed"], device=device),
-                             progress=_progress(stack, "bench solve-wfld (device)"))
-        click.echo(json.dumps(r.to_dict(), indent=1) if as_json else render_gpu_wfld(r))
-        return
     try:
         cfg = BenchSolveWfldConfig(**flags)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+    if device_bench(device):
+        with contextlib.ExitStack() as stack:
+            r = run_gpu_solve_wfld(cfg, device, progress=_progress(stack, "bench solve-wfld (device)"))
+        click.echo(json.dumps(r.to_dict(), indent=1) if as_json else render_gpu_solve_wfld(r))
+        return
     with contextlib.ExitStack() as stack:
         r = run_bench_solve_wfld(cfg, progress=_progress(stack, "bench solve-wfld"))
     click.echo(json.dumps(r.to_dict(), indent=1) if as_json else render_bench_solve_wfld(r))

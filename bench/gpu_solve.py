@@ -151,17 +151,17 @@ def _row_data(z, vp, tokens, nxt, roles, doc, docs, edit, sel_ids):
                    argmax=vp.argmax, sel_ids=tuple(int(s) for s in sel_ids), sel_logits=chosen[:, k:k + len(sel_ids)])
 
 
-def _checkpoint_parts(dw, rows_s, scorer, train_rd, dev_rd, batch, weights) -> dict:
-    """Seconds of each part of one dev-tracking checkpoint of `_optimize`, at the last edit."""
-    from solvers.head.objective import objective
-    from solvers.head.ship import ship
+def _checkpoint_parts(dw, rows_s, track, host_track) -> dict:
+    """Seconds of each part of one dev-tracking checkpoint of `_optimize` at the last edit (median of
+    5): the Q6_K round trip (host), the device scoring, and the float64 numpy reference's scoring."""
+    from solvers.head.ship import shipped_edit
 
-    shipped, t_ship = _timed(lambda: ship(rows_s, dw))
-    eff_tr, t_tr = _timed(lambda: scorer.effect(train_rd, shipped.dw))
-    eff_dv, t_dv = _timed(lambda: scorer.effect(dev_rd, shipped.dw))
-    _, t_gains = _timed(lambda: (scorer.gains(train_rd, eff_tr), scorer.gains(dev_rd, eff_dv)))
-    _, t_obj = _timed(lambda: objective(batch, shipped.dw, weights))
-    return {"ship": t_ship, "effect_train": t_tr, "effect_dev": t_dv, "gains": t_gains, "objective": t_obj}
+    def median(fn):
+        return float(np.median([_timed(fn)[1] for _ in range(5)]))
+
+    shipped, _ = shipped_edit(rows_s, dw)
+    return {"ship": median(lambda: shipped_edit(rows_s, dw)), "device_scores": median(lambda: track(shipped)),
+            "host_reference_scores": _timed(lambda: host_track(shipped))[1]}
 
 
 def run_gpu_solve_head(cfg: GpuSolveHeadConfig, progress: Progress | None = None) -> GpuSolveHeadResult:
@@ -179,6 +179,7 @@ def run_gpu_solve_head(cfg: GpuSolveHeadConfig, progress: Progress | None = None
     from solvers.head.ship import HeadRows
     from solvers.head.stream import QuantRows
     from solvers.head.stream_jax import to_device, vocab_pass_jax
+    from solvers.head.track import DeviceTracker, HostTracker
 
     total = cfg.max_steps + 2 * cfg.step_repeats + 4
     ticks = [0]
@@ -224,17 +225,19 @@ def run_gpu_solve_head(cfg: GpuSolveHeadConfig, progress: Progress | None = None
         q = null_basis(train_rd.z[batch.anchor], cfg.null_k)
         view = quant.dequantize(raw[edit], "Q6_K", cfg.n).astype(np.float64)
         rows_s = HeadRows("output.weight", "Q6_K", (cfg.vocab, cfg.n), edit, raw[edit].copy(), view, False)
-        scorer = head_solve._Scorer(edit, edit, SPECIALS, TURN_END)
         seconds["rows"] = time.perf_counter() - t
+        t = time.perf_counter()
+        tracking = (batch, scfg.weights, train_rd, dev_rd, edit, edit, SPECIALS)
+        track = DeviceTracker(*tracking, dev)
+        seconds["tracker_upload"] = time.perf_counter() - t
         # numba compiles its Q6_K quantizer once per install (cached on disk): kept out of the total
         _, seconds["numba_warm"] = _timed(lambda: quant.quantize(np.ones((1, cfg.n), np.float32), "Q6_K"))
         t = time.perf_counter()
         checkpoints, saved, losses, _, per_step = head_solve._optimize(
-            scfg, batch, q, rows_s, train_rd, dev_rd, scorer, stopping, lambda d, tot: tick())
+            scfg, batch, q, rows_s, track, stopping, lambda d, tot: tick())
         seconds["optimize"] = time.perf_counter() - t
         seconds["total"] = time.perf_counter() - t0 - seconds["numba_warm"]
-        seconds["checkpoint"] = _checkpoint_parts(saved[max(saved)], rows_s, scorer, train_rd, dev_rd, batch,
-                                                  scfg.weights)
+        seconds["checkpoint"] = _checkpoint_parts(saved[max(saved)], rows_s, track, HostTracker(*tracking))
         bcfg = BenchSolveHeadConfig(rows=cfg.rows, k=cfg.k, n=cfg.n, null_k=cfg.null_k, steps=cfg.step_repeats,
                                     vocab=cfg.vocab, seed=cfg.seed, skip_pass=True)
         sb = synthetic_batch(np.random.default_rng(cfg.seed), cfg.rows, cfg.k, cfg.n)
@@ -253,6 +256,7 @@ def render_gpu_solve_head(r: GpuSolveHeadResult) -> str:
              f"  hc4 mix of the rows            {s['mix']:7.3f} s",
              f"  full-vocab pass                {s['pass']:7.3f} s",
              f"  row data, batch, null space    {s['rows']:7.3f} s",
+             f"  dev tracking data to device    {s['tracker_upload']:7.3f} s",
              f"  {c.max_steps} Adam steps + dev tracking every {c.every}: {s['optimize']:7.3f} s "
              f"({r.checkpoints} checkpoints, {r.per_step_ms:.2f} ms per step, J {r.loss_first_last[0]:.4g} -> "
              f"{r.loss_first_last[1]:.4g})",
