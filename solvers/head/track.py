@@ -48,9 +48,13 @@ class HostTracker:
 
 
 def _x64():
+    """A context in which JAX keeps float64 (jax.enable_x64; jax.experimental's on older releases)."""
     import jax
 
-    return jax.enable_x64(True)
+    ctx = getattr(jax, "enable_x64", None)
+    if ctx is None:
+        from jax.experimental import enable_x64 as ctx
+    return ctx(True)
 
 
 def _effect_sums(dw, z, base_s, lse, slot, style, ordinary):
