@@ -9,11 +9,12 @@
     tensors; and compares: KL(engine || prediction) statistics, top-1 agreement, max |diff|.
 
 Tolerance (`Tolerance`), and why it is tight. llama.cpp's CPU matmuls quantize each activation
-row (Q8_K for K-quant weights) and add exact per-block integer dot products in float32; the
-engine-faithful prediction does the same operations in the same order, so on the build this
-project ships (x86-64 AVX2+FMA) it reproduces the logits bit for bit. The tolerance only leaves
-room for a build whose kernels add the same terms in another order: every logit is a sum of
-n/256 block terms, each rounded once in float32 (relative 6e-8), so |diff| stays below about
+row (Q8_K for K-quant weights, Q8_0 for Q8_0 weights) and add exact per-block integer dot
+products in float32; the engine-faithful prediction does the same operations in the same order,
+so on the build this project ships (x86-64 AVX2+FMA) it reproduces the logits bit for bit (Qwen's
+Q6_K tail and Gemma 3's Q8_0 head with its post-FFN norm). The tolerance only leaves room for a
+build whose kernels add the same terms in another order: every logit is a sum of n/256 (Q8_0:
+n/32) block terms, each rounded once in float32 (relative 6e-8), so |diff| stays below about
 n/256 * 6e-8 * sum|terms| ~ 1e-5 * max|logit|; we allow max|diff| <= 1e-4 * max(1, max|logit|)
 and the issue's KL bars (mean <= 1e-8, max <= 1e-5, top-1 100%). Ignoring the activation
 quantization alone already costs mean KL ~1e-5 and |diff| ~0.05, ten thousand times the bound;

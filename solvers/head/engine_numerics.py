@@ -19,6 +19,10 @@ weights W (rows r) times activations x (rows t), per 256-wide block b:
 RMSNorm (ggml_compute_forward_rms_norm_f32): sum of float32 squares in float64, in index order;
 mean = f32(sum / n); scale = 1 / sqrtf(mean + eps); y = (x * scale) * w, all float32.
 
+Q8_0 weights (Gemma 3's head) take Q8_0 activations and their own kernels: solvers/head/
+engine_q8_0.py. A post-FFN norm (Gemma 3) is one more `rms_norm` on the FFN output before the
+residual add; a final logit softcap is ggml's scale, libm `tanhf`, scale (`softcap`).
+
 `q6_k_matmul_ref` is the numpy reference (integer dots as exact float64 matmuls, an exact
 float32 fma); `q6_k_matmul` the numba fast path (LLVM's fma). Both must agree bit for bit
 (tests/solvers/head/test_engine_numerics.py); the live tests compare them with the engine.
