@@ -8,7 +8,8 @@ solve head (`run_gpu_solve_head`): the solver's own code on a JAX device (exact 
      S, of the specials / openers / closers and of each next token), turned into train and dev
      `RowData` the way `rowdata.gather` does, then `build_batch` and the anchors' null space;
   3. `solvers.head.solve._optimize`: Adam steps (the jitted `objective_jax.train_step`) with the
-     shipped edit (Q6_K round trip) scored on train and dev every `every` steps ("dev tracking").
+     shipped edit (Q6_K round trip) scored on train and dev every `every` steps ("dev tracking",
+     `solvers.head.track.DeviceTracker`, float64 on the device, as `solve head --device gpu` runs it).
 Not in the clock: reading dumps and the GGUF from disk, the protocol and ledger, writing the bundle
 (the synthetic head is uploaded first and timed on its own). The Adam step alone is also timed
 (`bench.solve_head`'s step timing, on the device).

@@ -6,7 +6,8 @@
    LSE_rest, the base logits of S and of every token a term names (`rowdata.gather`).
 3. Adam steps on J at |rows| x |S| x n each (JAX float32, jitted once; or the numpy reference).
 4. Every `stopping.every` steps: the edit is round-tripped through the head's type (`ship`) and
-   scored exactly on train and dev: the gains per token class and the dev KL (`Checkpoint`).
+   scored exactly on train and dev: the gains per token class and the dev KL (`Checkpoint`; numpy
+   float64 on the host, or the same in float64 on the device: `track`).
 5. The protocol's stopping rule picks the step (or none: then no edit ships). Test rows are read
    only now, once per (protocol, edit) through the ledger; a repeat gets the recorded numbers.
 6. The result carries everything a report needs; `write_head_bundle` writes the bundle.
@@ -34,7 +35,7 @@ from solvers.head.editset import EditSet, choose_edit_set, resolve_tokens
 from solvers.head.inputs import gather_inputs, solve_splits
 from solvers.head.objective import Terms, objective_grad
 from solvers.head.param import anchor_energy_kept, delta_w, init_params, n_params, null_basis, project, pullback
-from solvers.head.scores import ClassGains, SplitReport, class_masks, gains, split_report
+from solvers.head.scores import ClassGains, SplitReport, class_masks, split_report
 from solvers.head.ship import HeadRows, Shipped, load_head_rows, ship, shipped_edit
 from solvers.head.testonce import TestOutcome, score_test_once
 from solvers.head.track import DeviceTracker, HostTracker
@@ -131,9 +132,6 @@ class _Scorer:
 
     def effect(self, rd, dw):
         return rowdata.effect(rd, dw, self.ids)
-
-    def gains(self, rd, eff) -> ClassGains:
-        return gains(eff, class_masks(rd, self.style, self.specials))
 
     def report(self, name, rd, eff) -> SplitReport:
         return split_report(name, rd, eff, class_masks(rd, self.style, self.specials), self.specials, self.turn_end)
