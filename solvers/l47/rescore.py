@@ -19,6 +19,7 @@ import numba
 import numpy as np
 from numba import prange
 
+from evals.kld import KlRows
 from evals.scoring import DocMeta, RowScores, concat
 from solvers.head.forward import apply_softcap
 from solvers.head.stream import tile_size
@@ -26,18 +27,6 @@ from solvers.l47.jacobian import token_rows
 from solvers.logits import tail_mix
 
 Progress = Callable[[int, int], None]
-
-
-class PairRows(NamedTuple):
-    """Per-row results of one pass over the head with base and edited activations (T rows)."""
-
-    kl: np.ndarray            # float64 [T]
-    lse_base: np.ndarray      # float64 [T]
-    lse_edited: np.ndarray
-    argmax_base: np.ndarray   # int64 [T]
-    argmax_edited: np.ndarray
-    logp_next_base: np.ndarray    # float64 [T], nan where the next token is unknown
-    logp_next_edited: np.ndarray
 
 
 @numba.njit(parallel=True, cache=True)
@@ -85,7 +74,7 @@ def _fold_tile(lb, le, start, nxt, m, S, A, Cc, arg_b, best_b, arg_e, best_e, se
 
 
 def pair_rows(mix_base, mix_edited, head, *, next_ids=None, softcap: float | None = None,
-              tile_rows: int = 8192, progress: Progress | None = None) -> PairRows:
+              tile_rows: int = 8192, progress: Progress | None = None) -> KlRows:
     """KL(base || edited), both LSEs, argmaxes and next-token log-probs for activations
     [T, n] (base and edited) over one head; one sgemm per tile for both."""
     mb = np.ascontiguousarray(mix_base, dtype=np.float32)
@@ -111,7 +100,7 @@ def pair_rows(mix_base, mix_edited, head, *, next_ids=None, softcap: float | Non
         lse_b = m + np.log(S)
         lse_e = m + np.log(S + Cc)
         kl = A / S + np.log1p(Cc / S)
-    return PairRows(kl, lse_b, lse_e, arg_b, arg_e, sel_b - lse_b, sel_e - lse_e)
+    return KlRows(kl, arg_b, arg_e, lse_b, lse_e, sel_b - lse_b, sel_e - lse_e)
 
 
 class ScoredTrace(NamedTuple):
