@@ -106,15 +106,20 @@ def _fma32(typingctx, a, b, c):
 
 
 # ---- Q6_K x Q8_K ----------------------------------------------------------------------------
-def _q6_k_parts(raw: np.ndarray, cols: int):
-    """uint8 [rows, row_bytes] -> unsigned codes u [rows, nb, 256] (0..63), scales [rows, nb, 16]
-    int8, d [rows, nb] float32."""
+def _q6_k_blocks(raw: np.ndarray, cols: int) -> np.ndarray:
+    """uint8 [rows, row_bytes] -> Q6_K blocks [rows, nb] (structured, named fields), validated."""
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
     nb = cols // q6_k.QK_K
     if cols % q6_k.QK_K or raw.ndim != 2 or raw.shape[1] != nb * q6_k.BLOCK_BYTES:
         raise QuantError(f"Q6_K: expected uint8 [rows, {nb * q6_k.BLOCK_BYTES}] for {cols} columns, "
                          f"got {list(raw.shape)}")
-    blk = raw.view(q6_k.BLOCK).reshape(raw.shape[0], nb)
+    return raw.view(q6_k.BLOCK).reshape(raw.shape[0], nb)
+
+
+def _q6_k_parts(raw: np.ndarray, cols: int):
+    """uint8 [rows, row_bytes] -> unsigned codes u [rows, nb, 256] (0..63), scales [rows, nb, 16]
+    int8, d [rows, nb] float32."""
+    blk = _q6_k_blocks(raw, cols)
     ql, qh = blk["ql"].astype(np.uint8), blk["qh"].astype(np.uint8)
     u = np.empty(blk.shape + (q6_k.QK_K,), np.uint8)
     for half in range(2):
@@ -222,14 +227,9 @@ def _q6_k_matmul_kernel(ql, qh, sc, dw, qL, bsums, dx, tiled, lane_index, out):
 
 def q6_k_matmul(raw: np.ndarray, cols: int, x: np.ndarray, tiled: np.ndarray) -> np.ndarray:
     """Fast path of `q6_k_matmul_ref` (numba, rows of W in parallel); identical floats."""
-    raw = np.ascontiguousarray(raw, dtype=np.uint8)
-    nb = cols // q6_k.QK_K
-    if cols % q6_k.QK_K or raw.ndim != 2 or raw.shape[1] != nb * q6_k.BLOCK_BYTES:
-        raise QuantError(f"Q6_K: expected uint8 [rows, {nb * q6_k.BLOCK_BYTES}] for {cols} columns, "
-                         f"got {list(raw.shape)}")
-    blk = raw.view(q6_k.BLOCK).reshape(raw.shape[0], nb)
+    blk = _q6_k_blocks(raw, cols)
     xq = q8_k.quantize(np.ascontiguousarray(x, np.float32))
-    out = np.empty((x.shape[0], raw.shape[0]), np.float32)
+    out = np.empty((x.shape[0], blk.shape[0]), np.float32)
     _q6_k_matmul_kernel(np.ascontiguousarray(blk["ql"]), np.ascontiguousarray(blk["qh"]),
                         np.ascontiguousarray(blk["scales"]), blk["d"].astype(np.float32),
                         np.ascontiguousarray(xq["qs"].astype(np.int16)[:, :, _LANE.reshape(-1)]),
