@@ -14,7 +14,7 @@ class _Group(click.Group):
     """Turns the library's domain errors into clean click errors (one line, exit code 1)."""
 
     def invoke(self, ctx):
-        from quant.errors import ExacteditError
+        from exactedit.quant.errors import ExacteditError
 
         try:
             return super().invoke(ctx)
@@ -87,7 +87,7 @@ def inspect_cmd(model: str, as_json: bool) -> None:
     import contextlib
     import json
 
-    from quant.arch import render_summary, summarize
+    from exactedit.quant.arch import render_summary, summarize
 
     with contextlib.ExitStack() as stack:
         summary = summarize(model, progress=_progress(stack, "sha256"))
@@ -108,7 +108,7 @@ def bench_gguf_open(vocab, merges, layers, repeats, gguf_py_repeats, json_out) -
     import contextlib
     import json
 
-    from bench.gguf_open import GGUFOpenBenchConfig, run_gguf_open_bench
+    from exactedit.bench.gguf_open import GGUFOpenBenchConfig, run_gguf_open_bench
 
     cfg = GGUFOpenBenchConfig(vocab=vocab, merges=merges, layers=layers, repeats=repeats,
                               gguf_py_repeats=gguf_py_repeats)
@@ -141,7 +141,7 @@ def bench_quant(rows, cols, threads, repeats, json_out) -> None:
     """Q6_K and Q8_0 quantize/dequantize throughput: our numba paths vs ggml's C (ratio)."""
     import contextlib
 
-    from bench.quant import QuantBenchConfig, format_table, run_quant_bench, write_json
+    from exactedit.bench.quant import QuantBenchConfig, format_table, run_quant_bench, write_json
 
     cfg = QuantBenchConfig(rows=rows, cols=cols, threads=threads, repeats=repeats)
     with contextlib.ExitStack() as stack:
@@ -165,7 +165,7 @@ def dump_inspect(directory: str, as_json: bool, verify_hashes: bool) -> None:
     import contextlib
     import json
 
-    from dumps.summary import format_table, inspect_dump
+    from exactedit.dumps.summary import format_table, inspect_dump
 
     with contextlib.ExitStack() as stack:
         summary = inspect_dump(directory, verify_hashes=verify_hashes,
@@ -189,7 +189,7 @@ def logits_cmd(model, dump_dir, rows, out, tile_rows, match_engine, as_json) -> 
     import contextlib
     import json
 
-    from solvers.logits import render_logits, write_logits
+    from exactedit.solvers.logits import render_logits, write_logits
 
     with contextlib.ExitStack() as stack:
         res = write_logits(model, dump_dir, out, rows=rows, tile_rows=tile_rows, match_engine=match_engine,
@@ -210,7 +210,7 @@ def kld_cmd(model, dump_dir, edited, rows, tile_rows, as_json) -> None:
     import contextlib
     import json
 
-    from evals.kld import kld, render_kld
+    from exactedit.evals.kld import kld, render_kld
 
     with contextlib.ExitStack() as stack:
         res = kld(model, dump_dir, edited, rows=rows, tile_rows=tile_rows,
@@ -233,8 +233,8 @@ def bench_head(rows, vocab, n, tile_rows, repeats, seed, device, as_json) -> Non
     import contextlib
     import json
 
-    from bench.gpu import GpuHeadConfig, device_bench, render_gpu_head, run_gpu_head
-    from bench.head import BenchHeadConfig, render_bench_head, run_bench_head
+    from exactedit.bench.gpu import GpuHeadConfig, device_bench, render_gpu_head, run_gpu_head
+    from exactedit.bench.head import BenchHeadConfig, render_bench_head, run_bench_head
 
     if device_bench(device):
         with contextlib.ExitStack() as stack:
@@ -266,8 +266,8 @@ def fixture_make(out, seed, force, as_json) -> None:
     import contextlib
     import json
 
-    from fixtures.make import make_fixture
-    from fixtures.readme import render_result
+    from exactedit.fixtures.make import make_fixture
+    from exactedit.fixtures.readme import render_result
 
     with contextlib.ExitStack() as stack:
         result = make_fixture(out, seed, progress=_progress(stack, "building"), overwrite=force)
@@ -288,9 +288,9 @@ def demo_cmd(out, fixture, as_json) -> None:
     import contextlib
     import json
 
-    from fixtures.demo import DEFAULT_FIXTURE, run_demo
-    from solvers.head.report import summary_table
-    from solvers.l47.report import format_report
+    from exactedit.fixtures.demo import DEFAULT_FIXTURE, run_demo
+    from exactedit.solvers.head.report import summary_table
+    from exactedit.solvers.l47.report import format_report
 
     with contextlib.ExitStack() as stack:
         bars: dict = {}
@@ -333,7 +333,7 @@ def _engine_settings(f):
 
 
 def _settings(n_ctx, n_batch, n_ubatch, n_threads, flash_attn):
-    from native.llamacpp import EngineSettings
+    from exactedit.native.llamacpp import EngineSettings
 
     return EngineSettings(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
                           flash_attn=flash_attn)
@@ -341,8 +341,8 @@ def _settings(n_ctx, n_batch, n_ubatch, n_threads, flash_attn):
 
 def _read_tokens_arg(tokens, text, model_path):
     """Token ids from --tokens (int32 file, the engine contract's layout) or --text (tokenized)."""
-    from native import strata
-    from native.llamacpp import LlamaEngine
+    from exactedit.native import strata
+    from exactedit.native.llamacpp import LlamaEngine
 
     if (tokens is None) == (text is None):
         raise click.UsageError("give exactly one of --tokens FILE (int32 ids) and --text FILE")
@@ -367,7 +367,7 @@ def engine_run(gguf_path, tokens_file, logits_out, as_json, **flags) -> None:
     import dataclasses
     import json
 
-    from native.strata import run_llamacpp
+    from exactedit.native.strata import run_llamacpp
 
     with contextlib.ExitStack() as stack:
         res = run_llamacpp(gguf_path, tokens_file, logits_out, _settings(**flags),
@@ -385,7 +385,7 @@ def engine_model(name) -> None:
     """Assemble the public model NAME from its installed packages (verified) and print its path."""
     import contextlib
 
-    from native.models import locate
+    from exactedit.native.models import locate
 
     with contextlib.ExitStack() as stack:
         path = locate(name, progress=_progress(stack, f"assembling {name}"))
@@ -405,8 +405,8 @@ def engine_dump(model, tokens, text, out, overwrite, as_json, **flags) -> None:
     import contextlib
     import json
 
-    from native.capture import CaptureDoc, capture_dump
-    from native.models import locate
+    from exactedit.native.capture import CaptureDoc, capture_dump
+    from exactedit.native.models import locate
 
     path = locate(model)
     toks = _read_tokens_arg(tokens, text, path)
@@ -430,8 +430,8 @@ def untie_cmd(model, out, overwrite, as_json) -> None:
     import dataclasses
     import json
 
-    from native.models import locate
-    from native.untie import untie
+    from exactedit.native.models import locate
+    from exactedit.native.untie import untie
 
     with contextlib.ExitStack() as stack:
         res = untie(locate(model), out, overwrite=overwrite, progress=_progress(stack, "writing"))
@@ -460,8 +460,8 @@ def verify_live_cmd(engine_name, model, bundle, tokens, text, edited, kl_mean, k
     import contextlib
     import json
 
-    from native.models import locate
-    from native.verify import Tolerance, render_report, verify_live
+    from exactedit.native.models import locate
+    from exactedit.native.verify import Tolerance, render_report, verify_live
 
     path = locate(model)
     toks = _read_tokens_arg(tokens, text, path)
@@ -497,9 +497,9 @@ def verify_engine_cmd(template, extra, model, bundle, dump_dir, match_engine, kl
     import contextlib
     import json
 
-    from native.strata import EngineCommand
-    from native.verify import Tolerance, render_report
-    from native.verify_engine import verify_engine
+    from exactedit.native.strata import EngineCommand
+    from exactedit.native.verify import Tolerance, render_report
+    from exactedit.native.verify_engine import verify_engine
 
     tol = Tolerance(kl_mean=kl_mean, kl_max=kl_max, top1=top1, max_abs_rel=max_abs_rel)
     with contextlib.ExitStack() as stack:
@@ -539,8 +539,8 @@ def mine_cmd(engine_name, model, prompts, phrases, out, edited, max_new, samples
     import dataclasses
     import json
 
-    from native.mine import MineConfig, mine
-    from native.models import locate
+    from exactedit.native.mine import MineConfig, mine
+    from exactedit.native.models import locate
 
     cfg = MineConfig(max_new=max_new, temperature=temperature, top_k=top_k, seed=seed, samples=samples)
     with contextlib.ExitStack() as stack:
@@ -579,7 +579,7 @@ def _eval_print(obj, as_json: bool, text: str) -> None:
 
 
 def _eval_config(**kw):
-    from evals.evaluate import ScoreConfig
+    from exactedit.evals.evaluate import ScoreConfig
 
     try:
         return ScoreConfig(**kw)
@@ -593,7 +593,7 @@ def _eval_config(**kw):
 @_JSON
 def eval_register(protocol, workspace, as_json):
     """Record PROTOCOL's sha256 (and its traces' dump hashes) in the ledger."""
-    from evals import workflow
+    from exactedit.evals import workflow
 
     r = workflow.register(protocol, workspace, _eval_command_line())
     obj = {"name": r.record.name, "sha256": r.record.sha256, "entry": r.record.seq, "traces": dict(r.trace_sha256)}
@@ -608,7 +608,7 @@ def eval_register(protocol, workspace, as_json):
 @_JSON
 def eval_split(protocol, unregistered, workspace, as_json):
     """Split the traces' documents into train / dev / test by the protocol's rule; record it."""
-    from evals import workflow
+    from exactedit.evals import workflow
 
     r = workflow.split(protocol, workspace, _eval_command_line(), unregistered)
     docs = [{"trace": d.trace, "doc": d.doc, "group": d.group, "role": d.role} for d in r.splits.docs]
@@ -634,8 +634,8 @@ def eval_score(protocol, model, bundle, edited, shapes, bars, persona_tag, out, 
     """Dev bars of MODEL + a bundle / edited GGUF / shaping rules; the report is recorded."""
     import contextlib
 
-    from evals import workflow
-    from evals.report import format_table, report_to_json
+    from exactedit.evals import workflow
+    from exactedit.evals.report import format_table, report_to_json
 
     config = _eval_config(heldout_role="dev", bars=bars, shapes=tuple(shapes), persona_tag=persona_tag)
     with contextlib.ExitStack() as stack:
@@ -659,9 +659,9 @@ def eval_test(protocol, model, bundle, bars, out, unregistered, workspace, as_js
     """Score the test split of BUNDLE, once. A repeat prints the recorded result and fails."""
     import contextlib
 
-    from evals import workflow
-    from evals.ledger import LedgerRefusal
-    from evals.report import format_table, report_from_json, report_to_json
+    from exactedit.evals import workflow
+    from exactedit.evals.ledger import LedgerRefusal
+    from exactedit.evals.report import format_table, report_from_json, report_to_json
 
     config = _eval_config(heldout_role="test", bars=bars)
     try:
@@ -692,7 +692,7 @@ def eval_blind(model, bundle, doc, dev_report, protocol, out, workspace, as_json
     import contextlib
     from pathlib import Path
 
-    from evals import workflow
+    from exactedit.evals import workflow
 
     out = out or str(Path(workspace) / "blind")
     with contextlib.ExitStack() as stack:
@@ -702,16 +702,16 @@ def eval_blind(model, bundle, doc, dev_report, protocol, out, workspace, as_json
 
 
 def _blind_json(r) -> dict:
-    from evals.blind import comparison_json
-    from evals.report import report_to_json
+    from exactedit.evals.blind import comparison_json
+    from exactedit.evals.report import report_to_json
 
     return {"passed": r.passed, "comparisons": [comparison_json(c) for c in r.comparisons],
             "report": report_to_json(r.report), "files": {k: str(v) for k, v in r.files.paths.items()}}
 
 
 def _blind_text(r) -> str:
-    from evals.blind import fmt
-    from evals.report import format_table
+    from exactedit.evals.blind import fmt
+    from exactedit.evals.report import format_table
 
     lines = [format_table(r.report), "against the dev report:"]
     lines += [f"  {c.metric:<36} dev {fmt(c.dev)}  blind {fmt(c.blind)}  bound {c.op} {fmt(c.allowed)}  "
@@ -726,7 +726,7 @@ def _blind_text(r) -> str:
 @_JSON
 def eval_ledger(check, workspace, as_json):
     """List the ledger's entries, or verify its hash chain."""
-    from evals.ledger import Ledger
+    from exactedit.evals.ledger import Ledger
 
     with Ledger.open(workspace) as ledger:
         if check:
@@ -796,9 +796,9 @@ def solve_head_cmd(model, train, dev, test, protocol, out, workspace, overwrite,
     import json
     import shlex
 
-    from solvers.head.config import HeadSolveConfig
-    from solvers.head.report import result_json, summary_table
-    from solvers.head.solve import solve_head, write_head_bundle
+    from exactedit.solvers.head.config import HeadSolveConfig
+    from exactedit.solvers.head.report import result_json, summary_table
+    from exactedit.solvers.head.solve import solve_head, write_head_bundle
 
     try:
         cfg = HeadSolveConfig(openers=_head_tokens(openers), closers=_head_tokens(closers), **flags)
@@ -828,7 +828,7 @@ def apply_cmd(bundle, model, out, overwrite, as_json) -> None:
     import contextlib
     import json
 
-    from solvers.apply import apply_bundle
+    from exactedit.solvers.apply import apply_bundle
 
     with contextlib.ExitStack() as stack:
         r = apply_bundle(bundle, model, out, overwrite=overwrite, progress=_progress(stack, "apply"))
@@ -861,9 +861,9 @@ def bench_solve_head(as_json, device, **flags) -> None:
     import contextlib
     import json
 
-    from bench.gpu import device_bench
-    from bench.gpu_solve import GpuSolveHeadConfig, render_gpu_solve_head, run_gpu_solve_head
-    from bench.solve_head import BenchSolveHeadConfig, render_bench_solve_head, run_bench_solve_head
+    from exactedit.bench.gpu import device_bench
+    from exactedit.bench.gpu_solve import GpuSolveHeadConfig, render_gpu_solve_head, run_gpu_solve_head
+    from exactedit.bench.solve_head import BenchSolveHeadConfig, render_bench_solve_head, run_bench_solve_head
 
     if device_bench(device):
         f = flags
@@ -956,9 +956,9 @@ def solve_wfld_cmd(model, phrases, train, heldout, collateral, anchors, null_, p
     import json
     import shlex
 
-    from solvers.l47.config import DEFAULT_SPECIALS, WfldConfig, parse_phrase_margin
-    from solvers.l47.report import format_report
-    from solvers.l47.solve import WfldInputs, solve_wfld
+    from exactedit.solvers.l47.config import DEFAULT_SPECIALS, WfldConfig, parse_phrase_margin
+    from exactedit.solvers.l47.report import format_report
+    from exactedit.solvers.l47.solve import WfldInputs, solve_wfld
 
     try:
         cfg = WfldConfig(phrase_margins=tuple(parse_phrase_margin(p) for p in phrase_margins),
@@ -999,9 +999,9 @@ def bench_solve_wfld(as_json, device, **flags) -> None:
     import contextlib
     import json
 
-    from bench.gpu import device_bench
-    from bench.gpu_wfld import render_gpu_solve_wfld, run_gpu_solve_wfld
-    from bench.solve_wfld import BenchSolveWfldConfig, render_bench_solve_wfld, run_bench_solve_wfld
+    from exactedit.bench.gpu import device_bench
+    from exactedit.bench.gpu_wfld import render_gpu_solve_wfld, run_gpu_solve_wfld
+    from exactedit.bench.solve_wfld import BenchSolveWfldConfig, render_bench_solve_wfld, run_bench_solve_wfld
 
     try:
         cfg = BenchSolveWfldConfig(**flags)

@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from solvers import device as devmod
+from exactedit.solvers import device as devmod
 
 Progress = Callable[[int, int], None]
 TARGET_PASS_S = 0.6
@@ -135,7 +135,7 @@ def operand_head(rows, precision: str, tile: int):
     import jax
     import jax.numpy as jnp
 
-    from quant import jax_dequant
+    from exactedit.quant import jax_dequant
 
     @jax.jit
     def convert(raw):
@@ -165,7 +165,7 @@ def ceiling_loop(w, mix_r, precision: str, tile: int) -> float:
 
 
 def _exact_check(mix, raw, cfg: GpuHeadConfig, got) -> dict:
-    from solvers.head.stream import QuantRows, vocab_pass
+    from exactedit.solvers.head.stream import QuantRows, vocab_pass
 
     if not cfg.check_rows:
         return {}
@@ -183,9 +183,9 @@ def _exact_check(mix, raw, cfg: GpuHeadConfig, got) -> dict:
 def run_gpu_head(cfg: GpuHeadConfig, progress: Progress | None = None) -> GpuHeadResult:
     import jax
 
-    from bench.head import synthetic_q6k
-    from solvers.head.stream import QuantRows
-    from solvers.head.stream_jax import device_tile, measure_precision, to_device, vocab_pass_jax
+    from exactedit.bench.head import synthetic_q6k
+    from exactedit.solvers.head.stream import QuantRows
+    from exactedit.solvers.head.stream_jax import device_tile, measure_precision, to_device, vocab_pass_jax
 
     dev = devmod.select(cfg.device)
     steps = 2 + len(cfg.precisions) * (cfg.repeats + 2) + cfg.repeats + 1 + sum(p != "exact" for p in cfg.precisions)
@@ -287,11 +287,11 @@ def probe_compile(rows: int = 17352, vocab: int = 248320, n: int = 2560, d_lo: i
 
     import jax
 
-    from bench.gpu_solve import synthetic_tail_params
-    from bench.head import synthetic_q6k
-    from solvers.head.forward_fast import hc4_mix_jax
-    from solvers.head.stream import QuantRows
-    from solvers.head.stream_jax import to_device, vocab_pass_jax
+    from exactedit.bench.gpu_solve import synthetic_tail_params
+    from exactedit.bench.head import synthetic_q6k
+    from exactedit.solvers.head.forward_fast import hc4_mix_jax
+    from exactedit.solvers.head.stream import QuantRows
+    from exactedit.solvers.head.stream_jax import to_device, vocab_pass_jax
 
     out = {"xla_flags": os.environ.get("XLA_FLAGS", ""),
            "cache_dir": os.environ.get("JAX_COMPILATION_CACHE_DIR", "")}

@@ -30,7 +30,7 @@ from typing import Callable
 
 import numpy as np
 
-from solvers import device as devmod
+from exactedit.solvers import device as devmod
 
 Progress = Callable[[int, int], None]
 TARGET_SOLVE_HEAD_S = 10.0
@@ -101,7 +101,7 @@ class GpuSolveHeadResult:
 
 def synthetic_tail_params(rng, n: int, d_lo: int, h: int = 640):
     """hc4 output-read weights (Hc4Head) and W_sd [n, h] of a plausible scale."""
-    from solvers.head.forward import Hc4Head
+    from exactedit.solvers.head.forward import Hc4Head
 
     head = Hc4Head((1 + 0.1 * rng.standard_normal((4, n))).astype(np.float32),
                    (rng.standard_normal((d_lo, 4 * n)) * 0.02).astype(np.float32),
@@ -113,8 +113,8 @@ def _documents(cfg: GpuSolveHeadConfig, rng, style: np.ndarray):
     """tokens, next, roles, doc index and DocMeta of `docs` chat documents: a prompt block (anchor
     rows), then a reply whose first row is step 0 and whose last predicts the turn end; one reply
     token in ten is a style token (the edit set)."""
-    from dumps.format import ROLE_PROMPT, ROLE_REPLY, ROLE_REPLY_END, ROLE_STEP0
-    from evals.scoring import DocMeta
+    from exactedit.dumps.format import ROLE_PROMPT, ROLE_REPLY, ROLE_REPLY_END, ROLE_STEP0
+    from exactedit.evals.scoring import DocMeta
 
     T = cfg.rows
     bounds = np.linspace(0, T, cfg.docs + 1).astype(int)
@@ -140,7 +140,7 @@ def _documents(cfg: GpuSolveHeadConfig, rng, style: np.ndarray):
 
 def _row_data(z, vp, tokens, nxt, roles, doc, docs, edit, sel_ids):
     """RowData from one pass, field by field as `rowdata.gather` builds it."""
-    from solvers.head.rowdata import RowData
+    from exactedit.solvers.head.rowdata import RowData
 
     k = len(edit)
     chosen = vp.selected.astype(np.float64)
@@ -155,7 +155,7 @@ def _row_data(z, vp, tokens, nxt, roles, doc, docs, edit, sel_ids):
 def _checkpoint_parts(dw, rows_s, track, host_track) -> dict:
     """Seconds of each part of one dev-tracking checkpoint of `_optimize` at the last edit (median of
     5): the Q6_K round trip (host), the device scoring, and the float64 numpy reference's scoring."""
-    from solvers.head.ship import shipped_edit
+    from exactedit.solvers.head.ship import shipped_edit
 
     def median(fn):
         return float(np.median([_timed(fn)[1] for _ in range(5)]))
@@ -168,19 +168,19 @@ def _checkpoint_parts(dw, rows_s, track, host_track) -> dict:
 def run_gpu_solve_head(cfg: GpuSolveHeadConfig, progress: Progress | None = None) -> GpuSolveHeadResult:
     import jax
 
-    import quant
-    from bench.head import synthetic_q6k
-    from bench.solve_head import BenchSolveHeadConfig, _time_steps, synthetic_batch
-    from evals.protocol import StoppingRule
-    from solvers.head import solve as head_solve
-    from solvers.head.batch import build_batch
-    from solvers.head.config import HeadSolveConfig
-    from solvers.head.forward_fast import hc4_mix_jax
-    from solvers.head.param import null_basis
-    from solvers.head.ship import HeadRows
-    from solvers.head.stream import QuantRows
-    from solvers.head.stream_jax import to_device, vocab_pass_jax
-    from solvers.head.track import DeviceTracker, HostTracker
+    from exactedit import quant
+    from exactedit.bench.head import synthetic_q6k
+    from exactedit.bench.solve_head import BenchSolveHeadConfig, _time_steps, synthetic_batch
+    from exactedit.evals.protocol import StoppingRule
+    from exactedit.solvers.head import solve as head_solve
+    from exactedit.solvers.head.batch import build_batch
+    from exactedit.solvers.head.config import HeadSolveConfig
+    from exactedit.solvers.head.forward_fast import hc4_mix_jax
+    from exactedit.solvers.head.param import null_basis
+    from exactedit.solvers.head.ship import HeadRows
+    from exactedit.solvers.head.stream import QuantRows
+    from exactedit.solvers.head.stream_jax import to_device, vocab_pass_jax
+    from exactedit.solvers.head.track import DeviceTracker, HostTracker
 
     total = cfg.max_steps + 2 * cfg.step_repeats + 4
     ticks = [0]
@@ -331,14 +331,14 @@ def _timed(fn):
 def run_gpu_wfld(cfg: GpuWfldConfig, progress: Progress | None = None) -> GpuWfldResult:
     import jax
 
-    import quant
-    from bench.head import synthetic_q6k
-    from solvers.head.stream import QuantRows
-    from solvers.head.stream_jax import kl_pass_jax, to_device, vocab_pass_jax
-    from solvers.l47 import wfld
-    from solvers.l47.forward import Hc4L47
-    from solvers.l47.jacobian import RowSet, linearize, with_weights
-    from solvers.model import Hc4Tail
+    from exactedit import quant
+    from exactedit.bench.head import synthetic_q6k
+    from exactedit.solvers.head.stream import QuantRows
+    from exactedit.solvers.head.stream_jax import kl_pass_jax, to_device, vocab_pass_jax
+    from exactedit.solvers.l47 import wfld
+    from exactedit.solvers.l47.forward import Hc4L47
+    from exactedit.solvers.l47.jacobian import RowSet, linearize, with_weights
+    from exactedit.solvers.model import Hc4Tail
 
     steps, done = 7, [0]
 

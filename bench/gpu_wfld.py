@@ -20,8 +20,8 @@ from typing import Callable
 
 import numpy as np
 
-from bench.solve_wfld import BenchSolveWfldConfig
-from solvers import device as devmod
+from exactedit.bench.solve_wfld import BenchSolveWfldConfig
+from exactedit.solvers import device as devmod
 
 Progress = Callable[[int, int], None]
 TARGET_S = 20.0
@@ -58,7 +58,7 @@ class GpuSolveWfldResult:
 
 def _build(root: Path, cfg: BenchSolveWfldConfig):
     """The synthetic model, phrases and dumps of `bench.solve_wfld`, written under root."""
-    from bench.solve_wfld import PHRASES, SPECIALS, _stream, _vocab, _write_dump, _write_model
+    from exactedit.bench.solve_wfld import PHRASES, SPECIALS, _stream, _vocab, _write_dump, _write_model
 
     tokens, types = _vocab(cfg.vocab)
     index = {tok: i for i, tok in enumerate(tokens[:len(tokens) - len(SPECIALS)]) if not tok.startswith("tok")}
@@ -72,7 +72,7 @@ def _build(root: Path, cfg: BenchSolveWfldConfig):
 
 
 def _numba_warm() -> float:
-    import quant
+    from exactedit import quant
 
     t = time.perf_counter()
     for qtype in ("Q8_0", "Q6_K"):
@@ -84,9 +84,9 @@ def run_gpu_solve_wfld(cfg: BenchSolveWfldConfig, device: str = "gpu",
                        progress: Progress | None = None) -> GpuSolveWfldResult:
     """Build the synthetic inputs, then time `solve_wfld` on `device` ("gpu", "auto" or "cpu": the
     device path on JAX's CPU backend, for tests) twice."""
-    from bench.solve_wfld import SPECIALS
-    from solvers.l47.config import WfldConfig
-    from solvers.l47.solve import WfldInputs, solve_wfld
+    from exactedit.bench.solve_wfld import SPECIALS
+    from exactedit.solvers.l47.config import WfldConfig
+    from exactedit.solvers.l47.solve import WfldInputs, solve_wfld
 
     dev = devmod.select(device)
     with tempfile.TemporaryDirectory(dir=cfg.workdir) as tmp:

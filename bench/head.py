@@ -20,7 +20,7 @@ from typing import Callable
 import gguf
 import numpy as np
 
-from solvers.head.stream import QuantRows, tile_size, vocab_pass
+from exactedit.solvers.head.stream import QuantRows, tile_size, vocab_pass
 
 Progress = Callable[[int, int], None]
 TARGET_RATIO = 0.7
@@ -121,7 +121,7 @@ class _TimedRows(QuantRows):
 def run_bench_head(cfg: BenchHeadConfig, progress: Progress | None = None) -> BenchHeadResult:
     import numba
 
-    import quant
+    from exactedit import quant
 
     quant.dequantize(synthetic_q6k(2, cfg.n, 1), "Q6_K", cfg.n)  # compile outside the clock
     rss_before = _status("VmRSS")

@@ -26,7 +26,7 @@ from typing import Callable
 import gguf
 import numpy as np
 
-from quant.errors import ExacteditError, QuantError
+from exactedit.quant.errors import ExacteditError, QuantError
 
 #: ours / ggml targets of issue 2, at equal thread counts
 TARGETS = {"quantize": 0.8, "dequantize": 1.0}
@@ -240,7 +240,7 @@ def run_quant_bench(config: QuantBenchConfig, progress: Callable[[int, int], Non
     """Throughput (rows/s) of our quantize/dequantize fast paths and ggml's C, and the ratio."""
     import numba
 
-    from quant import registry
+    from exactedit.quant import registry
 
     ggml = ggml if ggml is not None else GgmlC()
     rng = np.random.default_rng(config.seed)
@@ -309,7 +309,7 @@ def format_table(result: QuantBenchResult) -> str:
 
 def write_json(result: QuantBenchResult, path: str | os.PathLike) -> str:
     """Write the result as JSON (temporary name, fsync, rename); returns its sha256."""
-    from quant.files import atomic_write_bytes
+    from exactedit.quant.files import atomic_write_bytes
 
     data = (json.dumps(result.to_dict(), indent=2) + "\n").encode()
     atomic_write_bytes(path, data)

@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from solvers.head.objective import HeadBatch, MarginTerm, SetTerm, TargetTerm, logsumexp
+from exactedit.solvers.head.objective import HeadBatch, MarginTerm, SetTerm, TargetTerm, logsumexp
 
 
 def synthetic_batch(rng: np.random.Generator, rows: int, k: int, n: int, *, z_scale: float = 1.0,
@@ -113,10 +113,10 @@ def _time_steps(cfg: BenchSolveHeadConfig, batch, q, rank: int, tick) -> StepTim
     import jax
     import jax.numpy as jnp
 
-    from solvers.head import objective_jax as oj
-    from solvers.head.adam import AdamConfig, AdamState
-    from solvers.head.objective import Weights
-    from solvers.head.param import FullRows, LowRank
+    from exactedit.solvers.head import objective_jax as oj
+    from exactedit.solvers.head.adam import AdamConfig, AdamState
+    from exactedit.solvers.head.objective import Weights
+    from exactedit.solvers.head.param import FullRows, LowRank
 
     rng = np.random.default_rng(cfg.seed + rank)
     if rank == 0:
@@ -147,8 +147,8 @@ def _time_steps(cfg: BenchSolveHeadConfig, batch, q, rank: int, tick) -> StepTim
 
 def _solver_pass_s(cfg: BenchSolveHeadConfig, tick) -> float:
     """The solve's vocab pass (what `rowdata.gather` asks for) on bench head's synthetic head."""
-    from bench.head import synthetic_q6k
-    from solvers.head.stream import QuantRows, vocab_pass
+    from exactedit.bench.head import synthetic_q6k
+    from exactedit.solvers.head.stream import QuantRows, vocab_pass
 
     raw = synthetic_q6k(cfg.vocab, cfg.n, cfg.seed)
     rng = np.random.default_rng(cfg.seed + 1)
@@ -164,8 +164,8 @@ def _solver_pass_s(cfg: BenchSolveHeadConfig, tick) -> float:
 
 def run_bench_solve_head(cfg: BenchSolveHeadConfig, progress: Callable[[int, int], None] | None = None
                          ) -> BenchSolveHeadResult:
-    from bench.head import BenchHeadConfig, run_bench_head
-    from solvers.head.param import null_basis
+    from exactedit.bench.head import BenchHeadConfig, run_bench_head
+    from exactedit.solvers.head.param import null_basis
 
     phases = 2 * cfg.steps + (0 if cfg.skip_pass else 3 * cfg.vocab)
     done = [0]

@@ -83,10 +83,10 @@ def _vocab(V: int) -> tuple[list[str], list[int]]:
 
 
 def _write_model(path: Path, cfg: BenchSolveWfldConfig, tokens, types):
-    import quant
-    from bench.head import synthetic_q6k
-    from quant.gguf import GGUFValueType as VT
-    from quant.gguf_write import MetaValue, TensorData, write_gguf
+    from exactedit import quant
+    from exactedit.bench.head import synthetic_q6k
+    from exactedit.quant.gguf import GGUFValueType as VT
+    from exactedit.quant.gguf_write import MetaValue, TensorData, write_gguf
 
     rng = np.random.default_rng(cfg.seed)
     n, h, d_lo = cfg.n, cfg.h, cfg.d_lo
@@ -125,7 +125,7 @@ def _stream(rng, cfg, index, with_slop: bool) -> np.ndarray:
 
 
 def _write_dump(path: Path, cfg, toks, name, tags, rng):
-    from dumps import DocInfo, write_dump
+    from exactedit.dumps import DocInfo, write_dump
 
     T, n = toks.size, cfg.n
     half = T // 2
@@ -143,10 +143,10 @@ def _write_dump(path: Path, cfg, toks, name, tags, rng):
 
 def run_bench_solve_wfld(cfg: BenchSolveWfldConfig, progress: Callable[[int, int], None] | None = None
                          ) -> BenchSolveWfldResult:
-    from solvers.head.stream import vocab_pass
-    from solvers.l47.config import WfldConfig
-    from solvers.l47.solve import WfldInputs, solve_wfld
-    from solvers.logits import open_pair, tail_mix
+    from exactedit.solvers.head.stream import vocab_pass
+    from exactedit.solvers.l47.config import WfldConfig
+    from exactedit.solvers.l47.solve import WfldInputs, solve_wfld
+    from exactedit.solvers.logits import open_pair, tail_mix
 
     with tempfile.TemporaryDirectory(dir=cfg.workdir) as tmp:
         root = Path(tmp)

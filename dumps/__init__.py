@@ -2,13 +2,13 @@
 
 See docs/dump-format.md for the layout and how to mark roles and document tags.
 """
-from dumps.errors import DumpFormatError
-from dumps.format import (
+from exactedit.dumps.errors import DumpFormatError
+from exactedit.dumps.format import (
     ARCHS, FORMAT, ROLE_ANCHOR, ROLE_CODE, ROLE_NAMES, ROLE_PROMPT, ROLE_REPLY, ROLE_REPLY_END, ROLE_STEP0,
     ROLE_THINK, ROLE_TOOL, VERSION, DocInfo, DumpExpect,
 )
-from dumps.reader import Dump, read_dump
-from dumps.writer import write_dump
+from exactedit.dumps.reader import Dump, read_dump
+from exactedit.dumps.writer import write_dump
 
 __all__ = [
     "ARCHS", "FORMAT", "VERSION", "ROLE_ANCHOR", "ROLE_CODE", "ROLE_NAMES", "ROLE_PROMPT", "ROLE_REPLY",

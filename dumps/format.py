@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from dumps.errors import DumpFormatError
+from exactedit.dumps.errors import DumpFormatError
 
 FORMAT = "exactedit-dump"
 VERSION = 1

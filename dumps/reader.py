@@ -15,9 +15,9 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from dumps.errors import DumpFormatError
-from quant.files import file_sha256  # noqa: F401 - re-exported as dumps.reader.file_sha256
-from dumps.format import (
+from exactedit.dumps.errors import DumpFormatError
+from exactedit.quant.files import file_sha256  # noqa: F401 - re-exported as dumps.reader.file_sha256
+from exactedit.dumps.format import (
     MANIFEST, MANIFEST_MAX_BYTES, ROLE_NAMES, DocInfo, DumpExpect, Manifest, check_shapes, field_spec,
     parse_manifest,
 )

@@ -13,8 +13,8 @@ from typing import Collection, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from dumps.errors import DumpFormatError
-from dumps.format import (
+from exactedit.dumps.errors import DumpFormatError
+from exactedit.dumps.format import (
     ROLE_ANCHOR, ROLE_CODE, ROLE_PROMPT, ROLE_REPLY, ROLE_REPLY_END, ROLE_STEP0, ROLE_THINK, ROLE_TOOL,
     DocInfo, is_int,
 )

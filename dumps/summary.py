@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dumps.format import DocInfo
-from dumps.reader import Dump, Progress, read_dump
+from exactedit.dumps.format import DocInfo
+from exactedit.dumps.reader import Dump, Progress, read_dump
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,13 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from dumps.errors import DumpFormatError
-from dumps.format import (
+from exactedit.dumps.errors import DumpFormatError
+from exactedit.dumps.format import (
     ARCHS, MANIFEST, DocInfo, DumpExpect, Manifest, is_int, check_docs, check_shapes, field_spec,
     parse_manifest, required_fields,
 )
-from dumps.reader import Progress, check_values
-from quant.files import fsync_dir
+from exactedit.dumps.reader import Progress, check_values
+from exactedit.quant.files import fsync_dir
 
 _INT_RANGE = {"int32": (-(2 ** 31), 2 ** 31 - 1), "uint8": (0, 255)}
 

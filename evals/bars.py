@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dumps.format import ROLE_REPLY, ROLE_REPLY_END
-from evals import bootstrap as bs
-from evals.protocol import Bars, ResolvedTokens
-from evals.scoring import RowScores, slop_positions, word_positions
-from evals.splits import Splits, same_doc_heldout
+from exactedit.dumps.format import ROLE_REPLY, ROLE_REPLY_END
+from exactedit.evals import bootstrap as bs
+from exactedit.evals.protocol import Bars, ResolvedTokens
+from exactedit.evals.scoring import RowScores, slop_positions, word_positions
+from exactedit.evals.splits import Splits, same_doc_heldout
 
 HELDOUT_ROLES = ("dev", "test", "blind")
 

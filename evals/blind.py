@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from evals.ledger import Ledger, ProtocolRecord
-from evals.report import BarReport, WrittenFiles, report_to_json, write_report
+from exactedit.evals.ledger import Ledger, ProtocolRecord
+from exactedit.evals.report import BarReport, WrittenFiles, report_to_json, write_report
 
 SEEN_KINDS = ("score", "test")
 

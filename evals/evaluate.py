@@ -16,14 +16,14 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from evals import shaping
-from quant.errors import ExacteditError
-from evals.bars import BarContext, anti_slop_bars, per_phrase, persona_bars, same_doc_mask, verdict
-from evals.kld import KlRows, kld_stats
-from evals.protocol import Protocol, ResolvedTokens, resolve_tokens
-from evals.report import BarReport
-from evals.scoring import DocMeta, RowScores, concat, rows_from_logits
-from evals.splits import Splits
+from exactedit.evals import shaping
+from exactedit.quant.errors import ExacteditError
+from exactedit.evals.bars import BarContext, anti_slop_bars, per_phrase, persona_bars, same_doc_mask, verdict
+from exactedit.evals.kld import KlRows, kld_stats
+from exactedit.evals.protocol import Protocol, ResolvedTokens, resolve_tokens
+from exactedit.evals.report import BarReport
+from exactedit.evals.scoring import DocMeta, RowScores, concat, rows_from_logits
+from exactedit.evals.splits import Splits
 
 Progress = Callable[[int, int], None]
 BAR_SETS = ("anti-slop", "persona", "all")
@@ -118,7 +118,7 @@ def build_rules(shapes: Sequence[str], texts: Sequence[str], tokens: ResolvedTok
 
 
 def _full_logits(tail, mix: np.ndarray, tile_rows: int) -> np.ndarray:
-    from solvers.logits import head_pass
+    from exactedit.solvers.logits import head_pass
 
     out = np.empty((mix.shape[0], tail.spec.vocab), dtype=np.float32)
 
@@ -134,10 +134,10 @@ def score_traces(protocol: Protocol, model, traces: Sequence[TraceInput], config
                  kind: str = "score", progress: Progress | None = None) -> Scored:
     """RowScores of `edited` (a GGUF path; None: the base itself) plus `config.shapes` against
     `model`, on the listed documents of `traces`, and the bars of `config.bars`."""
-    from dumps import read_dump
-    from quant import gguf
-    from solvers.logits import tail_mix
-    from solvers.model import load_tail
+    from exactedit.dumps import read_dump
+    from exactedit.quant import gguf
+    from exactedit.solvers.logits import tail_mix
+    from exactedit.solvers.model import load_tail
 
     g = gguf.open(model)
     tail = load_tail(g)

@@ -15,9 +15,9 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from solvers.head.forward import apply_softcap
-from solvers.head.forward_fast import Matmul, Sgemm
-from solvers.head.stream import RowSource, lse_finish, lse_init, lse_update, tile_size
+from exactedit.solvers.head.forward import apply_softcap
+from exactedit.solvers.head.forward_fast import Matmul, Sgemm
+from exactedit.solvers.head.stream import RowSource, lse_finish, lse_init, lse_update, tile_size
 
 Progress = Callable[[int, int], None]
 
@@ -188,10 +188,10 @@ class KldResult:
 def kld(model, dump, edited, *, rows: str | tuple[int, int] | None = None, tile_rows: int = 8192,
         matmul: Matmul | None = None, progress: Progress | None = None) -> KldResult:
     """KL(base || edited) over the dump's rows, both models recomputed from the same dump."""
-    from quant import gguf
-    from quant.errors import ExacteditError
-    from solvers.logits import open_pair, parse_rows, tail_mix
-    from solvers.model import load_tail
+    from exactedit.quant import gguf
+    from exactedit.quant.errors import ExacteditError
+    from exactedit.solvers.logits import open_pair, parse_rows, tail_mix
+    from exactedit.solvers.model import load_tail
 
     g, tail, d = open_pair(model, dump)
     g2 = gguf.open(edited)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from quant.errors import ExacteditError, FieldError
-from quant.files import atomic_write_text, file_sha256  # file_sha256: re-exported
+from exactedit.quant.errors import ExacteditError, FieldError
+from exactedit.quant.files import atomic_write_text, file_sha256  # file_sha256: re-exported
 
 DEFAULT_WORKSPACE = Path(".exactedit")
 DB_NAME = "ledger.sqlite"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from quant.errors import FieldError
+from exactedit.quant.errors import FieldError
 
 TRACE_ROLES = ("pool", "train", "dev", "test", "blind", "anchors", "collateral")
 SPLIT_KEYS = ("source", "character")

@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from evals.bars import BarRow, PhraseRow
-from evals.ledger import file_sha256
-from quant.files import fsync_replace
+from exactedit.evals.bars import BarRow, PhraseRow
+from exactedit.evals.ledger import file_sha256
+from exactedit.quant.files import fsync_replace
 
 REPORT_KIND = "exactedit.eval-report"
 

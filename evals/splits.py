@@ -14,8 +14,8 @@ from typing import Mapping, Protocol as _Proto, Sequence
 
 import numpy as np
 
-from evals.ledger import Ledger, ProtocolRecord, canonical
-from evals.protocol import Protocol, ProtocolError, SplitRule
+from exactedit.evals.ledger import Ledger, ProtocolRecord, canonical
+from exactedit.evals.protocol import Protocol, ProtocolError, SplitRule
 
 SPLIT_ROLES = ("train", "dev", "test")
 EXCLUSIVE_ROLES = ("train", "dev", "test", "blind")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from evals.ledger import Ledger, ProtocolRecord
+from exactedit.evals.ledger import Ledger, ProtocolRecord
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
-from evals.blind import BlindResult, run_blind
-from evals.evaluate import EvalError, ScoreConfig, TraceInput, protocol_traces, score_traces
-from evals.ledger import Ledger, LedgerRefusal, ProtocolRecord, register_protocol, require_registered
-from evals.protocol import Protocol, load_protocol
-from evals.report import BarReport, WrittenFiles, read_report, report_from_json, report_to_json, write_report
-from evals.splits import Splits, build_splits, record_splits, recorded_splits
-from evals.testonce import score_test_once
+from exactedit.evals.blind import BlindResult, run_blind
+from exactedit.evals.evaluate import EvalError, ScoreConfig, TraceInput, protocol_traces, score_traces
+from exactedit.evals.ledger import Ledger, LedgerRefusal, ProtocolRecord, register_protocol, require_registered
+from exactedit.evals.protocol import Protocol, load_protocol
+from exactedit.evals.report import BarReport, WrittenFiles, read_report, report_from_json, report_to_json, write_report
+from exactedit.evals.splits import Splits, build_splits, record_splits, recorded_splits
+from exactedit.evals.testonce import score_test_once
 
 Progress = Callable[[int, int], None]
 
@@ -55,7 +55,7 @@ class ScoredTest:
 
 
 def _dump_hashes(protocol: Protocol) -> dict[str, str]:
-    from dumps import read_dump
+    from exactedit.dumps import read_dump
 
     return {t.name: read_dump(t.path, check_finite=False).sha256() for t in protocol.traces}
 
@@ -77,7 +77,7 @@ def _registration_hashes(ledger: Ledger, record: ProtocolRecord) -> dict[str, st
 
 def split(protocol_path, workspace, command: str, unregistered: bool = False) -> SplitResult:
     """Build the splits from the traces' documents and record them (a rerun returns the same)."""
-    from dumps import read_dump
+    from exactedit.dumps import read_dump
 
     protocol = load_protocol(protocol_path)
     with Ledger.open(workspace) as ledger:
@@ -107,8 +107,8 @@ def edited_model(model, bundle, workspace) -> Iterator[tuple[Path | None, str]]:
     if bundle is None:
         yield None, ""
         return
-    from solvers.apply import apply_bundle
-    from solvers.bundle import read_bundle
+    from exactedit.solvers.apply import apply_bundle
+    from exactedit.solvers.bundle import read_bundle
 
     b = read_bundle(bundle)
     tmp = Path(workspace) / "tmp"
@@ -162,7 +162,7 @@ def score_test(protocol_path, workspace, model, bundle, out_dir, command: str, *
     with Ledger.open(workspace) as ledger:
         record = require_registered(ledger, protocol, command, unregistered)
         splits = _splits_or_error(ledger, protocol)
-        from solvers.bundle import read_bundle
+        from exactedit.solvers.bundle import read_bundle
 
         bundle_sha = read_bundle(bundle).sha256
 
@@ -182,8 +182,8 @@ def score_test(protocol_path, workspace, model, bundle, out_dir, command: str, *
 def blind(model, bundle, doc, dev_report, workspace, out_dir, command: str, *, protocol_path=None,
           chunk_rows: int = 128, progress: Progress | None = None) -> BlindResult:
     """The one-shot blind sign-off of `bundle` on the dump `doc` (see evals.blind)."""
-    from dumps import read_dump
-    from solvers.bundle import read_bundle
+    from exactedit.dumps import read_dump
+    from exactedit.solvers.bundle import read_bundle
 
     try:
         dev, dev_sha = read_report(dev_report)

@@ -15,9 +15,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from dumps import DocInfo, write_dump
-from native.llamacpp import EngineError, EngineRun, EngineSettings, LlamaEngine
-from quant import arch, gguf
+from exactedit.dumps import DocInfo, write_dump
+from exactedit.native.llamacpp import EngineError, EngineRun, EngineSettings, LlamaEngine
+from exactedit.quant import arch, gguf
 
 Progress = Callable[[int, int], None]
 # Graph names per dump field, first match wins (llama.cpp's names; L is the last layer).

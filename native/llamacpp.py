@@ -21,7 +21,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from quant.errors import FieldError
+from exactedit.quant.errors import FieldError
 
 # ggml_type ids of the tensors a capture can copy (f32 is all a graph node of interest holds).
 _GGML_TYPE_F32 = 0

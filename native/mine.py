@@ -20,8 +20,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from native.capture import CaptureDoc, capture_dump
-from native.llamacpp import EngineError, EngineSettings, LlamaEngine
+from exactedit.native.capture import CaptureDoc, capture_dump
+from exactedit.native.llamacpp import EngineError, EngineSettings, LlamaEngine
 
 Progress = Callable[[int, int], None]
 KAOMOJI = re.compile(r"[(（][^()（）\n]{0,8}[\^＾ω・ᴗ◕‿°ᵕ•ﾟ▽´`ｰ][^()（）\n]{0,8}[)）]|[ヽ╯ツ٩۶]")

@@ -23,7 +23,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Callable
 
-from quant.errors import FieldError
+from exactedit.quant.errors import FieldError
 
 Progress = Callable[[int, int], None]
 

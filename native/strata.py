@@ -20,8 +20,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from quant.errors import FieldError
-from quant.files import atomic_write_bytes
+from exactedit.quant.errors import FieldError
+from exactedit.quant.files import atomic_write_bytes
 
 TEMPLATE = ("strata_window_cli", "--metal-gguf", "{gguf}", "--tokens-file", "{tokens}",
             "--logits-out", "{logits}")
@@ -158,7 +158,7 @@ class ContractRun:
 def run_llamacpp(gguf, tokens_file, logits_out, settings=None,
                  progress: Callable[[int, int], None] | None = None) -> ContractRun:
     """Read the tokens file, evaluate with llama.cpp, write the logits file (atomically)."""
-    from native.llamacpp import EngineSettings, LlamaEngine
+    from exactedit.native.llamacpp import EngineSettings, LlamaEngine
 
     settings = settings or EngineSettings()
     with LlamaEngine(gguf, settings) as engine:

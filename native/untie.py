@@ -16,9 +16,9 @@ from typing import Callable
 
 import numpy as np
 
-from quant import arch, gguf
-from quant.errors import ExacteditError
-from quant.transplant import transplant
+from exactedit.quant import arch, gguf
+from exactedit.quant.errors import ExacteditError
+from exactedit.quant.transplant import transplant
 
 HEAD, EMBED = "output.weight", "token_embd.weight"
 

@@ -29,10 +29,10 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from native.capture import pick, tail_names
-from native.llamacpp import EngineError, EngineSettings, LlamaEngine
-from quant import arch, gguf
-from solvers.head.engine_numerics import MatchEngine, engine_matmul, rmsnorm_engine_mix, softcap
+from exactedit.native.capture import pick, tail_names
+from exactedit.native.llamacpp import EngineError, EngineSettings, LlamaEngine
+from exactedit.quant import arch, gguf
+from exactedit.solvers.head.engine_numerics import MatchEngine, engine_matmul, rmsnorm_engine_mix, softcap
 
 Progress = Callable[[int, int], None]
 
@@ -219,7 +219,7 @@ def live_baseline(model, tokens, settings: EngineSettings | None = None) -> Base
 def baseline_from_dump(model, dump, engine_logits: np.ndarray) -> Baseline:
     """A baseline from a llama.cpp dump (native.capture) and the engine logits of that run: the
     dump's documents are evaluated as one token stream, so this suits a one-document dump."""
-    from dumps import read_dump
+    from exactedit.dumps import read_dump
 
     d = read_dump(dump)
     if len(d.manifest.docs) != 1:
@@ -243,8 +243,8 @@ def check_edit(base: Baseline, bundle, *, tolerance: Tolerance | None = None, ed
     to the base tensors; the engine loads the file the transplant writes, or `edited` when given
     (an already edited GGUF, e.g. one made elsewhere): a file whose bytes are not the bundle's
     claim fails."""
-    from solvers.apply import apply_bundle
-    from solvers.bundle import read_bundle
+    from exactedit.solvers.apply import apply_bundle
+    from exactedit.solvers.bundle import read_bundle
 
     tolerance = tolerance or Tolerance()
     b = read_bundle(bundle)
@@ -284,7 +284,7 @@ def verify_live(model, bundle, tokens, *, settings: EngineSettings | None = None
 
 def bundle_raw(g: gguf.GGUFFile, bundle) -> dict[str, np.ndarray]:
     """The bundle's claim: each edited tensor's full bytes, its edits applied in memory to `g`'s."""
-    from quant.patch import RowPatch, apply_row_patch
+    from exactedit.quant.patch import RowPatch, apply_row_patch
 
     out = {}
     for e in bundle.edits:

@@ -15,8 +15,8 @@ from typing import Callable
 
 import numpy as np
 
-from native.strata import EngineCommand, run_engine
-from native.verify import Check, Tolerance, VerifyReport, logit_stats
+from exactedit.native.strata import EngineCommand, run_engine
+from exactedit.native.verify import Check, Tolerance, VerifyReport, logit_stats
 
 Progress = Callable[[int, int], None]
 
@@ -26,10 +26,10 @@ def verify_engine(command: EngineCommand, model, bundle, dump, *, tolerance: Tol
                   progress: Progress | None = None) -> VerifyReport:
     """Engine (through `command`) vs offline prediction, on base and edited files, over the
     tokens of `dump` (one document read from its first token)."""
-    from dumps import read_dump
-    from quant.gguf import file_sha256
-    from solvers.apply import apply_bundle
-    from solvers.logits import write_logits
+    from exactedit.dumps import read_dump
+    from exactedit.quant.gguf import file_sha256
+    from exactedit.solvers.apply import apply_bundle
+    from exactedit.solvers.logits import write_logits
 
     tolerance = tolerance or Tolerance()
     tick = (lambda i: progress(i, 5)) if progress else (lambda i: None)

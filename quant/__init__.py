@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from quant.errors import QuantError
+from exactedit.quant.errors import QuantError
 
 SUPPORTED: tuple[str, ...] = ("F32", "F16", "BF16", "Q8_0", "Q6_K")
 
@@ -27,7 +27,7 @@ Progress = Callable[[int, int], None]
 
 def row_bytes(qtype: str, cols: int) -> int:
     """Bytes of one row of `cols` values of type `qtype`."""
-    from quant import registry
+    from exactedit.quant import registry
 
     return registry.row_bytes(qtype, cols)
 
@@ -55,7 +55,7 @@ def _as_rows(x, qtype: str) -> np.ndarray:
 def quantize(x, qtype: str, progress: Progress | None = None) -> np.ndarray:
     """float32 rows -> ggml bytes uint8 [rows, row_bytes], byte-identical to ggml's reference
     quantizers. Never modifies `x`; non-float32 input is converted to float32 first."""
-    from quant import registry
+    from exactedit.quant import registry
 
     fmt = registry.get(qtype)
     x = _as_rows(x, qtype)
@@ -73,7 +73,7 @@ def dequantize(raw, qtype: str, cols: int, progress: Progress | None = None) -> 
     """ggml bytes uint8 [rows, row_bytes] (an array or a read-only memmap slice) -> float32
     [rows, cols]. Reads `raw` in place (a strided view is copied a chunk of rows at a time) and
     never writes it."""
-    from quant import registry
+    from exactedit.quant import registry
 
     fmt = registry.get(qtype)
     nbytes = registry.row_bytes(qtype, cols)
@@ -104,7 +104,7 @@ def dequantize(raw, qtype: str, cols: int, progress: Progress | None = None) -> 
 def runtime_q8_0(x) -> np.ndarray:
     """The engine's runtime view of a BF16 tensor: dequant(quant_q8_0(x)), x the bf16 values as
     float32 [rows, cols]."""
-    from quant.runtime import runtime_q8_0 as _impl
+    from exactedit.quant.runtime import runtime_q8_0 as _impl
 
     return _impl(x)
 
@@ -112,6 +112,6 @@ def runtime_q8_0(x) -> np.ndarray:
 def runtime_view(raw, qtype: str, cols: int) -> np.ndarray:
     """What the engine multiplies with for a stored tensor: BF16 -> its Q8_0 copy (dequantized),
     any other type -> its dequantized values."""
-    from quant.runtime import runtime_view as _impl
+    from exactedit.quant.runtime import runtime_view as _impl
 
     return _impl(raw, qtype, cols)

@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from quant import gguf
-from quant.errors import GGUFFormatError
+from exactedit.quant import gguf
+from exactedit.quant.errors import GGUFFormatError
 
 HC4_RMS_EPS = 1e-6
 

@@ -10,7 +10,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from quant.f32 import f32_bits
+from exactedit.quant.f32 import f32_bits
 
 NAME = "BF16"
 

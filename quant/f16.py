@@ -11,7 +11,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from quant.f32 import bits_f32, f32_bits
+from exactedit.quant.f32 import bits_f32, f32_bits
 
 NAME = "F16"
 

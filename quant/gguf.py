@@ -18,9 +18,9 @@ from typing import Any, Callable
 import numpy as np
 from gguf import GGUFValueType
 
-from quant.errors import GGUFFormatError, QuantError
-from quant.files import file_sha256  # noqa: F401 - re-exported as quant.gguf.file_sha256
-from quant.gguf_parse import (ARRAY_DTYPES, DEFAULT_ALIGNMENT, GGUF_MAGIC, HEADER_BYTES,  # noqa: F401
+from exactedit.quant.errors import GGUFFormatError, QuantError
+from exactedit.quant.files import file_sha256  # noqa: F401 - re-exported as quant.gguf.file_sha256
+from exactedit.quant.gguf_parse import (ARRAY_DTYPES, DEFAULT_ALIGNMENT, GGUF_MAGIC, HEADER_BYTES,  # noqa: F401
                                SCALAR_FORMATS, SUPPORTED_VERSIONS, KV, Reader, TensorInfo, ggml_layout,
                                parse, row_bytes_of)
 
@@ -123,7 +123,7 @@ class GGUFFile:
 
     def read_rows(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Rows [start, stop) of a tensor dequantized to float32 [rows, cols] (via quant.dequantize)."""
-        from quant import dequantize
+        from exactedit.quant import dequantize
 
         info = self.tensor(name)
         raw = self.read_raw(name, start, stop)
@@ -161,7 +161,7 @@ def open(path) -> GGUFFile:  # noqa: A001 - the public name the project asked fo
 
 def __getattr__(name: str):
     if name in ("transplant", "TransplantResult"):
-        import quant.transplant
+        from exactedit.quant import transplant as _transplant
 
-        return getattr(quant.transplant, name)
+        return getattr(_transplant, name)
     raise AttributeError(f"module 'quant.gguf' has no attribute {name!r}")

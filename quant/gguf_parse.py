@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-from quant.errors import GGUFFormatError, QuantError
+from exactedit.quant.errors import GGUFFormatError, QuantError
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)

@@ -16,8 +16,8 @@ from typing import Any, Mapping, NamedTuple
 import numpy as np
 from gguf import GGUFValueType
 
-from quant.errors import GGUFFormatError, QuantError
-from quant.gguf import (ARRAY_DTYPES, DEFAULT_ALIGNMENT, GGUF_MAGIC, SCALAR_FORMATS, SUPPORTED_VERSIONS,
+from exactedit.quant.errors import GGUFFormatError, QuantError
+from exactedit.quant.gguf import (ARRAY_DTYPES, DEFAULT_ALIGNMENT, GGUF_MAGIC, SCALAR_FORMATS, SUPPORTED_VERSIONS,
                         file_sha256, ggml_layout, row_bytes_of)
 
 _VT = GGUFValueType
@@ -199,7 +199,7 @@ def synthetic_model(path, *, tail: str = "rmsnorm", vocab: int = 300, n: int = 2
     tail "rmsnorm": output_norm + output (or tied token_embd) + blk.L.ffn_down (Q8_0);
     tail "hc4": output_hc_norm (F32) / _down / _up (BF16) + output + blk.L.ffn_down_shexp (Q8_0).
     """
-    from quant import quantize
+    from exactedit.quant import quantize
 
     if tail not in ("rmsnorm", "hc4"):
         raise QuantError(f"tail must be 'rmsnorm' or 'hc4', got {tail!r}")

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from quant.errors import QuantError
+from exactedit.quant.errors import QuantError
 
 SUPPORTED: tuple[str, ...] = ("F32", "F16", "BF16", "Q8_0", "Q6_K")
 
@@ -125,7 +125,7 @@ _KERNELS = {"Q6_K": q6_k, "Q8_0": q8_0, "BF16": bf16, "F16": f16, "F32": f32}
 
 def check_shape(shape, qtype: str, cols: int) -> None:
     """QuantError unless `shape` is [rows, row_bytes] of `qtype` rows of `cols` values."""
-    from quant import registry
+    from exactedit.quant import registry
 
     if qtype not in _KERNELS:
         raise QuantError(f"qtype {qtype!r}: no JAX dequantizer; expected one of {', '.join(SUPPORTED)}")

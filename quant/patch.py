@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from quant.errors import FieldError
-from quant.gguf_write import fsync_dir
+from exactedit.quant.errors import FieldError
+from exactedit.quant.gguf_write import fsync_dir
 
 
 class RowPatchError(FieldError):

@@ -25,8 +25,8 @@ import numba
 import numpy as np
 from numba import prange
 
-from quant.f16 import FP16_TO_FP32, fp16_bits_to_fp32, fp32_to_fp16_bits
-from quant.f32 import f32_bits
+from exactedit.quant.f16 import FP16_TO_FP32, fp16_bits_to_fp32, fp32_to_fp16_bits
+from exactedit.quant.f32 import f32_bits
 
 NAME = "Q6_K"
 QK_K, BLOCK_BYTES = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q6_K]

@@ -15,7 +15,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from quant.f16 import FP16_TO_FP32, fp32_to_fp16_bits
+from exactedit.quant.f16 import FP16_TO_FP32, fp32_to_fp16_bits
 
 NAME = "Q8_0"
 QK, BLOCK_BYTES = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0]

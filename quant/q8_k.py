@@ -26,7 +26,7 @@ assert BLOCK.itemsize == BLOCK_BYTES
 
 
 def _check(x: np.ndarray) -> np.ndarray:
-    from quant.errors import QuantError
+    from exactedit.quant.errors import QuantError
 
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] % QK != 0:

@@ -13,8 +13,8 @@ from typing import Callable, NamedTuple
 
 import gguf
 
-from quant import bf16, f16, f32, q6_k, q8_0
-from quant.errors import QuantError
+from exactedit.quant import bf16, f16, f32, q6_k, q8_0
+from exactedit.quant.errors import QuantError
 
 
 class Format(NamedTuple):

@@ -12,8 +12,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-import quant
-from quant.errors import QuantError
+from exactedit import quant
+from exactedit.quant.errors import QuantError
 
 
 class RowError(NamedTuple):

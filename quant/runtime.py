@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-import quant
-from quant.errors import QuantError
+from exactedit import quant
+from exactedit.quant.errors import QuantError
 
 
 def runtime_q8_0(x) -> np.ndarray:

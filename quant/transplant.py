@@ -21,9 +21,9 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from quant import gguf
-from quant.errors import GGUFFormatError, QuantError
-from quant.gguf_write import TensorData, align_up, encode_tensor_info, fsync_dir
+from exactedit.quant import gguf
+from exactedit.quant.errors import GGUFFormatError, QuantError
+from exactedit.quant.gguf_write import TensorData, align_up, encode_tensor_info, fsync_dir
 
 _CHUNK = 1 << 24
 

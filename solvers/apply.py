@@ -13,10 +13,10 @@ from typing import Callable
 
 import numpy as np
 
-from quant import gguf
-from quant.patch import RowPatch, apply_row_patch
-from quant.transplant import TransplantResult, transplant
-from solvers.bundle import Bundle, BundleError, read_bundle
+from exactedit.quant import gguf
+from exactedit.quant.patch import RowPatch, apply_row_patch
+from exactedit.quant.transplant import TransplantResult, transplant
+from exactedit.solvers.bundle import Bundle, BundleError, read_bundle
 
 Progress = Callable[[int, int], None]
 

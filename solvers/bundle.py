@@ -34,10 +34,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-import quant
-from quant.errors import FieldError
-from quant.files import file_sha256, fsync_dir
-from quant.patch import RowPatchError, read_row_patch, write_row_patch
+from exactedit import quant
+from exactedit.quant.errors import FieldError
+from exactedit.quant.files import file_sha256, fsync_dir
+from exactedit.quant.patch import RowPatchError, read_row_patch, write_row_patch
 
 KIND = "exactedit.bundle"
 VERSION = 1

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from quant.errors import ExacteditError
+from exactedit.quant.errors import ExacteditError
 
 DEVICES = ("cpu", "gpu", "auto")
 PRECISIONS = ("exact", "tf32", "bf16")

@@ -16,13 +16,13 @@ from typing import Union
 
 import numpy as np
 
-from dumps.format import DumpExpect
-from quant.errors import GGUFFormatError
-from solvers.head import forward as head_ref
-from solvers.head import forward_fast as head_fast
-from solvers.head.stream import QuantRows, gguf_rows
-from solvers.l47 import forward as l47_ref
-from solvers.l47 import forward_fast as l47_fast
+from exactedit.dumps.format import DumpExpect
+from exactedit.quant.errors import GGUFFormatError
+from exactedit.solvers.head import forward as head_ref
+from exactedit.solvers.head import forward_fast as head_fast
+from exactedit.solvers.head.stream import QuantRows, gguf_rows
+from exactedit.solvers.l47 import forward as l47_ref
+from exactedit.solvers.l47 import forward_fast as l47_fast
 
 # llama.cpp token types (tokenizer.ggml.token_type)
 TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_BYTE = 3, 4, 6
@@ -178,8 +178,8 @@ def _vector(g, view, name: str) -> np.ndarray:
 
 def load_tail(g) -> Tail:
     """The tail of an open `quant.gguf.GGUFFile` (kind from `quant.arch.detect_tail`)."""
-    import quant
-    from quant.arch import detect_tail
+    from exactedit import quant
+    from exactedit.quant.arch import detect_tail
 
     spec = detect_tail(g)
     names = spec.names

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.quant import GgmlC, GgmlUnavailable
+from exactedit.bench.quant import GgmlC, GgmlUnavailable
 
 
 def load() -> GgmlC:

@@ -18,10 +18,10 @@ from typing import Sequence
 
 import numpy as np
 
-from dumps.format import ROLE_ANCHOR, ROLE_PROMPT, ROLE_REPLY, ROLE_REPLY_END, ROLE_STEP0, ROLE_THINK, ROLE_TOOL
-from solvers.head.config import HeadSolveError
-from solvers.head.objective import HeadBatch, MarginTerm, SetTerm, TargetTerm, logsumexp
-from solvers.head.rowdata import RowData
+from exactedit.dumps.format import ROLE_ANCHOR, ROLE_PROMPT, ROLE_REPLY, ROLE_REPLY_END, ROLE_STEP0, ROLE_THINK, ROLE_TOOL
+from exactedit.solvers.head.config import HeadSolveError
+from exactedit.solvers.head.objective import HeadBatch, MarginTerm, SetTerm, TargetTerm, logsumexp
+from exactedit.solvers.head.rowdata import RowData
 
 REJECTED_TAG = "rejected0="
 

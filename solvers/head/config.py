@@ -10,9 +10,9 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from quant.errors import FieldError
-from solvers.head.adam import AdamConfig
-from solvers.head.objective import Weights
+from exactedit.quant.errors import FieldError
+from exactedit.solvers.head.adam import AdamConfig
+from exactedit.solvers.head.objective import Weights
 
 Token = str | int
 BACKENDS = ("jax", "numpy")

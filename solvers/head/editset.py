@@ -14,8 +14,8 @@ from typing import Sequence
 
 import numpy as np
 
-from dumps.format import ROLE_REPLY
-from solvers.head.config import HeadSolveError
+from exactedit.dumps.format import ROLE_REPLY
+from exactedit.solvers.head.config import HeadSolveError
 
 
 @dataclass(frozen=True)

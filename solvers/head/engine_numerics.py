@@ -39,8 +39,8 @@ import numpy as np
 from numba import prange, types
 from numba.extending import intrinsic
 
-from quant import q6_k, q8_k
-from quant.errors import QuantError
+from exactedit.quant import q6_k, q8_k
+from exactedit.quant.errors import QuantError
 
 ENGINES = ("llamacpp",)
 TILED_MIN_ROWS = 8    # ggml-cpu's tiled K-quant matmul takes micro-batches of >= 8 rows
@@ -280,7 +280,7 @@ def softcap(logits: np.ndarray, cap: float) -> np.ndarray:
 
 
 def _matmuls(reference: bool) -> dict:
-    from solvers.head import engine_q8_0  # imported here: it builds on this module's fma
+    from exactedit.solvers.head import engine_q8_0  # imported here: it builds on this module's fma
 
     if reference:
         return {"Q6_K": q6_k_matmul_ref, "Q8_0": engine_q8_0.q8_0_matmul_ref}

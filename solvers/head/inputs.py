@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from dumps import read_dump
-from dumps.reader import load_manifest
-from evals.ledger import Ledger
-from evals.protocol import Protocol
-from evals.scoring import DocMeta
-from evals.splits import Splits, build_splits, recorded_splits
-from solvers.head.config import HeadSolveError
+from exactedit.dumps import read_dump
+from exactedit.dumps.reader import load_manifest
+from exactedit.evals.ledger import Ledger
+from exactedit.evals.protocol import Protocol
+from exactedit.evals.scoring import DocMeta
+from exactedit.evals.splits import Splits, build_splits, recorded_splits
+from exactedit.solvers.head.config import HeadSolveError
 
 SOLVE_ROLES = ("train", "dev", "test")
 

@@ -17,9 +17,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from solvers.head.adam import AdamConfig, AdamState, adam_update
-from solvers.head.objective import HeadBatch, Terms, TERM_NAMES, Weights, TargetTerm, SetTerm
-from solvers.head.param import FullRows, LowRank
+from exactedit.solvers.head.adam import AdamConfig, AdamState, adam_update
+from exactedit.solvers.head.objective import HeadBatch, Terms, TERM_NAMES, Weights, TargetTerm, SetTerm
+from exactedit.solvers.head.param import FullRows, LowRank
 
 
 class StepData(NamedTuple):

@@ -9,8 +9,8 @@ import io
 import math
 import textwrap
 
-from solvers.head.scores import SplitReport
-from solvers.head.testonce import bars_json, to_json
+from exactedit.solvers.head.scores import SplitReport
+from exactedit.solvers.head.testonce import bars_json, to_json
 
 
 def _checkpoint_json(c) -> dict:

@@ -15,8 +15,8 @@ from typing import Sequence
 
 import numpy as np
 
-from dumps.format import ROLE_REPLY, ROLE_REPLY_END
-from solvers.head.rowdata import Effect, RowData
+from exactedit.dumps.format import ROLE_REPLY, ROLE_REPLY_END
+from exactedit.solvers.head.rowdata import Effect, RowData
 
 CLASSES = ("style", "ordinary", "all")
 

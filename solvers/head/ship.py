@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-import quant
-from quant.roundtrip import requantize_rows
+from exactedit import quant
+from exactedit.quant.roundtrip import requantize_rows
 
 
 @dataclass(frozen=True, eq=False)

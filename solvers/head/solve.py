@@ -22,23 +22,23 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from evals.bars import BarContext, BarRow, persona_bars
-from evals.ledger import DEFAULT_WORKSPACE, Ledger, require_registered
-from evals.protocol import load_protocol, resolve_tokens as resolve_protocol_tokens
-from evals.scoring import concat as concat_scores
-from quant import gguf
-from solvers.head import rowdata
-from solvers.head.adam import AdamState, adam_init, adam_update
-from solvers.head.batch import build_batch, rejected_openers
-from solvers.head.config import HeadSolveConfig, HeadSolveError
-from solvers.head.editset import EditSet, choose_edit_set, resolve_tokens
-from solvers.head.inputs import gather_inputs, solve_splits
-from solvers.head.objective import Terms, objective_grad
-from solvers.head.param import anchor_energy_kept, delta_w, init_params, n_params, null_basis, project, pullback
-from solvers.head.scores import ClassGains, SplitReport, class_masks, split_report
-from solvers.head.ship import HeadRows, Shipped, load_head_rows, ship, shipped_edit
-from solvers.head.testonce import TestOutcome, score_test_once
-from solvers.head.track import DeviceTracker, HostTracker
+from exactedit.evals.bars import BarContext, BarRow, persona_bars
+from exactedit.evals.ledger import DEFAULT_WORKSPACE, Ledger, require_registered
+from exactedit.evals.protocol import load_protocol, resolve_tokens as resolve_protocol_tokens
+from exactedit.evals.scoring import concat as concat_scores
+from exactedit.quant import gguf
+from exactedit.solvers.head import rowdata
+from exactedit.solvers.head.adam import AdamState, adam_init, adam_update
+from exactedit.solvers.head.batch import build_batch, rejected_openers
+from exactedit.solvers.head.config import HeadSolveConfig, HeadSolveError
+from exactedit.solvers.head.editset import EditSet, choose_edit_set, resolve_tokens
+from exactedit.solvers.head.inputs import gather_inputs, solve_splits
+from exactedit.solvers.head.objective import Terms, objective_grad
+from exactedit.solvers.head.param import anchor_energy_kept, delta_w, init_params, n_params, null_basis, project, pullback
+from exactedit.solvers.head.scores import ClassGains, SplitReport, class_masks, split_report
+from exactedit.solvers.head.ship import HeadRows, Shipped, load_head_rows, ship, shipped_edit
+from exactedit.solvers.head.testonce import TestOutcome, score_test_once
+from exactedit.solvers.head.track import DeviceTracker, HostTracker
 
 Progress = Callable[[int, int], None]
 
@@ -201,7 +201,7 @@ class _JaxStepper:
         import jax
         import jax.numpy as jnp
 
-        from solvers.head import objective_jax as oj
+        from exactedit.solvers.head import objective_jax as oj
 
         self.jax = jax
         self.data = oj.to_device(batch, q)
@@ -243,7 +243,7 @@ class _Setup:
 
 
 def _setup(cfg: HeadSolveConfig, proto, splits, g, train, dev, test, device=None) -> _Setup:
-    from solvers.model import load_tail
+    from exactedit.solvers.model import load_tail
 
     tail = load_tail(g)
     head_name = _check_tail(tail)
@@ -263,7 +263,7 @@ def _setup(cfg: HeadSolveConfig, proto, splits, g, train, dev, test, device=None
                                    *(int(r) for r in rejected if r >= 0)]))
     device_head = None
     if device is not None:
-        from solvers.head.stream_jax import to_device
+        from exactedit.solvers.head.stream_jax import to_device
 
         device_head = to_device(tail.head, device)
     return _Setup(tail, head_name, vocab, resolved, given, edit, openers, closers, sel_ids, device_head)
@@ -358,7 +358,7 @@ def _score_test(su: _Setup, test_rows, cfg, scorer, shipped, parts, bars_with, t
 def bundle_plan(model: str, model_sha: str, protocol_path, protocol_sha: str, dumps, config: HeadSolveConfig,
                 head: HeadRows, shipped: Shipped | None):
     """(inputs, config JSON, edits) of a solve's bundle, and its identity (`solvers.bundle`)."""
-    from solvers.bundle import InputRef, TensorEdit, bundle_identity
+    from exactedit.solvers.bundle import InputRef, TensorEdit, bundle_identity
 
     edits = []
     if shipped is not None and shipped.changed.any():
@@ -374,8 +374,8 @@ def write_head_bundle(r: HeadSolveResult, out, *, overwrite: bool = False):
     """The bundle of a solve: the row patch of the shipped edit (none when no step qualified),
     report.json, report.txt, trajectory.png, and the manifest (inputs' sha256, config, trajectory).
     Its identity is `r.bundle_sha256`, the key test was scored under."""
-    from solvers.bundle import write_bundle
-    from solvers.head import report
+    from exactedit.solvers.bundle import write_bundle
+    from exactedit.solvers.head import report
 
     inputs, cfg, edits, ident = bundle_plan(r.model, r.model_sha256, r.protocol_path, r.protocol_sha256, r.inputs,
                                             r.config, r.head, r.shipped if r.shipped_edit else None)
@@ -396,7 +396,7 @@ def solve_head(*args, device="auto", **kwargs):
     TF32 / bf16 are opt-in (solvers.device), never a GPU's silent default. `device` ("cpu", "gpu",
     "auto" or a jax.Device; `solvers.device.pass_device`): on "cpu", and on "auto" without a GPU,
     the passes and dev tracking are the host numpy path, unchanged; else they run on the device."""
-    from solvers.device import DeviceConfig, pass_device, scope
+    from exactedit.solvers.device import DeviceConfig, pass_device, scope
 
     dev = pass_device(device)
     with scope(DeviceConfig(), device=dev):

@@ -16,8 +16,8 @@ from typing import Callable, NamedTuple, Protocol
 
 import numpy as np
 
-from solvers.head.forward import apply_softcap
-from solvers.head.forward_fast import Matmul, Sgemm
+from exactedit.solvers.head.forward import apply_softcap
+from exactedit.solvers.head.forward_fast import Matmul, Sgemm
 
 Progress = Callable[[int, int], None]
 
@@ -74,7 +74,7 @@ class QuantRows:
         self.rows, self.cols = int(rows), int(cols)
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        import quant
+        from exactedit import quant
 
         convert = quant.runtime_view if self.runtime else quant.dequantize
         out = convert(self.read_raw(start, stop), self.qtype, self.cols)

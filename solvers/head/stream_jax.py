@@ -26,10 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import quant
-from quant import jax_dequant
-from solvers.device import dot_nt, round_operand, select
-from solvers.head.stream import VocabPass
+from exactedit import quant
+from exactedit.quant import jax_dequant
+from exactedit.solvers.device import dot_nt, round_operand, select
+from exactedit.solvers.head.stream import VocabPass
 
 Progress = Callable[[int, int], None]
 
@@ -343,7 +343,7 @@ def kl_pass_jax(mix_base, mix_edit, rows: DeviceRows, *, next_ids=None, precisio
     float64 from the tile partials A, B, C (see `_kl_tile`) over the base's
     total mass; with x = E[expm1(-d)], KL = E[d] + log1p(x), taken as C + log1p(x) - x when |x| < 0.5
     (no cancellation for small d) and as A + log1p(x) otherwise (none for large d)."""
-    from evals.kld import KlRows
+    from exactedit.evals.kld import KlRows
 
     mb, me = (np.asarray(m, dtype=np.float32) for m in (mix_base, mix_edit))
     if mb.ndim != 2 or mb.shape != me.shape or mb.shape[1] != rows.cols:

@@ -14,11 +14,11 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from evals import testonce as evals_testonce
-from evals.bars import BarRow, verdict
-from evals.ledger import Ledger, LedgerRefusal, ProtocolRecord
-from evals.report import BarReport, report_from_json, report_to_json
-from solvers.head.scores import SplitReport
+from exactedit.evals import testonce as evals_testonce
+from exactedit.evals.bars import BarRow, verdict
+from exactedit.evals.ledger import Ledger, LedgerRefusal, ProtocolRecord
+from exactedit.evals.report import BarReport, report_from_json, report_to_json
+from exactedit.solvers.head.scores import SplitReport
 
 STATUSES = ("scored", "recorded", "not given", "no edit")
 

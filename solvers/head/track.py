@@ -20,9 +20,9 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from solvers.head.objective import HeadBatch, Terms, Weights, objective
-from solvers.head.rowdata import RowData, effect
-from solvers.head.scores import ClassGains, class_masks, gains
+from exactedit.solvers.head.objective import HeadBatch, Terms, Weights, objective
+from exactedit.solvers.head.rowdata import RowData, effect
+from exactedit.solvers.head.scores import ClassGains, class_masks, gains
 
 
 class CheckpointScores(NamedTuple):
@@ -73,8 +73,8 @@ def _effect_sums(dw, z, base_s, lse, slot, style, ordinary):
 
 
 def _checkpoint(dw, data, train, dev, w: Weights):
-    from solvers.head import objective_jax as oj
-    from solvers.head.param import FullRows
+    from exactedit.solvers.head import objective_jax as oj
+    from exactedit.solvers.head.param import FullRows
 
     return oj.terms(FullRows(dw), data, w), _effect_sums(dw, data.batch.z, *train), _effect_sums(dw, *dev)
 
@@ -103,7 +103,7 @@ class DeviceTracker:
         import jax
         import jax.numpy as jnp
 
-        from solvers.head.objective_jax import StepData
+        from exactedit.solvers.head.objective_jax import StepData
 
         self.w, self.device, self.dev_rows = weights, device, dev.rows
         self.fn = jax.jit(partial(_checkpoint, w=weights))

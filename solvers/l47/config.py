@@ -16,7 +16,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from quant.errors import FieldError
+from exactedit.quant.errors import FieldError
 
 DEFAULT_SPECIALS = ("<|im_end|>", "<|im_start|>", "<think>", "</think>", "<|endoftext|>")
 BACKENDS = ("jax", "numpy")

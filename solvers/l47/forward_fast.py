@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from solvers.l47.forward import Hc4L47, RmsnormL47
+from exactedit.solvers.l47.forward import Hc4L47, RmsnormL47
 
 F32 = jnp.float32
 

@@ -27,7 +27,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from solvers.l47.config import WfldError
+from exactedit.solvers.l47.config import WfldError
 
 CONTEXT_CHARS = (b" ", b"\n", b'"')
 MAX_PHRASE_BYTES = 256

@@ -13,8 +13,8 @@ from dataclasses import asdict
 
 import numpy as np
 
-from evals.scoring import slop_positions
-from solvers.l47.wfld import KIND_NAMES
+from exactedit.evals.scoring import slop_positions
+from exactedit.solvers.l47.wfld import KIND_NAMES
 
 
 def _num(x):

@@ -19,12 +19,12 @@ import numba
 import numpy as np
 from numba import prange
 
-from evals.kld import KlRows
-from evals.scoring import DocMeta, RowScores, concat
-from solvers.head.forward import apply_softcap
-from solvers.head.stream import tile_size
-from solvers.l47.jacobian import token_rows
-from solvers.logits import tail_mix
+from exactedit.evals.kld import KlRows
+from exactedit.evals.scoring import DocMeta, RowScores, concat
+from exactedit.solvers.head.forward import apply_softcap
+from exactedit.solvers.head.stream import tile_size
+from exactedit.solvers.l47.jacobian import token_rows
+from exactedit.solvers.logits import tail_mix
 
 Progress = Callable[[int, int], None]
 
@@ -129,7 +129,7 @@ def score_traces(tail, tail_edit, traces: Sequence[ScoredTrace], specials: Seque
         r = pair_rows(mix_b, mix_e, tail.head, next_ids=nxt, softcap=tail.softcap, tile_rows=tile_rows,
                       progress=progress)
     else:
-        from solvers.head.stream_jax import kl_pass_jax
+        from exactedit.solvers.head.stream_jax import kl_pass_jax
 
         r = kl_pass_jax(mix_b, mix_e, device_head, next_ids=nxt, softcap=tail.softcap, tile_rows=tile_rows,
                         progress=progress)

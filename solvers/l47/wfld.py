@@ -24,7 +24,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 import scipy.linalg as sla
 
-from solvers.l47.config import WfldError
+from exactedit.solvers.l47.config import WfldError
 
 REJECTED, ALTERNATIVE, SPECIAL_TARGET, SPECIAL_ANCHOR = 0, 1, 2, 3
 KIND_NAMES = ("rejected", "alternative", "special@target", "special@anchor")
@@ -234,7 +234,7 @@ class Shipper:
         self.w0 = np.asarray(view(self.raw0, type_name, cols), dtype=np.float32)
 
     def __call__(self, w) -> tuple[np.ndarray, np.ndarray]:
-        from quant.roundtrip import requantize_rows
+        from exactedit.quant.roundtrip import requantize_rows
 
         w32 = np.asarray(w, dtype=np.float32)
         if w32.shape != self.w0.shape:

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from bench.gpu import GpuHeadConfig, render_gpu_head, run_gpu_head
-from bench.gpu_solve import (GpuSolveHeadConfig, GpuWfldConfig, render_gpu_solve_head, render_gpu_wfld,
+from exactedit.bench.gpu import GpuHeadConfig, render_gpu_head, run_gpu_head
+from exactedit.bench.gpu_solve import (GpuSolveHeadConfig, GpuWfldConfig, render_gpu_solve_head, render_gpu_wfld,
                              run_gpu_solve_head, run_gpu_wfld)
 
 
@@ -64,8 +64,8 @@ def test_configs_validate(make, match):
 
 def test_whole_wfld_solve_bench_small():
     """The whole solve twice on the device path (JAX's CPU backend here); off-shape, no verdict."""
-    from bench.gpu_wfld import render_gpu_solve_wfld, run_gpu_solve_wfld
-    from bench.solve_wfld import BenchSolveWfldConfig
+    from exactedit.bench.gpu_wfld import render_gpu_solve_wfld, run_gpu_solve_wfld
+    from exactedit.bench.solve_wfld import BenchSolveWfldConfig
 
     r = run_gpu_solve_wfld(BenchSolveWfldConfig(n=256, h=64, vocab=1600, d_lo=32, rows=200, gn_iters=1,
                                                 special_rows=16, tile_rows=256), device="cpu")

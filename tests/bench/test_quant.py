@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from bench.quant import QuantBenchConfig, format_table, run_quant_bench, write_json
-from quant.errors import QuantError
+from exactedit.bench.quant import QuantBenchConfig, format_table, run_quant_bench, write_json
+from exactedit.quant.errors import QuantError
 from tests import oracles
 
 

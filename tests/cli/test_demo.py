@@ -8,7 +8,7 @@ import shlex
 import pytest
 from click.testing import CliRunner
 
-import cli
+from exactedit import cli
 
 
 @pytest.fixture(scope="module")

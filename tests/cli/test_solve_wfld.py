@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cli import main
+from exactedit.cli import main
 
 F = Path(__file__).resolve().parents[2] / "fixtures" / "default"
 pytestmark = pytest.mark.skipif(not (F / "model.gguf").is_file(), reason="the bundled fixture is not built yet")

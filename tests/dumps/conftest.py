@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dumps import DocInfo, write_dump
+from exactedit.dumps import DocInfo, write_dump
 
 DIMS = {"T": 12, "n": 8, "h": 6, "S": 4, "vocab": 50}
 

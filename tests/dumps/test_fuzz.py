@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dumps import DumpExpect, DumpFormatError, read_dump
+from exactedit.dumps import DumpExpect, DumpFormatError, read_dump
 
 
 def _manifest(path: Path, **changes) -> None:

@@ -7,10 +7,10 @@ import shutil
 import numpy as np
 import pytest
 
-from dumps import (
+from exactedit.dumps import (
     ROLE_ANCHOR, ROLE_REPLY, ROLE_THINK, DumpExpect, DumpFormatError, read_dump, write_dump,
 )
-from dumps.summary import format_table, inspect_dump
+from exactedit.dumps.summary import format_table, inspect_dump
 
 
 def test_fields_are_read_only_memmaps(tmp_path, make_dump, dims):
@@ -163,7 +163,7 @@ def test_summary_json_and_table(tmp_path, make_dump, dims):
 def test_cli_dump_inspect(tmp_path, make_dump, dims):
     from click.testing import CliRunner
 
-    import cli
+    from exactedit import cli
 
     path = make_dump(tmp_path / "d")
     result = CliRunner().invoke(cli.main, ["dump", "inspect", str(path), "--json", "--verify-hashes"])

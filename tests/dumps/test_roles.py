@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dumps import (
+from exactedit.dumps import (
     ROLE_ANCHOR, ROLE_CODE, ROLE_NAMES, ROLE_PROMPT, ROLE_REPLY, ROLE_REPLY_END, ROLE_STEP0, ROLE_THINK, ROLE_TOOL,
     DocInfo, DumpFormatError,
 )
-from dumps.roles import infer_roles, mark_docs
+from exactedit.dumps.roles import infer_roles, mark_docs
 
 SPECIALS = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>"]
 WORDS = ["user", "assistant", "system", "\n", "\n\n", "Hi", " there", "``", "`python\n", "x = 1\n", "```", " ok",

@@ -8,8 +8,8 @@ import os
 import numpy as np
 import pytest
 
-import dumps.writer as writer
-from dumps import DocInfo, DumpExpect, DumpFormatError, read_dump, write_dump
+import exactedit.dumps.writer as writer
+from exactedit.dumps import DocInfo, DumpExpect, DumpFormatError, read_dump, write_dump
 
 
 @pytest.mark.parametrize("arch", ["hc4", "rmsnorm"])

@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from evals.bars import BarRow, PhraseRow
-from evals.blind import compare_to_dev, run_blind
-from evals.ledger import Ledger, LedgerRefusal, register_protocol
-from evals.protocol import load_protocol
-from evals.report import BarReport
+from exactedit.evals.bars import BarRow, PhraseRow
+from exactedit.evals.blind import compare_to_dev, run_blind
+from exactedit.evals.ledger import Ledger, LedgerRefusal, register_protocol
+from exactedit.evals.protocol import load_protocol
+from exactedit.evals.report import BarReport
 
 BUNDLE, OTHER_BUNDLE = "b" * 64, "e" * 64
 DOC, DOC2, TRAIN_DUMP, BLIND_TRACE = "d" * 64, "f" * 64, "1" * 64, "9" * 64

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from evals import bootstrap as bs
+from exactedit.evals import bootstrap as bs
 
 
 def test_per_doc_sums_and_counts():

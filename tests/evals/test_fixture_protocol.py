@@ -6,17 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from evals import workflow
-from evals.evaluate import ScoreConfig
-from evals.protocol import load_protocol, resolve_tokens
+from exactedit.evals import workflow
+from exactedit.evals.evaluate import ScoreConfig
+from exactedit.evals.protocol import load_protocol, resolve_tokens
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "default"
 pytestmark = pytest.mark.skipif(not (FIXTURE / "model.gguf").exists(), reason="the default fixture is not built")
 
 
 def test_protocol_matches_the_fixture():
-    from quant import gguf
-    from solvers.model import load_tail
+    from exactedit.quant import gguf
+    from exactedit.solvers.model import load_tail
 
     p = load_protocol(FIXTURE / "protocol.toml")
     assert all(t.path.is_dir() for t in p.traces)

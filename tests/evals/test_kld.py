@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from evals.kld import KlRows, kl_rows, kld, kld_stats
-from solvers.head.forward import log_softmax_ref, logits_ref
-from solvers.head.stream import ArrayRows
+from exactedit.evals.kld import KlRows, kl_rows, kld, kld_stats
+from exactedit.solvers.head.forward import log_softmax_ref, logits_ref
+from exactedit.solvers.head.stream import ArrayRows
 
 U32 = 2.0 ** -24
 
@@ -107,11 +107,11 @@ def test_stats_by_hand():
 
 def test_kld_end_to_end_on_gguf(tmp_path):
     """Base vs a copy with one head row replaced (re-quantized Q6_K) and vs itself."""
-    import quant
-    from dumps import DocInfo, write_dump
-    from quant import gguf
-    from quant.gguf_write import synthetic_model
-    from quant.transplant import transplant
+    from exactedit import quant
+    from exactedit.dumps import DocInfo, write_dump
+    from exactedit.quant import gguf
+    from exactedit.quant.gguf_write import synthetic_model
+    from exactedit.quant.transplant import transplant
 
     base = tmp_path / "base.gguf"
     synthetic_model(base, tail="hc4", vocab=300, n=256, h=32, d_lo=32, layers=2, seed=3)

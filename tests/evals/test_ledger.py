@@ -5,10 +5,10 @@ import sqlite3
 
 import pytest
 
-from evals.ledger import (
+from exactedit.evals.ledger import (
     HEAD_NAME, Ledger, LedgerError, LedgerRefusal, register_protocol, require_registered, tree_sha256,
 )
-from evals.protocol import load_protocol
+from exactedit.evals.protocol import load_protocol
 
 
 @pytest.fixture
@@ -63,7 +63,7 @@ def test_tampering_names_first_bad_entry(ledger, sql, first_bad, why):
 
 def test_rechained_rewrite_is_caught_by_head(ledger):
     """Rewriting an entry and recomputing every later hash still leaves the head file behind."""
-    from evals.ledger import entry_hash
+    from exactedit.evals.ledger import entry_hash
     _fill(ledger, 3)
     _tamper(ledger, "UPDATE entries SET payload = '{\"i\":7}' WHERE seq = 2")
     prev = ledger.entries()[0].hash

@@ -5,7 +5,7 @@ import hashlib
 
 import pytest
 
-from evals.protocol import ProtocolError, StoppingRule, load_protocol, resolve_tokens
+from exactedit.evals.protocol import ProtocolError, StoppingRule, load_protocol, resolve_tokens
 from tests.evals.conftest import PROTOCOL
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evals.shaping import (
+from exactedit.evals.shaping import (
     CASE_DROP, PersonaCase, PrefixPenalty, ShapeVocab, Step0Guard, case_pairs, parse_shape, shape_logits,
     trigger_mask, trigger_state,
 )

@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evals.ledger import Ledger, LedgerRefusal, register_protocol
-from evals.protocol import ProtocolError, load_protocol
-from evals.splits import allocate, build_splits, record_splits, recorded_splits, same_doc_heldout
+from exactedit.evals.ledger import Ledger, LedgerRefusal, register_protocol
+from exactedit.evals.protocol import ProtocolError, load_protocol
+from exactedit.evals.splits import allocate, build_splits, record_splits, recorded_splits, same_doc_heldout
 from tests.evals.conftest import Doc
 
 

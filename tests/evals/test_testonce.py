@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from evals.ledger import Ledger, LedgerRefusal, register_protocol
-from evals.protocol import load_protocol
-from evals.testonce import recorded_test, score_test_once
+from exactedit.evals.ledger import Ledger, LedgerRefusal, register_protocol
+from exactedit.evals.protocol import load_protocol
+from exactedit.evals.testonce import recorded_test, score_test_once
 
 
 def test_second_test_read_is_refused_without_recomputing(tmp_path, protocol_file):

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from cli import main
-from evals import workflow
-from evals.evaluate import EvalError, ScoreConfig
-from evals.ledger import Ledger, LedgerRefusal
-from evals.report import read_report
+from exactedit.cli import main
+from exactedit.evals import workflow
+from exactedit.evals.evaluate import EvalError, ScoreConfig
+from exactedit.evals.ledger import Ledger, LedgerRefusal
+from exactedit.evals.report import read_report
 from tests.evals.world import ID, build_world
 
 

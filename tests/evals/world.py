@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
-import quant
-from dumps import DocInfo, write_dump
-from dumps.roles import infer_roles
-from fixtures.vocab import encode_piece
-from quant.gguf_write import synthetic_model
+from exactedit import quant
+from exactedit.dumps import DocInfo, write_dump
+from exactedit.dumps.roles import infer_roles
+from exactedit.fixtures.vocab import encode_piece
+from exactedit.quant.gguf_write import synthetic_model
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 WORDS = ["assistant", "user", "\n", "\n\n", " end", " to", " rather", " than", " owo", " the", " a", " cat",
@@ -124,8 +124,8 @@ def build_world(root: Path) -> World:
 
 def _bundle(root: Path, model: Path) -> Path:
     """Lower the logits of " end" and " than" (the rejected tokens): their head rows move along -U."""
-    from quant import gguf
-    from solvers.bundle import InputRef, TensorEdit, write_bundle
+    from exactedit.quant import gguf
+    from exactedit.solvers.bundle import InputRef, TensorEdit, write_bundle
 
     with gguf.open(model) as g:
         info = g.tensors["output.weight"]

@@ -13,7 +13,7 @@ TEXT = "The river ran past the old mill and then, at the end of the valley, it"
 
 @pytest.fixture(scope="module")
 def gemma():
-    from native import models
+    from exactedit.native import models
 
     if not models.installed("gemma"):
         pytest.skip("the Gemma model packages of the live extra are not installed")
@@ -22,15 +22,15 @@ def gemma():
 
 @pytest.fixture(scope="module")
 def engine(gemma):
-    from native.llamacpp import LlamaEngine
+    from exactedit.native.llamacpp import LlamaEngine
 
     with LlamaEngine(gemma) as e:
         yield e
 
 
 def test_engine_run_honours_the_contract(gemma, engine, tmp_path):
-    from cli import main
-    from native import strata
+    from exactedit.cli import main
+    from exactedit.native import strata
 
     toks = engine.tokenize(TEXT, add_special=True)
     strata.write_tokens(tmp_path / "t.i32", toks)
@@ -39,7 +39,7 @@ def test_engine_run_honours_the_contract(gemma, engine, tmp_path):
                                     "--n-batch", "8", "--n-ubatch", "8", "--json"])
     assert res.exit_code == 0, res.output
     logits = strata.read_logits(tmp_path / "l.f32", toks.size, engine.n_vocab)
-    from native.llamacpp import EngineSettings, LlamaEngine
+    from exactedit.native.llamacpp import EngineSettings, LlamaEngine
 
     with LlamaEngine(gemma, EngineSettings(n_batch=8, n_ubatch=8)) as e8:
         direct = e8.evaluate(toks)
@@ -50,7 +50,7 @@ def test_engine_run_honours_the_contract(gemma, engine, tmp_path):
 def test_batching_changes_logits_so_settings_are_recorded(engine):
     toks = engine.tokenize(TEXT, add_special=True)
     full = engine.evaluate(toks)
-    from native.llamacpp import EngineSettings, LlamaEngine
+    from exactedit.native.llamacpp import EngineSettings, LlamaEngine
 
     with LlamaEngine(engine.path, EngineSettings(n_batch=1, n_ubatch=1)) as one:
         stepwise = one.evaluate(toks)
@@ -70,16 +70,16 @@ def test_capture_by_name_reads_the_graph(engine):
 
 
 def test_bad_tokens_are_refused(engine):
-    from native.llamacpp import EngineError
+    from exactedit.native.llamacpp import EngineError
 
     with pytest.raises(EngineError, match="ids must lie"):
         engine.evaluate(np.array([1, engine.n_vocab]))
 
 
 def test_untie_copies_the_head_and_keeps_the_logits(gemma, engine, tmp_path):
-    from native.llamacpp import LlamaEngine
-    from native.untie import TiedHeadError, require_untied, untie
-    from quant import gguf
+    from exactedit.native.llamacpp import LlamaEngine
+    from exactedit.native.untie import TiedHeadError, require_untied, untie
+    from exactedit.quant import gguf
 
     with gguf.open(gemma) as g:
         with pytest.raises(TiedHeadError, match="untie"):

@@ -19,12 +19,12 @@ ROW = 835
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    import quant
-    from native import models
-    from native.capture import CaptureDoc, capture_dump
-    from native.llamacpp import LlamaEngine
-    from quant import gguf
-    from solvers.bundle import InputRef, TensorEdit, write_bundle
+    from exactedit import quant
+    from exactedit.native import models
+    from exactedit.native.capture import CaptureDoc, capture_dump
+    from exactedit.native.llamacpp import LlamaEngine
+    from exactedit.quant import gguf
+    from exactedit.solvers.bundle import InputRef, TensorEdit, write_bundle
 
     if not models.installed("qwen"):
         pytest.skip("the Qwen model packages of the live extra are not installed")
@@ -47,7 +47,7 @@ def world(tmp_path_factory):
 
 
 def _run(qwen, dump, bundle):
-    import cli
+    from exactedit import cli
 
     template = (f"{shlex.quote(sys.executable)} -m cli engine run --metal-gguf {{gguf}} "
                 f"--tokens-file {{tokens}} --logits-out {{logits}}")
@@ -70,7 +70,7 @@ def test_engine_contract_matches_the_offline_prediction_bitwise(world):
 def test_exact_arithmetic_fails_the_default_tolerance(world):
     """Without the engine-faithful arithmetic the prediction misses the engine's activation
     quantization: the default tolerance (mean KL <= 1e-8, max KL <= 1e-5) is tight enough to say so."""
-    import cli
+    from exactedit import cli
 
     qwen, dump, bundles = world
     template = (f"{shlex.quote(sys.executable)} -m cli engine run --metal-gguf {{gguf}} "

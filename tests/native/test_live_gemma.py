@@ -19,7 +19,7 @@ DOWN = "blk.17.ffn_down.weight"
 
 @pytest.fixture(scope="module")
 def gemma():
-    from native import models
+    from exactedit.native import models
 
     if not models.installed("gemma"):
         pytest.skip("the Gemma model package of the live extra is not installed")
@@ -28,7 +28,7 @@ def gemma():
 
 @pytest.fixture(scope="module")
 def tokens(gemma):
-    from native.llamacpp import LlamaEngine
+    from exactedit.native.llamacpp import LlamaEngine
 
     with LlamaEngine(gemma) as engine:
         toks = engine.tokenize(PROMPT)
@@ -37,15 +37,15 @@ def tokens(gemma):
 
 
 def _capture(model, tokens, where):
-    from native.capture import CaptureDoc, capture_dump
-    from native.llamacpp import EngineSettings
+    from exactedit.native.capture import CaptureDoc, capture_dump
+    from exactedit.native.llamacpp import EngineSettings
 
     return capture_dump(model, [CaptureDoc("prompt", tokens)], where / "dump",
                         settings=EngineSettings(n_batch=12, n_ubatch=12))
 
 
 def test_logits_match_engine_is_bitwise_on_the_tied_model(gemma, tokens, tmp_path):
-    import cli
+    from exactedit import cli
 
     res = _capture(gemma, tokens, tmp_path)
     assert res.meta["ubatch_sizes"] == [12, 12, 1]
@@ -59,14 +59,14 @@ def test_logits_match_engine_is_bitwise_on_the_tied_model(gemma, tokens, tmp_pat
 
 @pytest.fixture(scope="module")
 def untied(gemma, tmp_path_factory):
-    from native.untie import untie
+    from exactedit.native.untie import untie
 
     return untie(gemma, tmp_path_factory.mktemp("u") / "gemma-untied.gguf").dst
 
 
 @pytest.fixture(scope="module")
 def baseline(untied, tokens, tmp_path_factory):
-    from native.verify import baseline_from_dump
+    from exactedit.native.verify import baseline_from_dump
 
     res = _capture(untied, tokens, tmp_path_factory.mktemp("d"))
     return baseline_from_dump(untied, res.path, res.logits)
@@ -76,9 +76,9 @@ def baseline(untied, tokens, tmp_path_factory):
 def bundle(untied, baseline, tmp_path_factory):
     """The head row of the last position's top token nudged and re-quantized to Q8_0, and eight
     ffn_down rows nudged and re-quantized to Q6_K."""
-    import quant
-    from quant import gguf
-    from solvers.bundle import InputRef, TensorEdit, write_bundle
+    from exactedit import quant
+    from exactedit.quant import gguf
+    from exactedit.solvers.bundle import InputRef, TensorEdit, write_bundle
 
     row = int(baseline.logits[-1].argmax())
     rng = np.random.default_rng(11)
@@ -101,7 +101,7 @@ def test_untied_dump_predicts_engine_bitwise(baseline):
 
 
 def test_edit_verifies_live_bitwise(baseline, bundle):
-    from native.verify import check_edit
+    from exactedit.native.verify import check_edit
 
     report = check_edit(baseline, bundle.path)
     assert report.passed, report.checks
@@ -110,9 +110,9 @@ def test_edit_verifies_live_bitwise(baseline, bundle):
 
 
 def test_head_edit_one_row_off_fails(untied, baseline, bundle, tmp_path):
-    from native.verify import check_edit
-    from quant import gguf
-    from quant.transplant import transplant
+    from exactedit.native.verify import check_edit
+    from exactedit.quant import gguf
+    from exactedit.quant.transplant import transplant
 
     head_edit, down_edit = bundle.edits
     with gguf.open(untied) as g:
@@ -127,9 +127,9 @@ def test_head_edit_one_row_off_fails(untied, baseline, bundle, tmp_path):
 
 
 def test_tied_row_edit_is_refused(gemma, baseline):
-    from native.llamacpp import EngineError
-    from native.verify import predict_rmsnorm
-    from quant import gguf
+    from exactedit.native.llamacpp import EngineError
+    from exactedit.native.verify import predict_rmsnorm
+    from exactedit.quant import gguf
 
     with gguf.open(gemma) as g:
         raw = {"token_embd.weight": np.array(g.read_raw("token_embd.weight"))}

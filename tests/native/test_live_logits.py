@@ -14,9 +14,9 @@ PROMPT = "<|im_start|>user\nName three rivers.<|im_end|>\n<|im_start|>assistant\
 
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory):
-    from native import models
-    from native.capture import CaptureDoc, capture_dump
-    from native.llamacpp import EngineSettings, LlamaEngine
+    from exactedit.native import models
+    from exactedit.native.capture import CaptureDoc, capture_dump
+    from exactedit.native.llamacpp import EngineSettings, LlamaEngine
 
     if not models.installed("qwen"):
         pytest.skip("the Qwen model packages of the live extra are not installed")
@@ -35,7 +35,7 @@ def _kl(a, b):
 
 
 def test_logits_match_engine_is_bitwise(captured, tmp_path):
-    import cli
+    from exactedit import cli
 
     qwen, res = captured
     out = tmp_path / "l.npy"

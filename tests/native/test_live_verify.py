@@ -16,7 +16,7 @@ DOWN_ROWS = np.arange(8)
 
 @pytest.fixture(scope="module")
 def qwen():
-    from native import models
+    from exactedit.native import models
 
     if not models.installed("qwen"):
         pytest.skip("the Qwen model packages of the live extra are not installed")
@@ -25,7 +25,7 @@ def qwen():
 
 @pytest.fixture(scope="module")
 def tokens(qwen):
-    from native.llamacpp import LlamaEngine
+    from exactedit.native.llamacpp import LlamaEngine
 
     with LlamaEngine(qwen) as engine:
         return engine.tokenize(PROMPT)
@@ -33,9 +33,9 @@ def tokens(qwen):
 
 def _edits(qwen):
     """A head-row edit and a last-layer ffn_down edit, each re-quantized to Q6_K."""
-    import quant
-    from quant import gguf
-    from solvers.bundle import TensorEdit
+    from exactedit import quant
+    from exactedit.quant import gguf
+    from exactedit.solvers.bundle import TensorEdit
 
     rng = np.random.default_rng(7)
     with gguf.open(qwen) as g:
@@ -52,8 +52,8 @@ def _edits(qwen):
 
 @pytest.fixture(scope="module")
 def bundle(qwen, tmp_path_factory):
-    from quant import gguf
-    from solvers.bundle import InputRef, write_bundle
+    from exactedit.quant import gguf
+    from exactedit.solvers.bundle import InputRef, write_bundle
 
     head_edit, down_edit, _ = _edits(qwen)
     sha = gguf.file_sha256(qwen)
@@ -66,9 +66,9 @@ def bundle(qwen, tmp_path_factory):
 def baseline(qwen, tokens, tmp_path_factory):
     """One engine run, captured as a dump with micro-batches of 12 (so both of ggml-cpu's Q6_K
     kernels run: tiled for 12 rows, vec_dot for the short last one), and its prediction."""
-    from native.capture import CaptureDoc, capture_dump
-    from native.llamacpp import EngineSettings
-    from native.verify import baseline_from_dump
+    from exactedit.native.capture import CaptureDoc, capture_dump
+    from exactedit.native.llamacpp import EngineSettings
+    from exactedit.native.verify import baseline_from_dump
 
     settings = EngineSettings(n_batch=12, n_ubatch=12)
     res = capture_dump(qwen, [CaptureDoc("prompt", tokens)], tmp_path_factory.mktemp("d") / "dump",
@@ -85,7 +85,7 @@ def test_dump_predicts_engine_logits_bitwise(baseline, tokens):
 
 
 def test_edit_verifies_live(baseline, bundle):
-    from native.verify import check_edit
+    from exactedit.native.verify import check_edit
 
     report = check_edit(baseline, bundle.path)
     assert report.passed, report.checks
@@ -96,8 +96,8 @@ def test_edit_verifies_live(baseline, bundle):
 
 def _write_file(qwen, tmp_path, head_raw, down_raw):
     """A file with the head rows `head_raw` ({row: bytes}) and the whole ffn_down `down_raw`."""
-    from quant import gguf
-    from quant.transplant import transplant
+    from exactedit.quant import gguf
+    from exactedit.quant.transplant import transplant
 
     with gguf.open(qwen) as g:
         full = np.array(g.read_raw("output.weight"))
@@ -109,7 +109,7 @@ def _write_file(qwen, tmp_path, head_raw, down_raw):
 
 
 def _edited_down(qwen, down_edit):
-    from quant import gguf
+    from exactedit.quant import gguf
 
     with gguf.open(qwen) as g:
         down = np.array(g.read_raw(down_edit.tensor))
@@ -119,7 +119,7 @@ def _edited_down(qwen, down_edit):
 
 def test_wrong_row_fails(qwen, baseline, bundle, tmp_path):
     """The head edit written one row off (the ffn_down edit right): the edited check fails."""
-    from native.verify import check_edit
+    from exactedit.native.verify import check_edit
 
     head_edit, down_edit = bundle.edits
     bad = _write_file(qwen, tmp_path, {HEAD_ROW + 1: head_edit.raw[0]}, _edited_down(qwen, down_edit))
@@ -131,8 +131,8 @@ def test_misquantized_tensor_fails(qwen, baseline, bundle, tmp_path):
     """The edited head row with every super-block scale d one fp16 step off (a quantizer rounding
     d the wrong way): the check must see it. (Re-quantizing the rows from their own dequantized
     values is no test: Q6_K then often flips a sub-block's sign, bytes differ, values do not.)"""
-    from quant import q6_k
-    from native.verify import check_edit
+    from exactedit.quant import q6_k
+    from exactedit.native.verify import check_edit
 
     head_edit, down_edit = bundle.edits
     bad_row = head_edit.raw[0].copy()

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from native.mine import KAOMOJI, find_contexts, style_rates
+from exactedit.native.mine import KAOMOJI, find_contexts, style_rates
 
 
 def test_prefix_exact_matching_in_token_space():
@@ -29,9 +29,9 @@ def test_style_rates():
 def test_mine_finds_contexts_in_its_own_text_and_dumps_them(tmp_path):
     from click.testing import CliRunner
 
-    from cli import main
-    from dumps import read_dump
-    from native import models
+    from exactedit.cli import main
+    from exactedit.dumps import read_dump
+    from exactedit.native import models
 
     if not models.installed("qwen"):
         pytest.skip("the Qwen model packages of the live extra are not installed")

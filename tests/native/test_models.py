@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from native import models
-from native.models import ModelError, PublicModel
+from exactedit.native import models
+from exactedit.native.models import ModelError, PublicModel
 
 
 @pytest.fixture

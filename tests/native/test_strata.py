@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from native import strata
-from native.strata import EngineCommand, StrataError
+from exactedit.native import strata
+from exactedit.native.strata import EngineCommand, StrataError
 
 
 def test_tokens_round_trip_and_layout(tmp_path):

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from native.llamacpp import EngineError, EngineSettings
-from native.verify import Tolerance, logit_stats
+from exactedit.native.llamacpp import EngineError, EngineSettings
+from exactedit.native.verify import Tolerance, logit_stats
 
 
 def test_identical_logits_are_bitwise_and_pass():

@@ -9,10 +9,10 @@ from click.testing import CliRunner
 
 from gguf import GGUFValueType
 
-from quant import gguf
-from quant.arch import HC4_RMS_EPS, detect_tail, render_summary, summarize
-from quant.errors import GGUFFormatError
-from quant.gguf_write import MetaValue, TensorData, synthetic_model, write_gguf
+from exactedit.quant import gguf
+from exactedit.quant.arch import HC4_RMS_EPS, detect_tail, render_summary, summarize
+from exactedit.quant.errors import GGUFFormatError
+from exactedit.quant.gguf_write import MetaValue, TensorData, synthetic_model, write_gguf
 
 F32 = TensorData.from_f32
 
@@ -109,7 +109,7 @@ def test_summarize_and_render(tmp_path):
 
 
 def test_cli_inspect(tmp_path):
-    from cli import main
+    from exactedit.cli import main
 
     w = synthetic_model(tmp_path / "h.gguf", tail="hc4", vocab=16, n=256, h=32, layers=1)
     runner = CliRunner()

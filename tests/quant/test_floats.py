@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-import quant
-from quant import bf16, f16, f32, registry
-from quant.errors import QuantError
+from exactedit import quant
+from exactedit.quant import bf16, f16, f32, registry
+from exactedit.quant.errors import QuantError
 from tests import oracles
 from tests.strategies import float_rows, raw_floats
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
-import quant
-from quant import gguf
-from quant.errors import GGUFFormatError, QuantError
-from quant.gguf_write import MetaValue, TensorData, synthetic_model, write_gguf
+from exactedit import quant
+from exactedit.quant import gguf
+from exactedit.quant.errors import GGUFFormatError, QuantError
+from exactedit.quant.gguf_write import MetaValue, TensorData, synthetic_model, write_gguf
 
 VT = GGUFValueType
 
@@ -191,7 +191,7 @@ def test_open_262k_vocab_under_a_second(tmp_path):
 
 
 def test_bench_gguf_open_small(tmp_path):
-    from bench.gguf_open import GGUFOpenBenchConfig, run_gguf_open_bench
+    from exactedit.bench.gguf_open import GGUFOpenBenchConfig, run_gguf_open_bench
 
     r = run_gguf_open_bench(GGUFOpenBenchConfig(vocab=2000, repeats=2, workdir=str(tmp_path)))
     assert r.tensors_ours == r.tensors_gguf_py > 0 and r.ours_s > 0 and r.gguf_py_s > 0

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from quant import gguf
-from quant.arch import detect_tail
-from quant.errors import GGUFFormatError
-from quant.gguf_write import synthetic_model
+from exactedit.quant import gguf
+from exactedit.quant.arch import detect_tail
+from exactedit.quant.errors import GGUFFormatError
+from exactedit.quant.gguf_write import synthetic_model
 
 U32, U64, F32_TYPE, Q8_0_TYPE = "<I", "<Q", 0, 8
 STRING, ARRAY, UINT32, UINT8 = 8, 9, 4, 0

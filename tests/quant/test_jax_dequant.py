@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-import quant
-from quant import jax_dequant
-from quant.errors import QuantError
-from quant.f16 import FP16_TO_FP32
-from solvers.device import select
+from exactedit import quant
+from exactedit.quant import jax_dequant
+from exactedit.quant.errors import QuantError
+from exactedit.quant.f16 import FP16_TO_FP32
+from exactedit.solvers.device import select
 from tests.oracles import assert_bits_equal
 from tests.strategies import KINDS, float_rows, make_block
 

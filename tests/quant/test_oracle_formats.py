@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import quant
-from quant import q6_k, q8_0
+from exactedit import quant
+from exactedit.quant import q6_k, q8_0
 from tests import oracles
 from tests.strategies import float_rows, make_block, raw_floats
 

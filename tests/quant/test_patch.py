@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import quant
-from quant import gguf
-from quant.gguf_write import synthetic_model
-from quant.patch import RowPatch, RowPatchError, apply_row_patch, read_row_patch, write_row_patch
+from exactedit import quant
+from exactedit.quant import gguf
+from exactedit.quant.gguf_write import synthetic_model
+from exactedit.quant.patch import RowPatch, RowPatchError, apply_row_patch, read_row_patch, write_row_patch
 
 
 def test_layout_is_count_then_id_and_bytes(tmp_path):

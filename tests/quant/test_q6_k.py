@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 
-import quant
-from quant import q6_k
+from exactedit import quant
+from exactedit.quant import q6_k
 from tests.strategies import float_rows
 
 QK, BB = q6_k.QK_K, q6_k.BLOCK_BYTES

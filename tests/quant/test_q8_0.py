@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 
-import quant
-from quant import q8_0
+from exactedit import quant
+from exactedit.quant import q8_0
 from tests.strategies import float_rows
 
 QK, BB = q8_0.QK, q8_0.BLOCK_BYTES

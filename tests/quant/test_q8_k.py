@@ -9,7 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from quant import q8_k
+from exactedit.quant import q8_k
 
 
 def _ggml_quantize_row_q8_k():
@@ -82,7 +82,7 @@ def test_dequantize_is_within_half_a_step():
 
 
 def test_rejects_bad_shape():
-    from quant.errors import QuantError
+    from exactedit.quant.errors import QuantError
 
     with pytest.raises(QuantError):
         q8_k.quantize(np.zeros((1, 100), np.float32))

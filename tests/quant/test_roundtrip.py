@@ -6,9 +6,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import quant
-from quant.errors import QuantError
-from quant.roundtrip import RoundTrip, requantize_rows
+from exactedit import quant
+from exactedit.quant.errors import QuantError
+from exactedit.quant.roundtrip import RoundTrip, requantize_rows
 from tests import oracles
 
 COLS = 512

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import quant
-from quant.errors import QuantError
+from exactedit import quant
+from exactedit.quant.errors import QuantError
 from tests import oracles
 
 

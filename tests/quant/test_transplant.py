@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
-import quant
-import quant.transplant as tp
-from quant import gguf
-from quant.arch import detect_tail
-from quant.errors import GGUFFormatError
-from quant.gguf_write import TensorData, synthetic_model
+from exactedit import quant
+import exactedit.quant.transplant as tp
+from exactedit.quant import gguf
+from exactedit.quant.arch import detect_tail
+from exactedit.quant.errors import GGUFFormatError
+from exactedit.quant.gguf_write import TensorData, synthetic_model
 from tests import oracles
 
 

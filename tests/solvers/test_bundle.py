@@ -6,11 +6,11 @@ import json
 import numpy as np
 import pytest
 
-import quant
-from quant import gguf
-from quant.gguf_write import synthetic_model
-from solvers.apply import apply_bundle
-from solvers.bundle import BundleError, InputRef, TensorEdit, bundle_identity, read_bundle, write_bundle
+from exactedit import quant
+from exactedit.quant import gguf
+from exactedit.quant.gguf_write import synthetic_model
+from exactedit.solvers.apply import apply_bundle
+from exactedit.solvers.bundle import BundleError, InputRef, TensorEdit, bundle_identity, read_bundle, write_bundle
 
 
 def _q6k_rows(rng, k, cols=256):

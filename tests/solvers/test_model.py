@@ -7,15 +7,15 @@ import json
 import numpy as np
 import pytest
 
-import quant
-from dumps import DocInfo, write_dump
-from quant import gguf
-from quant.errors import ExacteditError, GGUFFormatError
-from quant.gguf_write import MetaValue, TensorData, synthetic_model, write_gguf
-from solvers.head.forward import Hc4Head, RmsnormHead, hc4_mix_ref, logits_ref, rmsnorm_mix_ref
-from solvers.l47.forward import Hc4L47, RmsnormL47, hc4_l47_ref, rmsnorm_l47_ref
-from solvers.logits import parse_rows, write_logits
-from solvers.model import TokenTable, load_tail
+from exactedit import quant
+from exactedit.dumps import DocInfo, write_dump
+from exactedit.quant import gguf
+from exactedit.quant.errors import ExacteditError, GGUFFormatError
+from exactedit.quant.gguf_write import MetaValue, TensorData, synthetic_model, write_gguf
+from exactedit.solvers.head.forward import Hc4Head, RmsnormHead, hc4_mix_ref, logits_ref, rmsnorm_mix_ref
+from exactedit.solvers.l47.forward import Hc4L47, RmsnormL47, hc4_l47_ref, rmsnorm_l47_ref
+from exactedit.solvers.logits import parse_rows, write_logits
+from exactedit.solvers.model import TokenTable, load_tail
 
 U32 = 2.0 ** -24
 

@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from solvers.head.adam import AdamConfig, adam_init, adam_update
-from solvers.head.param import FullRows, LowRank
+from exactedit.solvers.head.adam import AdamConfig, adam_init, adam_update
+from exactedit.solvers.head.param import FullRows, LowRank
 
 
 def _scalar_adam(x, grads, lr, b1, b2, eps):

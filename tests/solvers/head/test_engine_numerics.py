@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import quant
-from quant.errors import QuantError
-from solvers.head import engine_numerics as en
+from exactedit import quant
+from exactedit.quant.errors import QuantError
+from exactedit.solvers.head import engine_numerics as en
 
 
 def _fma_cases():
@@ -71,7 +71,7 @@ def test_q6_k_matmul_reference_equals_fast(name, rows, cols, T, mode):
     fast = en.q6_k_matmul(raw, cols, x, tiled)
     assert np.array_equal(ref.view(np.uint32), fast.view(np.uint32))
     # and both are the product of the dequantized weights with the Q8_K-rounded activations
-    from quant import q8_k
+    from exactedit.quant import q8_k
 
     xq = q8_k.dequantize_ref(q8_k.quantize(x)).astype(np.float64)
     w = quant.dequantize(raw, "Q6_K", cols).astype(np.float64)

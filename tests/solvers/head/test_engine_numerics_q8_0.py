@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import quant
-from quant import q8_0
-from solvers.head import engine_numerics as en
-from solvers.head import engine_q8_0 as e8
+from exactedit import quant
+from exactedit.quant import q8_0
+from exactedit.solvers.head import engine_numerics as en
+from exactedit.solvers.head import engine_q8_0 as e8
 
 
 @pytest.fixture(scope="module")

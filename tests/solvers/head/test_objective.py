@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from bench.solve_head import synthetic_batch
-from solvers.head.objective import (
+from exactedit.bench.solve_head import synthetic_batch
+from exactedit.solvers.head.objective import (
     HeadBatch, MarginTerm, SetTerm, TargetTerm, Weights, logsumexp, objective, objective_grad,
 )
 
@@ -170,8 +170,8 @@ def test_jax_matches_reference(name, rank, null_k, dtype, rtol, why):
     import jax
     import jax.numpy as jnp
 
-    from solvers.head import objective_jax as oj
-    from solvers.head.param import FullRows, LowRank, delta_w, null_basis, pullback
+    from exactedit.solvers.head import objective_jax as oj
+    from exactedit.solvers.head.param import FullRows, LowRank, delta_w, null_basis, pullback
 
     rng = np.random.default_rng(7)
     k, n = 4, 9

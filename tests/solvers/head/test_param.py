@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from bench.solve_head import synthetic_batch
-from solvers.head.objective import Weights, objective, objective_grad
-from solvers.head.param import (
+from exactedit.bench.solve_head import synthetic_batch
+from exactedit.solvers.head.objective import Weights, objective, objective_grad
+from exactedit.solvers.head.param import (
     FullRows, LowRank, anchor_energy_kept, delta_w, init_params, n_params, null_basis, project, pullback,
 )
 

@@ -9,15 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dumps import DocInfo, read_dump, write_dump
-from dumps.roles import infer_roles, mark_docs
-from evals.ledger import Ledger, register_protocol
-from evals.protocol import load_protocol
-from evals.splits import build_splits, record_splits
-from quant import gguf
-from quant.gguf_write import synthetic_model
-from solvers.head.config import HeadSolveConfig, HeadSolveError
-from solvers.head.ship import load_head_rows, ship
+from exactedit.dumps import DocInfo, read_dump, write_dump
+from exactedit.dumps.roles import infer_roles, mark_docs
+from exactedit.evals.ledger import Ledger, register_protocol
+from exactedit.evals.protocol import load_protocol
+from exactedit.evals.splits import build_splits, record_splits
+from exactedit.quant import gguf
+from exactedit.quant.gguf_write import synthetic_model
+from exactedit.solvers.head.config import HeadSolveConfig, HeadSolveError
+from exactedit.solvers.head.ship import load_head_rows, ship
 
 SPECIALS = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|endoftext|>"]
 WORDS = ["assistant", "user", "\n", "\n\n", " the", " a", " cat", " dog", " runs", " sleeps", " is", " happy", ".", "!"]
@@ -101,7 +101,7 @@ def protocol_file(root: Path, name: str, steps: int = 40, min_ratio: float = 0.3
         proto = load_protocol(p)
         with Ledger.open(root / "ws") as ledger:
             record = register_protocol(ledger, proto, "test")
-            from dumps.reader import load_manifest
+            from exactedit.dumps.reader import load_manifest
 
             splits = build_splits(proto, {t.name: load_manifest(t.path).docs for t in proto.traces})
             record_splits(ledger, record, splits, "test", {})
@@ -114,7 +114,7 @@ def tiny(tmp_path_factory):
 
 
 def _solve(root, proto, **kw):
-    from solvers.head.solve import solve_head
+    from exactedit.solvers.head.solve import solve_head
 
     cfg = HeadSolveConfig(**{"rank": 1, "null_k": 8, "lr": 0.01, **kw})
     persona = [root / "persona"]
@@ -129,10 +129,10 @@ def solved(tiny):
 
 def test_row_scores_equal_a_full_vocab_recompute(tiny):
     """rowdata.gather + effect (|rows| x |S| x n) against logits recomputed over the whole head."""
-    from evals.scoring import log_softmax
-    from solvers.head import rowdata
-    from solvers.logits import tail_mix
-    from solvers.model import load_tail
+    from exactedit.evals.scoring import log_softmax
+    from exactedit.solvers.head import rowdata
+    from exactedit.solvers.logits import tail_mix
+    from exactedit.solvers.model import load_tail
 
     with gguf.open(tiny / "model.gguf") as g:
         tail = load_tail(g)
@@ -205,9 +205,9 @@ def test_test_is_read_once(tiny, solved):
 
 def test_bundle_applies_to_the_predicted_logits(tiny, solved, tmp_path):
     """The edited GGUF, recomputed over the whole vocabulary, gives the KL the solve predicted."""
-    from solvers.apply import apply_bundle
-    from solvers.head.solve import write_head_bundle
-    from solvers.logits import open_pair, tail_mix
+    from exactedit.solvers.apply import apply_bundle
+    from exactedit.solvers.head.solve import write_head_bundle
+    from exactedit.solvers.logits import open_pair, tail_mix
 
     b = write_head_bundle(solved, tmp_path / "bundle")
     assert b.sha256 == solved.bundle_sha256 and {"report.json", "report.txt", "trajectory.png"} <= set(b.files)
@@ -220,7 +220,7 @@ def test_bundle_applies_to_the_predicted_logits(tiny, solved, tmp_path):
             mix = tail_mix(tail, dump)
             w = np.asarray(tail.head.read(0, tail.spec.vocab), dtype=np.float64)
             kls.append(mix.astype(np.float64) @ w.T)
-    from evals.scoring import log_softmax
+    from exactedit.evals.scoring import log_softmax
 
     lb, le = log_softmax(kls[0]), log_softmax(kls[1])
     kl = np.sum(np.exp(lb) * (lb - le), axis=1)
@@ -228,7 +228,7 @@ def test_bundle_applies_to_the_predicted_logits(tiny, solved, tmp_path):
 
 
 def test_no_qualifying_step_ships_no_edit(tiny, tmp_path):
-    from solvers.head.solve import write_head_bundle
+    from exactedit.solvers.head.solve import write_head_bundle
 
     r = _solve(tiny, protocol_file(tiny, "strict", steps=10, min_ratio=50.0))
     assert r.chosen_step is None and r.rows_changed == 0 and not r.shipped_edit
@@ -239,7 +239,7 @@ def test_no_qualifying_step_ships_no_edit(tiny, tmp_path):
 
 
 def test_refusals(tiny, tmp_path):
-    from evals.ledger import LedgerRefusal
+    from exactedit.evals.ledger import LedgerRefusal
 
     with pytest.raises(LedgerRefusal, match="not registered"):
         _solve(tiny, protocol_file(tiny, "unreg", steps=5, register=False))
@@ -250,7 +250,7 @@ def test_refusals(tiny, tmp_path):
     with pytest.raises(HeadSolveError, match="null-k"):
         _solve(tiny, protocol_file(tiny, "main"), null_k=N)
     with pytest.raises(HeadSolveError, match="not a trace"):
-        from solvers.head.solve import solve_head
+        from exactedit.solvers.head.solve import solve_head
 
         solve_head(HeadSolveConfig(), model=tiny / "model.gguf", train=[tiny / "plain" / ".."], dev=[tiny / "persona"],
                    protocol=protocol_file(tiny, "main"), workspace=tiny / "ws")

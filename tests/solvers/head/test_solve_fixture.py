@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import fixtures
-from evals.ledger import Ledger, register_protocol
-from evals.protocol import load_protocol
-from evals.splits import build_splits, record_splits
-from fixtures.vocab import KAOMOJI
-from solvers.head.config import HeadSolveConfig
-from solvers.head.solve import solve_head
+from exactedit import fixtures
+from exactedit.evals.ledger import Ledger, register_protocol
+from exactedit.evals.protocol import load_protocol
+from exactedit.evals.splits import build_splits, record_splits
+from exactedit.fixtures.vocab import KAOMOJI
+from exactedit.solvers.head.config import HeadSolveConfig
+from exactedit.solvers.head.solve import solve_head
 
 FIXTURE = Path(fixtures.__file__).parent / "default"
 
@@ -35,7 +35,7 @@ def _protocol(root: Path, name: str, max_steps: int, min_ratio: float) -> Path:
     path = root / f"{name}.toml"
     path.write_text(text, encoding="utf-8")
     proto = load_protocol(path)
-    from dumps.reader import load_manifest
+    from exactedit.dumps.reader import load_manifest
 
     with Ledger.open(root / "ws") as ledger:
         record = register_protocol(ledger, proto, "test")

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
-from solvers.head.forward import logits_ref
-from solvers.head.stream import ArrayRows, lse_finish, lse_init, lse_update, vocab_pass
+from exactedit.solvers.head.forward import logits_ref
+from exactedit.solvers.head.stream import ArrayRows, lse_finish, lse_init, lse_update, vocab_pass
 
 U32 = 2.0 ** -24
 

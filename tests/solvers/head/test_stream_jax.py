@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
-import quant
-from bench.head import synthetic_q6k
-from solvers import device as devmod
-from solvers.head.forward import logits_ref
-from solvers.head.stream import ArrayRows, QuantRows, vocab_pass
-from solvers.head.stream_jax import (device_tile, fold_lse, kl_pass_jax, measure_precision, padded_rows,
+from exactedit import quant
+from exactedit.bench.head import synthetic_q6k
+from exactedit.solvers import device as devmod
+from exactedit.solvers.head.forward import logits_ref
+from exactedit.solvers.head.stream import ArrayRows, QuantRows, vocab_pass
+from exactedit.solvers.head.stream_jax import (device_tile, fold_lse, kl_pass_jax, measure_precision, padded_rows,
                                      to_device, topk_rows, vocab_pass_jax)
 
 DEVICE = devmod.select(os.environ.get("EXACTEDIT_TEST_DEVICE", "cpu"))
@@ -245,7 +245,7 @@ def test_kl_pass_matches_float64_and_kl_rows(tile_rows):
     to edits that move them by tens of nats (the expm1 and series branches, the host's big terms).
     Tolerance: the float32 logits' error (gamma_n |mix|.|W|, both sides) moves KL by at most twice
     that bound, plus float32 sums (relative 1e-5 here)."""
-    from evals.kld import kl_rows
+    from exactedit.evals.kld import kl_rows
 
     src, W = _head("Q6_K", 1000, 256, seed=5)
     rng = np.random.default_rng(1)

@@ -7,12 +7,12 @@ import jax
 import numpy as np
 import pytest
 
-from dumps.format import ROLE_ANCHOR, ROLE_PROMPT, ROLE_REPLY, ROLE_REPLY_END, ROLE_STEP0
-from evals.scoring import DocMeta
-from solvers.head.batch import build_batch
-from solvers.head.objective import Weights
-from solvers.head.rowdata import RowData
-from solvers.head.track import DeviceTracker, HostTracker
+from exactedit.dumps.format import ROLE_ANCHOR, ROLE_PROMPT, ROLE_REPLY, ROLE_REPLY_END, ROLE_STEP0
+from exactedit.evals.scoring import DocMeta
+from exactedit.solvers.head.batch import build_batch
+from exactedit.solvers.head.objective import Weights
+from exactedit.solvers.head.rowdata import RowData
+from exactedit.solvers.head.track import DeviceTracker, HostTracker
 
 CPU = jax.devices("cpu")[0]
 V, N, T = 300, 64, 240
@@ -90,7 +90,7 @@ def test_device_solve_matches_the_host_solve(tmp_path_factory):
     tracker, against the host passes and numpy tracking. The passes differ by float32 rounding, so
     the float32 Adam trajectories agree closely but not bitwise."""
     from tests.solvers.head.test_solve import HeadSolveConfig, make_tiny, protocol_file
-    from solvers.head.solve import solve_head
+    from exactedit.solvers.head.solve import solve_head
 
     root = make_tiny(tmp_path_factory.mktemp("tiny_device"))
     proto = protocol_file(root, "main", steps=20)

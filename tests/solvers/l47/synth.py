@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dumps import DocInfo, write_dump
-from dumps.roles import infer_roles
-from quant.gguf_write import synthetic_model
+from exactedit.dumps import DocInfo, write_dump
+from exactedit.dumps.roles import infer_roles
+from exactedit.quant.gguf_write import synthetic_model
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
 WORDS = ("the", "end", "to", "of", "rather", "than", "right", "away", "more", "far", "now", "later",

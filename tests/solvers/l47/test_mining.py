@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from dumps import DocInfo
-from evals.scoring import DocMeta, RowScores, slop_positions
-from solvers.l47.config import WfldError
-from solvers.l47.mining import (
+from exactedit.dumps import DocInfo
+from exactedit.evals.scoring import DocMeta, RowScores, slop_positions
+from exactedit.solvers.l47.config import WfldError
+from exactedit.solvers.l47.mining import (
     CONTEXT_CHARS, PhraseMatcher, TokenBytes, load_phrases, mine, natural_alternatives, phrase_forms,
     tokenizations,
 )
-from solvers.model import TokenTable
+from exactedit.solvers.model import TokenTable
 from tests.solvers.l47 import synth
 
 FIXTURE = Path(__file__).resolve().parents[3] / "fixtures" / "default"
@@ -195,9 +195,9 @@ def test_natural_alternatives():
 @pytest.mark.skipif(not (FIXTURE / "planted.json").is_file(),
                     reason="the bundled fixture (fixtures/default, built by `exactedit fixture make`) is not there yet")
 def test_fixture_planted_positions():
-    from dumps import read_dump
-    from quant import gguf
-    from solvers.model import load_tail
+    from exactedit.dumps import read_dump
+    from exactedit.quant import gguf
+    from exactedit.solvers.model import load_tail
 
     planted = json.loads((FIXTURE / "planted.json").read_text())
     phrases = load_phrases(FIXTURE / "phrases.txt")

@@ -8,16 +8,16 @@ import json
 import numpy as np
 import pytest
 
-import quant
-from dumps import read_dump
-from quant import gguf
-from solvers.apply import apply_bundle
-from solvers.bundle import read_bundle
-from solvers.l47 import wfld
-from solvers.l47.config import WfldConfig, WfldError
-from solvers.l47.mining import load_phrases
-from solvers.l47.solve import WfldInputs, solve_wfld
-from solvers.logits import write_logits
+from exactedit import quant
+from exactedit.dumps import read_dump
+from exactedit.quant import gguf
+from exactedit.solvers.apply import apply_bundle
+from exactedit.solvers.bundle import read_bundle
+from exactedit.solvers.l47 import wfld
+from exactedit.solvers.l47.config import WfldConfig, WfldError
+from exactedit.solvers.l47.mining import load_phrases
+from exactedit.solvers.l47.solve import WfldInputs, solve_wfld
+from exactedit.solvers.logits import write_logits
 from tests.solvers.l47.synth import build_world
 
 CFG = WfldConfig(gn_iters=2, special_rows=48, tile_rows=64)
@@ -126,9 +126,9 @@ def test_pair_pass_matches_kl_rows(seed, softcap):
     """The fused pass of the re-score against evals.kld.kl_rows (the numpy reference). Tolerance:
     both accumulate in float64 from the same float32 logits; kl_rows takes e^(l - m) in float32,
     the fused kernel in float64, so KL agrees to ~1e-6 relative (plus 1e-10 where it is ~0)."""
-    from evals.kld import kl_rows
-    from solvers.head.stream import ArrayRows
-    from solvers.l47.rescore import pair_rows
+    from exactedit.evals.kld import kl_rows
+    from exactedit.solvers.head.stream import ArrayRows
+    from exactedit.solvers.l47.rescore import pair_rows
 
     rng = np.random.default_rng(seed)
     T, n, V = 7, 16, 300

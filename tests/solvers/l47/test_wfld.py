@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import quant
-from solvers.l47 import wfld
-from solvers.l47.config import WfldConfig, WfldError
-from solvers.l47.jacobian import editable_weight, linearize, with_weights
+from exactedit import quant
+from exactedit.solvers.l47 import wfld
+from exactedit.solvers.l47.config import WfldConfig, WfldError
+from exactedit.solvers.l47.jacobian import editable_weight, linearize, with_weights
 from tests.solvers.l47.test_jacobian import hc4_case
 
 
