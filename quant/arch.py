@@ -3,7 +3,8 @@
 Two architectures (SPEC.md section 2), told apart by the tensors present, never by
 `general.architecture`:
 - "hc4": `output_hc_norm/down/up.weight` exist; the edited FFN is `blk.L.ffn_down_shexp.weight`
-  with L the highest block that has one. Its RMS eps is SPEC.md's constant 1e-6.
+  with L the highest block that has one. Its RMS eps is SPEC.md's constant 1e-6 and its mix scale
+  the constant 1/4, so a tail with another stream count is refused, not computed with a wrong scale.
 - "rmsnorm": `output_norm.weight`, then `output.weight` (or the tied `token_embd.weight`); the
   last-layer FFN is `blk.L.ffn_down.weight`, optionally preceded by `blk.L.post_ffw_norm.weight`.
   RMS eps and the final logit softcap come from metadata.
@@ -23,6 +24,7 @@ from exactedit.quant import gguf
 from exactedit.quant.errors import GGUFFormatError
 
 HC4_RMS_EPS = 1e-6
+HC4_STREAMS = 4  # the head mix is 1/4 * sum over the streams (SPEC.md section 2): a fixed 4
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,10 @@ def _hc4(g: gguf.GGUFFile) -> TailSpec:
         raise GGUFFormatError(g.path, "tensor output_hc_norm.weight",
                               f"shape {norm.shape}, expected (streams, n)")
     s, n = norm.shape
+    if s != HC4_STREAMS:
+        raise GGUFFormatError(g.path, "tensor output_hc_norm.weight",
+                              f"{s} residual streams; hc4 mixes exactly {HC4_STREAMS} (its mix scale is the "
+                              f"constant 1/{HC4_STREAMS}, SPEC.md section 2)")
     up = g.tensor("output_hc_up.weight")
     d_lo = up.shape[-1]
     head_name, tied = _head(g)

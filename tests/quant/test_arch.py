@@ -78,6 +78,8 @@ def _hc4_tensors(n=32, s=4, d_lo=8, **override):
     (_hc4_tensors(**{"output_hc_up.weight": None}), "but not output_hc_up.weight"),
     (_hc4_tensors(**{"output_hc_up.weight": F32(np.ones((128, 9)))}), "output_hc_down.weight.*expected"),
     (_hc4_tensors(**{"output_hc_norm.weight": F32(np.ones(32))}), r"expected \(streams, n\)"),
+    (_hc4_tensors(s=2), r"output_hc_norm.weight: 2 residual streams; hc4 mixes exactly 4"),
+    (_hc4_tensors(s=8), r"8 residual streams; hc4 mixes exactly 4 .*1/4"),
     (_hc4_tensors(**{"output.weight": F32(np.ones((5, 16)))}), r"tensor output.weight.*expected \(V, 32\)"),
     (_hc4_tensors(**{"blk.3.ffn_down_shexp.weight": None}), "no blk.N.ffn_down_shexp.weight"),
     (_hc4_tensors(**{"output.weight": None}), "no output.weight and no token_embd.weight"),
@@ -123,3 +125,13 @@ def test_cli_inspect(tmp_path):
     (tmp_path / "bad.gguf").write_bytes(b"nope")
     r = runner.invoke(main, ["inspect", str(tmp_path / "bad.gguf")])
     assert r.exit_code != 0 and "header" in r.output and "Traceback" not in r.output
+
+
+def test_cli_inspect_names_a_stream_count_it_refuses(tmp_path):
+    from exactedit.cli import main
+
+    w = write_gguf(tmp_path / "s8.gguf", {"general.architecture": "x"}, _hc4_tensors(s=8))
+    r = CliRunner().invoke(main, ["inspect", str(w.path), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["tail"] is None and "8 residual streams; hc4 mixes exactly 4" in d["tail_error"]
