@@ -189,7 +189,7 @@ def logits_cmd(model, dump_dir, rows, out, tile_rows, match_engine, as_json) -> 
     import contextlib
     import json
 
-    from exactedit.solvers.logits import render_logits, write_logits
+    from exactedit.solvers.tail.logits import render_logits, write_logits
 
     with contextlib.ExitStack() as stack:
         res = write_logits(model, dump_dir, out, rows=rows, tile_rows=tile_rows, match_engine=match_engine,

@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from exactedit.solvers import device as devmod
+from exactedit.solvers.tail import device as devmod
 
 Progress = Callable[[int, int], None]
 TARGET_PASS_S = 0.6
@@ -165,7 +165,7 @@ def ceiling_loop(w, mix_r, precision: str, tile: int) -> float:
 
 
 def _exact_check(mix, raw, cfg: GpuHeadConfig, got) -> dict:
-    from exactedit.solvers.head.stream import QuantRows, vocab_pass
+    from exactedit.solvers.tail.vocab_pass import QuantRows, vocab_pass
 
     if not cfg.check_rows:
         return {}
@@ -184,8 +184,9 @@ def run_gpu_head(cfg: GpuHeadConfig, progress: Progress | None = None) -> GpuHea
     import jax
 
     from exactedit.bench.head import synthetic_q6k
-    from exactedit.solvers.head.stream import QuantRows
-    from exactedit.solvers.head.stream_jax import device_tile, measure_precision, to_device, vocab_pass_jax
+    from exactedit.solvers.tail.vocab_pass import QuantRows
+    from exactedit.solvers.tail.device_pass import device_tile, to_device, vocab_pass_jax
+    from exactedit.solvers.tail.kl_pass_jax import measure_precision
 
     dev = devmod.select(cfg.device)
     steps = 2 + len(cfg.precisions) * (cfg.repeats + 2) + cfg.repeats + 1 + sum(p != "exact" for p in cfg.precisions)
@@ -289,9 +290,9 @@ def probe_compile(rows: int = 17352, vocab: int = 248320, n: int = 2560, d_lo: i
 
     from exactedit.bench.gpu_solve import synthetic_tail_params
     from exactedit.bench.head import synthetic_q6k
-    from exactedit.solvers.head.forward_fast import hc4_mix_jax
-    from exactedit.solvers.head.stream import QuantRows
-    from exactedit.solvers.head.stream_jax import to_device, vocab_pass_jax
+    from exactedit.solvers.tail.head_fast import hc4_mix_jax
+    from exactedit.solvers.tail.vocab_pass import QuantRows
+    from exactedit.solvers.tail.device_pass import to_device, vocab_pass_jax
 
     out = {"xla_flags": os.environ.get("XLA_FLAGS", ""),
            "cache_dir": os.environ.get("JAX_COMPILATION_CACHE_DIR", "")}

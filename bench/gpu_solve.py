@@ -30,7 +30,7 @@ from typing import Callable
 
 import numpy as np
 
-from exactedit.solvers import device as devmod
+from exactedit.solvers.tail import device as devmod
 
 Progress = Callable[[int, int], None]
 TARGET_SOLVE_HEAD_S = 10.0
@@ -101,7 +101,7 @@ class GpuSolveHeadResult:
 
 def synthetic_tail_params(rng, n: int, d_lo: int, h: int = 640):
     """hc4 output-read weights (Hc4Head) and W_sd [n, h] of a plausible scale."""
-    from exactedit.solvers.head.forward import Hc4Head
+    from exactedit.solvers.tail.head_ref import Hc4Head
 
     head = Hc4Head((1 + 0.1 * rng.standard_normal((4, n))).astype(np.float32),
                    (rng.standard_normal((d_lo, 4 * n)) * 0.02).astype(np.float32),
@@ -114,7 +114,7 @@ def _documents(cfg: GpuSolveHeadConfig, rng, style: np.ndarray):
     rows), then a reply whose first row is step 0 and whose last predicts the turn end; one reply
     token in ten is a style token (the edit set)."""
     from exactedit.dumps.format import ROLE_PROMPT, ROLE_REPLY, ROLE_REPLY_END, ROLE_STEP0
-    from exactedit.evals.scoring import DocMeta
+    from exactedit.solvers.tail.scores import DocMeta
 
     T = cfg.rows
     bounds = np.linspace(0, T, cfg.docs + 1).astype(int)
@@ -175,11 +175,11 @@ def run_gpu_solve_head(cfg: GpuSolveHeadConfig, progress: Progress | None = None
     from exactedit.solvers.head import solve as head_solve
     from exactedit.solvers.head.batch import build_batch
     from exactedit.solvers.head.config import HeadSolveConfig
-    from exactedit.solvers.head.forward_fast import hc4_mix_jax
+    from exactedit.solvers.tail.head_fast import hc4_mix_jax
     from exactedit.solvers.head.param import null_basis
     from exactedit.solvers.head.ship import HeadRows
-    from exactedit.solvers.head.stream import QuantRows
-    from exactedit.solvers.head.stream_jax import to_device, vocab_pass_jax
+    from exactedit.solvers.tail.vocab_pass import QuantRows
+    from exactedit.solvers.tail.device_pass import to_device, vocab_pass_jax
     from exactedit.solvers.head.track import DeviceTracker, HostTracker
 
     total = cfg.max_steps + 2 * cfg.step_repeats + 4
@@ -333,12 +333,13 @@ def run_gpu_wfld(cfg: GpuWfldConfig, progress: Progress | None = None) -> GpuWfl
 
     from exactedit import quant
     from exactedit.bench.head import synthetic_q6k
-    from exactedit.solvers.head.stream import QuantRows
-    from exactedit.solvers.head.stream_jax import kl_pass_jax, to_device, vocab_pass_jax
+    from exactedit.solvers.tail.vocab_pass import QuantRows
+    from exactedit.solvers.tail.device_pass import to_device, vocab_pass_jax
+    from exactedit.solvers.tail.kl_pass_jax import kl_pass_jax
     from exactedit.solvers.l47 import wfld
-    from exactedit.solvers.l47.forward import Hc4L47
+    from exactedit.solvers.tail.l47_ref import Hc4L47
     from exactedit.solvers.l47.jacobian import RowSet, linearize, with_weights
-    from exactedit.solvers.model import Hc4Tail
+    from exactedit.solvers.tail.model import Hc4Tail
 
     steps, done = 7, [0]
 

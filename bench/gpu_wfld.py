@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 
 from exactedit.bench.solve_wfld import BenchSolveWfldConfig
-from exactedit.solvers import device as devmod
+from exactedit.solvers.tail import device as devmod
 
 Progress = Callable[[int, int], None]
 TARGET_S = 20.0

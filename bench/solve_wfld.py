@@ -143,10 +143,10 @@ def _write_dump(path: Path, cfg, toks, name, tags, rng):
 
 def run_bench_solve_wfld(cfg: BenchSolveWfldConfig, progress: Callable[[int, int], None] | None = None
                          ) -> BenchSolveWfldResult:
-    from exactedit.solvers.head.stream import vocab_pass
+    from exactedit.solvers.tail.vocab_pass import vocab_pass
     from exactedit.solvers.l47.config import WfldConfig
     from exactedit.solvers.l47.solve import WfldInputs, solve_wfld
-    from exactedit.solvers.logits import open_pair, tail_mix
+    from exactedit.solvers.tail.logits import open_pair, tail_mix
 
     with tempfile.TemporaryDirectory(dir=cfg.workdir) as tmp:
         root = Path(tmp)

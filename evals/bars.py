@@ -21,7 +21,7 @@ import numpy as np
 from exactedit.dumps.format import ROLE_REPLY, ROLE_REPLY_END
 from exactedit.evals import bootstrap as bs
 from exactedit.evals.protocol import Bars, ResolvedTokens
-from exactedit.evals.scoring import RowScores, slop_positions, word_positions
+from exactedit.solvers.tail.scores import RowScores, slop_positions, word_positions
 from exactedit.evals.splits import Splits, same_doc_heldout
 
 HELDOUT_ROLES = ("dev", "test", "blind")

@@ -19,10 +19,11 @@ import numpy as np
 from exactedit.evals import shaping
 from exactedit.quant.errors import ExacteditError
 from exactedit.evals.bars import BarContext, anti_slop_bars, per_phrase, persona_bars, same_doc_mask, verdict
-from exactedit.evals.kld import KlRows, kld_stats
+from exactedit.evals.kld import kld_stats
+from exactedit.solvers.tail.kl_pass import KlRows
 from exactedit.evals.protocol import Protocol, ResolvedTokens, resolve_tokens
 from exactedit.evals.report import BarReport
-from exactedit.evals.scoring import DocMeta, RowScores, concat, rows_from_logits
+from exactedit.solvers.tail.scores import DocMeta, RowScores, concat, rows_from_logits
 from exactedit.evals.splits import Splits
 
 Progress = Callable[[int, int], None]
@@ -118,7 +119,7 @@ def build_rules(shapes: Sequence[str], texts: Sequence[str], tokens: ResolvedTok
 
 
 def _full_logits(tail, mix: np.ndarray, tile_rows: int) -> np.ndarray:
-    from exactedit.solvers.logits import head_pass
+    from exactedit.solvers.tail.logits import head_pass
 
     out = np.empty((mix.shape[0], tail.spec.vocab), dtype=np.float32)
 
@@ -136,8 +137,8 @@ def score_traces(protocol: Protocol, model, traces: Sequence[TraceInput], config
     `model`, on the listed documents of `traces`, and the bars of `config.bars`."""
     from exactedit.dumps import read_dump
     from exactedit.quant import gguf
-    from exactedit.solvers.logits import tail_mix
-    from exactedit.solvers.model import load_tail
+    from exactedit.solvers.tail.logits import tail_mix
+    from exactedit.solvers.tail.model import load_tail
 
     g = gguf.open(model)
     tail = load_tail(g)

@@ -32,7 +32,7 @@ import numpy as np
 from exactedit.native.capture import pick, tail_names
 from exactedit.native.llamacpp import EngineError, EngineSettings, LlamaEngine
 from exactedit.quant import arch, gguf
-from exactedit.solvers.head.engine_numerics import MatchEngine, engine_matmul, rmsnorm_engine_mix, softcap
+from exactedit.solvers.tail.engine import MatchEngine, engine_matmul, rmsnorm_engine_mix, softcap
 
 Progress = Callable[[int, int], None]
 

@@ -29,7 +29,7 @@ def verify_engine(command: EngineCommand, model, bundle, dump, *, tolerance: Tol
     from exactedit.dumps import read_dump
     from exactedit.quant.gguf import file_sha256
     from exactedit.solvers.apply import apply_bundle
-    from exactedit.solvers.logits import write_logits
+    from exactedit.solvers.tail.logits import write_logits
 
     tolerance = tolerance or Tolerance()
     tick = (lambda i: progress(i, 5)) if progress else (lambda i: None)

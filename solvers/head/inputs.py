@@ -16,7 +16,7 @@ from exactedit.dumps import read_dump
 from exactedit.dumps.reader import load_manifest
 from exactedit.evals.ledger import Ledger
 from exactedit.evals.protocol import Protocol
-from exactedit.evals.scoring import DocMeta
+from exactedit.solvers.tail.scores import DocMeta
 from exactedit.evals.splits import Splits, build_splits, recorded_splits
 from exactedit.solvers.head.config import HeadSolveError
 

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from exactedit.evals.scoring import DocMeta, RowScores
+from exactedit.solvers.tail.scores import DocMeta, RowScores
 
 Progress = Callable[[int, int], None]
 
@@ -63,7 +63,7 @@ def gather(tail, dump, spans: Sequence[tuple[int, int, int]], docs: Sequence[Doc
     """RowData for the row ranges `spans` = [(start, stop, doc index)] of `dump` (one pass). With
     `device_head` (the tail's head on a JAX device, `stream_jax.to_device`) the pass is
     `vocab_pass_jax` in exact mode (float32 HIGHEST) there; without, the host `vocab_pass`."""
-    from exactedit.solvers.logits import head_pass, tail_mix
+    from exactedit.solvers.tail.logits import head_pass, tail_mix
 
     if not spans:
         raise ValueError("gather needs at least one row range")
@@ -79,7 +79,7 @@ def gather(tail, dump, spans: Sequence[tuple[int, int, int]], docs: Sequence[Doc
         vp = head_pass(tail, z, token_sets=wanted, topk=k + 1, exclude=np.asarray(edit_ids), tile_rows=tile_rows,
                        progress=progress)
     else:
-        from exactedit.solvers.head.stream_jax import vocab_pass_jax
+        from exactedit.solvers.tail.device_pass import vocab_pass_jax
 
         vp = vocab_pass_jax(z, device_head, token_sets=wanted, topk=k + 1, exclude=np.asarray(edit_ids),
                             tile_rows=tile_rows, softcap=tail.softcap, progress=progress)

@@ -25,7 +25,7 @@ import numpy as np
 from exactedit.evals.bars import BarContext, BarRow, persona_bars
 from exactedit.evals.ledger import DEFAULT_WORKSPACE, Ledger, require_registered
 from exactedit.evals.protocol import load_protocol, resolve_tokens as resolve_protocol_tokens
-from exactedit.evals.scoring import concat as concat_scores
+from exactedit.solvers.tail.scores import concat as concat_scores
 from exactedit.quant import gguf
 from exactedit.solvers.head import rowdata
 from exactedit.solvers.head.adam import AdamState, adam_init, adam_update
@@ -243,7 +243,7 @@ class _Setup:
 
 
 def _setup(cfg: HeadSolveConfig, proto, splits, g, train, dev, test, device=None) -> _Setup:
-    from exactedit.solvers.model import load_tail
+    from exactedit.solvers.tail.model import load_tail
 
     tail = load_tail(g)
     head_name = _check_tail(tail)
@@ -263,7 +263,7 @@ def _setup(cfg: HeadSolveConfig, proto, splits, g, train, dev, test, device=None
                                    *(int(r) for r in rejected if r >= 0)]))
     device_head = None
     if device is not None:
-        from exactedit.solvers.head.stream_jax import to_device
+        from exactedit.solvers.tail.device_pass import to_device
 
         device_head = to_device(tail.head, device)
     return _Setup(tail, head_name, vocab, resolved, given, edit, openers, closers, sel_ids, device_head)
@@ -396,7 +396,7 @@ def solve_head(*args, device="auto", **kwargs):
     TF32 / bf16 are opt-in (solvers.device), never a GPU's silent default. `device` ("cpu", "gpu",
     "auto" or a jax.Device; `solvers.device.pass_device`): on "cpu", and on "auto" without a GPU,
     the passes and dev tracking are the host numpy path, unchanged; else they run on the device."""
-    from exactedit.solvers.device import DeviceConfig, pass_device, scope
+    from exactedit.solvers.tail.device import DeviceConfig, pass_device, scope
 
     dev = pass_device(device)
     with scope(DeviceConfig(), device=dev):

@@ -19,10 +19,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from exactedit.solvers.head import forward as head_ref
-from exactedit.solvers.head import forward_fast as head_fast
+from exactedit.solvers.tail import head_ref
+from exactedit.solvers.tail import head_fast
 from exactedit.solvers.l47.config import WfldError
-from exactedit.solvers.l47.forward import sigmoid, stream_gates
+from exactedit.solvers.tail.l47_ref import sigmoid, stream_gates
 
 CHUNK = 64  # rows per VJP batch
 
@@ -83,7 +83,7 @@ def ffn_gains(tail, rs: RowSet) -> tuple[np.ndarray, np.ndarray]:
 
 def token_rows(head, ids) -> np.ndarray:
     """float64 [len(ids), n]: rows of the head's runtime view (ids < 0 give zeros)."""
-    from exactedit.solvers.head.stream import QuantRows
+    from exactedit.solvers.tail.vocab_pass import QuantRows
 
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
     out = np.zeros((ids.size, head.cols))

@@ -13,7 +13,7 @@ from dataclasses import asdict
 
 import numpy as np
 
-from exactedit.evals.scoring import slop_positions
+from exactedit.solvers.tail.scores import slop_positions
 from exactedit.solvers.l47.wfld import KIND_NAMES
 
 

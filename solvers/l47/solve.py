@@ -29,15 +29,15 @@ from exactedit.evals.splits import Splits, same_doc_heldout
 from exactedit.quant import gguf
 from exactedit.quant.files import file_sha256
 from exactedit.solvers.bundle import InputRef, TensorEdit, write_bundle
-from exactedit.solvers.head.stream import vocab_pass
+from exactedit.solvers.tail.vocab_pass import vocab_pass
 from exactedit.solvers.l47 import wfld
 from exactedit.solvers.l47.config import WfldConfig, WfldError
 from exactedit.solvers.l47.jacobian import editable_weight, gather_rows, linearize, token_rows, with_weights
 from exactedit.solvers.l47.mining import Mining, load_phrases, mine, natural_alternatives
 from exactedit.solvers.l47.report import build_report
 from exactedit.solvers.l47.rescore import ScoredTrace, score_traces
-from exactedit.solvers.logits import tail_mix
-from exactedit.solvers.model import load_tail
+from exactedit.solvers.tail.logits import tail_mix
+from exactedit.solvers.tail.model import load_tail
 
 Progress = Callable[[int, int], None]
 ROLES = ("train", "heldout", "collateral", "anchors", "null")
@@ -187,7 +187,7 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
     traces = _open_traces(inputs, tail)
     dhead = None
     if device is not None:
-        from exactedit.solvers.head.stream_jax import to_device
+        from exactedit.solvers.tail.device_pass import to_device
 
         dhead = to_device(tail.head, device)
     by_role = {r: [t for t in traces if t.role == r] for r in ROLES}
@@ -214,7 +214,7 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
         vp = vocab_pass(mix_t, tail.head, topk=cfg.alternatives + len(specials) + 1, softcap=tail.softcap,
                         tile_rows=cfg.tile_rows)
     else:
-        from exactedit.solvers.head.stream_jax import vocab_pass_jax
+        from exactedit.solvers.tail.device_pass import vocab_pass_jax
 
         vp = vocab_pass_jax(mix_t, dhead, topk=cfg.alternatives + len(specials) + 1, softcap=tail.softcap,
                             tile_rows=cfg.tile_rows)
@@ -358,7 +358,7 @@ def solve_wfld(*args, device="auto", **kwargs):
     bf16 are opt-in (solvers.device), never a GPU's silent default. `device` ("cpu", "gpu", "auto"
     or a jax.Device; `solvers.device.pass_device`): on "cpu", and on "auto" without a GPU, the
     full-vocab passes are the host ones, unchanged; else they run on the device."""
-    from exactedit.solvers.device import DeviceConfig, pass_device, scope
+    from exactedit.solvers.tail.device import DeviceConfig, pass_device, scope
 
     dev = pass_device(device)
     with scope(DeviceConfig(), device=dev):

@@ -9,7 +9,7 @@ import pytest
 from exactedit.dumps.format import ROLE_PROMPT, ROLE_REPLY, ROLE_REPLY_END
 from exactedit.evals.bars import BarContext, anti_slop_bars, per_phrase, persona_bars, special_flips, verdict
 from exactedit.evals.protocol import Bars, ResolvedTokens
-from exactedit.evals.scoring import DocMeta, RowScores
+from exactedit.solvers.tail.scores import DocMeta, RowScores
 
 END, TO, RATHER, THAN, OWO, IM_END, THINK, X, Y = range(9)
 TOKENS = ResolvedTokens(specials=(IM_END, THINK), turn_end=IM_END, style=(OWO,),

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not (FIXTURE / "model.gguf").exists(), reason="t
 
 def test_protocol_matches_the_fixture():
     from exactedit.quant import gguf
-    from exactedit.solvers.model import load_tail
+    from exactedit.solvers.tail.model import load_tail
 
     p = load_protocol(FIXTURE / "protocol.toml")
     assert all(t.path.is_dir() for t in p.traces)

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from exactedit.evals.kld import KlRows, kl_rows, kld, kld_stats
-from exactedit.solvers.head.forward import log_softmax_ref, logits_ref
-from exactedit.solvers.head.stream import ArrayRows
+from exactedit.evals.kld import kld, kld_stats
+from exactedit.solvers.tail.kl_pass import KlRows, kl_rows
+from exactedit.solvers.tail.head_ref import log_softmax_ref, logits_ref
+from exactedit.solvers.tail.vocab_pass import ArrayRows
 
 U32 = 2.0 ** -24
 

@@ -129,10 +129,10 @@ def solved(tiny):
 
 def test_row_scores_equal_a_full_vocab_recompute(tiny):
     """rowdata.gather + effect (|rows| x |S| x n) against logits recomputed over the whole head."""
-    from exactedit.evals.scoring import log_softmax
+    from exactedit.solvers.tail.scores import log_softmax
     from exactedit.solvers.head import rowdata
-    from exactedit.solvers.logits import tail_mix
-    from exactedit.solvers.model import load_tail
+    from exactedit.solvers.tail.logits import tail_mix
+    from exactedit.solvers.tail.model import load_tail
 
     with gguf.open(tiny / "model.gguf") as g:
         tail = load_tail(g)
@@ -207,7 +207,7 @@ def test_bundle_applies_to_the_predicted_logits(tiny, solved, tmp_path):
     """The edited GGUF, recomputed over the whole vocabulary, gives the KL the solve predicted."""
     from exactedit.solvers.apply import apply_bundle
     from exactedit.solvers.head.solve import write_head_bundle
-    from exactedit.solvers.logits import open_pair, tail_mix
+    from exactedit.solvers.tail.logits import open_pair, tail_mix
 
     b = write_head_bundle(solved, tmp_path / "bundle")
     assert b.sha256 == solved.bundle_sha256 and {"report.json", "report.txt", "trajectory.png"} <= set(b.files)
@@ -220,7 +220,7 @@ def test_bundle_applies_to_the_predicted_logits(tiny, solved, tmp_path):
             mix = tail_mix(tail, dump)
             w = np.asarray(tail.head.read(0, tail.spec.vocab), dtype=np.float64)
             kls.append(mix.astype(np.float64) @ w.T)
-    from exactedit.evals.scoring import log_softmax
+    from exactedit.solvers.tail.scores import log_softmax
 
     lb, le = log_softmax(kls[0]), log_softmax(kls[1])
     kl = np.sum(np.exp(lb) * (lb - le), axis=1)

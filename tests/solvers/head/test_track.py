@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from exactedit.dumps.format import ROLE_ANCHOR, ROLE_PROMPT, ROLE_REPLY, ROLE_REPLY_END, ROLE_STEP0
-from exactedit.evals.scoring import DocMeta
+from exactedit.solvers.tail.scores import DocMeta
 from exactedit.solvers.head.batch import build_batch
 from exactedit.solvers.head.objective import Weights
 from exactedit.solvers.head.rowdata import RowData

@@ -12,12 +12,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from exactedit.solvers.head.forward import Hc4Head, RmsnormHead
-from exactedit.solvers.head.stream import ArrayRows
+from exactedit.solvers.tail.head_ref import Hc4Head, RmsnormHead
+from exactedit.solvers.tail.vocab_pass import ArrayRows
 from exactedit.solvers.l47.config import WfldError
-from exactedit.solvers.l47.forward import Hc4L47, RmsnormL47
+from exactedit.solvers.tail.l47_ref import Hc4L47, RmsnormL47
 from exactedit.solvers.l47.jacobian import RowSet, editable_weight, linearize, with_weights
-from exactedit.solvers.model import Hc4Tail, RmsnormTail
+from exactedit.solvers.tail.model import Hc4Tail, RmsnormTail
 
 
 def hc4_case(seed, T=5, n=48, h=12, d_lo=8, V=30):

@@ -13,13 +13,13 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from exactedit.dumps import DocInfo
-from exactedit.evals.scoring import DocMeta, RowScores, slop_positions
+from exactedit.solvers.tail.scores import DocMeta, RowScores, slop_positions
 from exactedit.solvers.l47.config import WfldError
 from exactedit.solvers.l47.mining import (
     CONTEXT_CHARS, PhraseMatcher, TokenBytes, load_phrases, mine, natural_alternatives, phrase_forms,
     tokenizations,
 )
-from exactedit.solvers.model import TokenTable
+from exactedit.solvers.tail.model import TokenTable
 from tests.solvers.l47 import synth
 
 FIXTURE = Path(__file__).resolve().parents[3] / "fixtures" / "default"
@@ -197,7 +197,7 @@ def test_natural_alternatives():
 def test_fixture_planted_positions():
     from exactedit.dumps import read_dump
     from exactedit.quant import gguf
-    from exactedit.solvers.model import load_tail
+    from exactedit.solvers.tail.model import load_tail
 
     planted = json.loads((FIXTURE / "planted.json").read_text())
     phrases = load_phrases(FIXTURE / "phrases.txt")

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from exactedit.solvers.l47.forward import Hc4L47, RmsnormL47
+from exactedit.solvers.tail.l47_ref import Hc4L47, RmsnormL47
 
 F32 = jnp.float32
 

@@ -11,8 +11,8 @@ import pytest
 
 from exactedit import quant
 from exactedit.quant import q8_0
-from exactedit.solvers.head import engine_numerics as en
-from exactedit.solvers.head import engine_q8_0 as e8
+from exactedit.solvers.tail import engine as en
+from exactedit.quant import q8_0_dot as e8
 
 
 @pytest.fixture(scope="module")

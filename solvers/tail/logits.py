@@ -17,8 +17,8 @@ import numpy as np
 
 from exactedit.quant.errors import ExacteditError
 from exactedit.quant.files import file_sha256, fsync_replace
-from exactedit.solvers.head.forward_fast import Matmul
-from exactedit.solvers.head.stream import VocabPass, vocab_pass
+from exactedit.solvers.tail.head_fast import Matmul
+from exactedit.solvers.tail.vocab_pass import VocabPass, vocab_pass
 
 Progress = Callable[[int, int], None]
 
@@ -48,7 +48,7 @@ def open_pair(model, dump, *, check_finite: bool = True):
     """(GGUFFile, tail, Dump): the model's tail and the dump, validated against each other."""
     from exactedit.dumps import read_dump
     from exactedit.quant import gguf
-    from exactedit.solvers.model import load_tail
+    from exactedit.solvers.tail.model import load_tail
 
     g = gguf.open(model)
     tail = load_tail(g)
@@ -100,7 +100,7 @@ def write_logits(model, dump, out, *, rows: str | tuple[int, int] | None = None,
     """Full-vocabulary float32 logits [rows, V] of `model` on the rows of `dump`, as OUT (.npy).
     `match_engine` ("llamacpp") computes them as that engine does (activations quantized before
     each quantized matmul, its summation order; solvers.head.engine_numerics) instead of exactly."""
-    from exactedit.solvers.head.forward_fast import Sgemm
+    from exactedit.solvers.tail.head_fast import Sgemm
 
     out = Path(out)
     g, tail, d = open_pair(model, dump)
@@ -108,7 +108,7 @@ def write_logits(model, dump, out, *, rows: str | tuple[int, int] | None = None,
     if match_engine is not None:
         if matmul is not None:
             raise ValueError("give match_engine or matmul, not both")
-        from exactedit.solvers.head.engine_numerics import engine_logits_setup
+        from exactedit.solvers.tail.engine import engine_logits_setup
 
         mix, matmul = engine_logits_setup(g, tail, d, span, match_engine)
     else:

@@ -27,7 +27,7 @@ from numba import prange
 from exactedit.quant import q8_0
 from exactedit.quant.errors import QuantError
 from exactedit.quant.f16 import FP16_TO_FP32
-from exactedit.solvers.head.engine_numerics import _fma32, fma32_ref
+from exactedit.quant.fma32 import fma32 as _fma32, fma32_ref
 
 QK = q8_0.QK
 LANES = QK // 4

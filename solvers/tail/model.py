@@ -18,11 +18,11 @@ import numpy as np
 
 from exactedit.dumps.format import DumpExpect
 from exactedit.quant.errors import GGUFFormatError
-from exactedit.solvers.head import forward as head_ref
-from exactedit.solvers.head import forward_fast as head_fast
-from exactedit.solvers.head.stream import QuantRows, gguf_rows
-from exactedit.solvers.l47 import forward as l47_ref
-from exactedit.solvers.l47 import forward_fast as l47_fast
+from exactedit.solvers.tail import head_ref
+from exactedit.solvers.tail import head_fast
+from exactedit.solvers.tail.vocab_pass import QuantRows, gguf_rows
+from exactedit.solvers.tail import l47_ref
+from exactedit.solvers.tail import l47_fast
 
 # llama.cpp token types (tokenizer.ggml.token_type)
 TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_BYTE = 3, 4, 6

@@ -16,8 +16,8 @@ from typing import Callable, NamedTuple, Protocol
 
 import numpy as np
 
-from exactedit.solvers.head.forward import apply_softcap
-from exactedit.solvers.head.forward_fast import Matmul, Sgemm
+from exactedit.solvers.tail.head_ref import apply_softcap
+from exactedit.solvers.tail.head_fast import Matmul, Sgemm
 
 Progress = Callable[[int, int], None]
 

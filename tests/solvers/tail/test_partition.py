@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import example, given, settings, strategies as st
 
-from exactedit.solvers.head.forward import logits_ref
-from exactedit.solvers.head.partition import edited_logits, logsumexp_rows, lse_edited, lse_rest
-from exactedit.solvers.head.stream import ArrayRows, vocab_pass
+from exactedit.solvers.tail.head_ref import logits_ref
+from exactedit.solvers.tail.partition import edited_logits, logsumexp_rows, lse_edited, lse_rest
+from exactedit.solvers.tail.vocab_pass import ArrayRows, vocab_pass
 
 
 def full_lse(logits):

@@ -13,8 +13,8 @@ from hypothesis import given, settings, strategies as st
 
 from tests.strategies import U32, gamma, spread_floats
 
-from exactedit.solvers.l47.forward import Hc4L47, RmsnormL47, hc4_l47_ref, rmsnorm_l47_ref, stream_gates
-from exactedit.solvers.l47.forward_fast import hc4_l47, rmsnorm_l47
+from exactedit.solvers.tail.l47_ref import Hc4L47, RmsnormL47, hc4_l47_ref, rmsnorm_l47_ref, stream_gates
+from exactedit.solvers.tail.l47_fast import hc4_l47, rmsnorm_l47
 
 def arrays(draw, shape, scale=None):
     """float32 values spread over several decades, with exact zeros mixed in."""

@@ -1,13 +1,13 @@
-"""Engine-faithful numerics: numpy reference == numba fast path, bit for bit (the live tests in
-tests/native compare both with llama.cpp itself)."""
+"""ggml kernel models in quant/: fma32 and the Q6_K x Q8_K dot, numpy reference == numba fast path,
+bit for bit (the live tests in tests/native compare both with llama.cpp itself)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from exactedit import quant
-from exactedit.quant.errors import QuantError
-from exactedit.solvers.head import engine_numerics as en
+from exactedit.quant.fma32 import fma32, fma32_ref
+from exactedit.quant.q6_k_dot import q6_k_matmul, q6_k_matmul_ref
 
 
 def _fma_cases():
@@ -35,10 +35,10 @@ def test_fma32_reference_matches_hardware_fma(name, a, b, c):
     def fast(a, b, c):
         out = np.empty_like(a)
         for i in range(a.size):
-            out[i] = en._fma32(a[i], b[i], c[i])
+            out[i] = fma32(a[i], b[i], c[i])
         return out
 
-    ref = en.fma32_ref(a, b, c)
+    ref = fma32_ref(a, b, c)
     assert np.array_equal(ref.view(np.uint32), fast(a, b, c).view(np.uint32))
     exact = a.astype(np.longdouble) * b + c.astype(np.longdouble)
     assert np.all(np.abs(ref - exact) <= np.spacing(np.abs(ref)) / 2 * (1 + 1e-6))
@@ -67,8 +67,8 @@ def test_q6_k_matmul_reference_equals_fast(name, rows, cols, T, mode):
     raw, x = _weights(rows, cols, 1), _acts(T, cols, 2)
     tiled = {"all": np.ones(T, bool), "none": np.zeros(T, bool),
              "first8": np.arange(T) < 8}[mode]
-    ref = en.q6_k_matmul_ref(raw, cols, x, tiled, chunk=7)
-    fast = en.q6_k_matmul(raw, cols, x, tiled)
+    ref = q6_k_matmul_ref(raw, cols, x, tiled, chunk=7)
+    fast = q6_k_matmul(raw, cols, x, tiled)
     assert np.array_equal(ref.view(np.uint32), fast.view(np.uint32))
     # and both are the product of the dequantized weights with the Q8_K-rounded activations
     from exactedit.quant import q8_k
@@ -76,27 +76,3 @@ def test_q6_k_matmul_reference_equals_fast(name, rows, cols, T, mode):
     xq = q8_k.dequantize_ref(q8_k.quantize(x)).astype(np.float64)
     w = quant.dequantize(raw, "Q6_K", cols).astype(np.float64)
     np.testing.assert_allclose(fast, xq @ w.T, rtol=1e-5, atol=1e-4)
-
-
-def test_kernel_choice_follows_micro_batches():
-    m = en.MatchEngine("llamacpp", (12, 3, 8, 7))
-    assert m.tiled_rows().tolist() == [True] * 12 + [False] * 3 + [True] * 8 + [False] * 7
-    assert en.MatchEngine.from_meta("llamacpp", {"ubatch_sizes": [4, 4]}, 8).ubatch_sizes == (4, 4)
-    with pytest.raises(QuantError):
-        en.MatchEngine.from_meta("llamacpp", {"ubatch_sizes": [4]}, 8)
-    with pytest.raises(QuantError):
-        en.MatchEngine("vllm", (4,))
-    with pytest.raises(QuantError):
-        en.engine_matmul(np.zeros((1, 144), np.uint8), "Q4_K", 256, np.zeros((1, 256), np.float32), m)
-
-
-def test_rms_norm_sums_in_index_order():
-    rng = np.random.default_rng(3)
-    x = (rng.standard_normal((4, 1536)) * 50).astype(np.float32)
-    w = rng.uniform(0.5, 2, 1536).astype(np.float32)
-    y = en.rms_norm(x, w, 1e-6)
-    total = np.zeros(4)
-    for i in range(1536):      # ggml: sum += (double)(x*x), one element after another
-        total += (x[:, i] * x[:, i]).astype(np.float64)
-    scale = np.float32(1) / np.sqrt((total / 1536).astype(np.float32) + np.float32(1e-6))
-    assert np.array_equal(y, (x * scale[:, None]) * w)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from exactedit.solvers.head.forward import HC_LO_DIVISOR, HC_MIX_SCALE, Hc4Head, RmsnormHead
+from exactedit.solvers.tail.head_ref import HC_LO_DIVISOR, HC_MIX_SCALE, Hc4Head, RmsnormHead
 
 F32 = jnp.float32
 

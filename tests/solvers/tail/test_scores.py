@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from exactedit.evals.scoring import DocMeta, RowScores, concat, log_softmax, rows_from_logits, slop_positions, word_positions
+from exactedit.solvers.tail.scores import DocMeta, RowScores, concat, log_softmax, rows_from_logits, slop_positions, word_positions
 
 END, TO, RATHER, THAN, X = 0, 1, 2, 3, 4
 
