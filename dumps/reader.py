@@ -17,6 +17,7 @@ import numpy as np
 
 from exactedit.dumps.errors import DumpFormatError
 from exactedit.quant.files import file_sha256  # noqa: F401 - re-exported as dumps.reader.file_sha256
+from exactedit.dumps.verify import VerifyCache, verify_fields
 from exactedit.dumps.format import (
     MANIFEST, MANIFEST_MAX_BYTES, ROLE_NAMES, DocInfo, DumpExpect, Manifest, check_shapes, field_spec,
     parse_manifest,
@@ -139,6 +140,7 @@ class Dump:
     manifest: Manifest
     fields: Mapping[str, np.ndarray]
     dims: Mapping[str, int]
+    verified: bool = False          # every field file's bytes matched the manifest's sha256 when opened
 
     arch = property(lambda self: self.manifest.arch)
     layer = property(lambda self: self.manifest.layer)
@@ -195,8 +197,13 @@ class Dump:
         return {name: int(np.count_nonzero(roles & bit)) for name, bit in ROLE_NAMES.items()}
 
     def sha256(self) -> str:
-        """A stable identity: sha256 of the canonical manifest, which holds every field file's hash."""
-        return hashlib.sha256(canonical_json(self.manifest.to_json())).hexdigest()
+        """The dump's identity: sha256 of the canonical manifest, which holds every field file's
+        hash. It covers the data only when `verified` (the default of `read_dump`), see dumps.verify."""
+        return manifest_sha256(self.manifest)
+
+
+def manifest_sha256(manifest: Manifest) -> str:
+    return hashlib.sha256(canonical_json(manifest.to_json())).hexdigest()
 
 
 def load_manifest(path) -> Manifest:
@@ -220,11 +227,15 @@ def _refuse_constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
-def read_dump(path, expect: DumpExpect | None = None, *, verify_hashes: bool = False,
-              check_finite: bool = True, progress: Progress | None = None) -> Dump:
+def read_dump(path, expect: DumpExpect | None = None, *, verify_hashes: bool = True,
+              check_finite: bool = True, cache: VerifyCache | None = None,
+              progress: Progress | None = None) -> Dump:
     """Open and validate a dump directory. `expect` checks it against a model (n, h, vocab, ...);
-    `verify_hashes` re-hashes every field file against the manifest; `check_finite=False` skips the
-    value scan (finite floats, token ranges), which reads every byte once."""
+    `verify_hashes` (default) re-hashes every field file against the manifest, so that `sha256()`
+    is the identity of the data (a mismatch is a DumpFormatError naming the field); `cache`, owned
+    by the caller, skips re-hashing a dump it already verified unchanged; `check_finite=False`
+    skips the value scan (finite floats, token ranges). Each reads every byte once; `progress`
+    counts both."""
     path = Path(path)
     manifest = load_manifest(path)
     if expect is not None:
@@ -234,10 +245,11 @@ def read_dump(path, expect: DumpExpect | None = None, *, verify_hashes: bool = F
         spec = field_spec(path, manifest.arch, name)
         headers[name] = read_npy_header(path / file, path, name, spec.dtype)
     dims = check_shapes(path, manifest.arch, manifest.rows, {k: h.shape for k, h in headers.items()}, expect)
+    hash_bytes = sum((path / f).stat().st_size for f in manifest.fields.values()) if verify_hashes else 0
+    scan_bytes = sum(math.prod(h.shape) * h.dtype.itemsize for h in headers.values()) if check_finite else 0
     if verify_hashes:
-        for name, file in manifest.fields.items():
-            if file_sha256(path / file) != manifest.sha256[name]:
-                raise DumpFormatError(path, name, f"{file}: sha256 differs from the manifest's {manifest.sha256[name]}")
+        verify_fields(path, manifest.fields, manifest.sha256, manifest_sha256(manifest), cache=cache,
+                      progress=_phase(progress, 0, hash_bytes + scan_bytes))
     arrays = {}
     for name, file in manifest.fields.items():
         h = headers[name]
@@ -246,5 +258,14 @@ def read_dump(path, expect: DumpExpect | None = None, *, verify_hashes: bool = F
         except (ValueError, OSError) as exc:
             raise DumpFormatError(path, name, f"{file}: cannot be memory-mapped ({exc})") from None
     if check_finite:
-        check_values(path, arrays, expect.vocab if expect is not None else None, progress)
-    return Dump(path=path, manifest=manifest, fields=MappingProxyType(arrays), dims=MappingProxyType(dims))
+        check_values(path, arrays, expect.vocab if expect is not None else None,
+                     _phase(progress, hash_bytes, hash_bytes + scan_bytes))
+    return Dump(path=path, manifest=manifest, fields=MappingProxyType(arrays), dims=MappingProxyType(dims),
+                verified=verify_hashes)
+
+
+def _phase(progress: Progress | None, offset: int, total: int) -> Progress | None:
+    """A phase's progress(done, its total) as the whole open's progress(offset + done, total)."""
+    if progress is None:
+        return None
+    return lambda done, _: progress(offset + done, total)

@@ -53,8 +53,9 @@ def summarize(dump: Dump, hashes_verified: bool = False) -> DumpSummary:
                        meta=dict(dump.meta), hashes_verified=hashes_verified)
 
 
-def inspect_dump(path, *, verify_hashes: bool = False, progress: Progress | None = None) -> DumpSummary:
-    """Read and fully validate the dump at `path` (values scanned; hashes if asked) and summarize it."""
+def inspect_dump(path, *, verify_hashes: bool = True, progress: Progress | None = None) -> DumpSummary:
+    """Read and fully validate the dump at `path` (values scanned, field hashes re-hashed unless
+    `verify_hashes=False`, which the summary records) and summarize it."""
     return summarize(read_dump(path, verify_hashes=verify_hashes, progress=progress), verify_hashes)
 
 
@@ -63,7 +64,8 @@ def format_table(s: DumpSummary) -> str:
     dims = ", ".join(f"{k}={v}" for k, v in sorted(s.dims.items()))
     lines = [f"dump     {s.path}", f"arch     {s.arch} (layer {s.layer}), {s.rows} rows, {dims}",
              f"model    {s.model_sha256 or '(not recorded)'}", f"sha256   {s.sha256}"
-             + ("  (field hashes verified)" if s.hashes_verified else "")]
+             + ("  (field hashes verified)" if s.hashes_verified else
+                "  (field hashes NOT verified: --no-verify; this is the manifest's hash only)")]
     if s.meta:
         lines.append("meta     " + ", ".join(f"{k}={v}" for k, v in sorted(s.meta.items())))
     lines += ["", *_table(("field", "shape", "dtype", "file"),

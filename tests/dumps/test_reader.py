@@ -113,10 +113,11 @@ def test_hash_verification_catches_same_size_edits(tmp_path, make_dump):
     data = bytearray((path / "hh.npy").read_bytes())
     data[-1] ^= 0x01  # flip a mantissa bit: still finite, same size
     (path / "hh.npy").write_bytes(bytes(data))
-    read_dump(path)  # without verification the dump still parses
+    assert not read_dump(path, verify_hashes=False).verified  # without verification the dump still parses
     with pytest.raises(DumpFormatError) as err:
-        read_dump(path, verify_hashes=True)
-    assert err.value.field == "hh" and "sha256 differs" in err.value.message
+        read_dump(path)  # verified by default
+    assert err.value.field == "hh" and "differs from the manifest's" in err.value.message
+    assert str(path) in str(err.value)
 
 
 def test_identity_ignores_path_and_whitespace(tmp_path, make_dump):
@@ -137,14 +138,14 @@ def test_value_scan_can_be_skipped_and_reports_progress(tmp_path, make_dump):
     data = bytearray((path / "sgv.npy").read_bytes())
     data[-4:] = np.array([np.nan], "<f4").tobytes()
     (path / "sgv.npy").write_bytes(bytes(data))
-    assert np.isnan(read_dump(path, check_finite=False).sgv[-1])
+    assert np.isnan(read_dump(path, check_finite=False, verify_hashes=False).sgv[-1])
     seen = []
     with pytest.raises(DumpFormatError, match="non-finite"):
-        read_dump(path, progress=lambda done, total: seen.append((done, total)))
+        read_dump(path, verify_hashes=False, progress=lambda done, total: seen.append((done, total)))
     seen.clear()
     data[-4:] = np.array([0.5], "<f4").tobytes()
     (path / "sgv.npy").write_bytes(bytes(data))
-    read_dump(path, progress=lambda done, total: seen.append((done, total)))
+    read_dump(path, verify_hashes=False, progress=lambda done, total: seen.append((done, total)))
     assert seen[-1][0] == seen[-1][1] > 0
 
 
@@ -166,7 +167,7 @@ def test_cli_dump_inspect(tmp_path, make_dump, dims):
     from exactedit import cli
 
     path = make_dump(tmp_path / "d")
-    result = CliRunner().invoke(cli.main, ["dump", "inspect", str(path), "--json", "--verify-hashes"])
+    result = CliRunner().invoke(cli.main, ["dump", "inspect", str(path), "--json"])
     assert result.exit_code == 0, result.output
     js = json.loads(result.stdout)
     assert js["arch"] == "hc4" and js["rows"] == dims["T"] and js["hashes_verified"]
