@@ -1,7 +1,9 @@
-"""Row roles from chat structure: derive the `roles` bitmask of a dump from its ChatML token stream.
+"""Row roles from chat structure: derive the `roles` bitmask of a dump from its chat token stream.
 
 Row t reads token t and predicts token t+1, so row t carries the bits of token t+1 (see the ROLE_*
-constants in dumps.format and docs/dump-format.md). Chat tags (<|im_start|>, <|im_end|>, <think>,
+constants in dumps.format and docs/dump-format.md). A turn is framed as its template frames it
+(`quant.chat_template.ChatFormat`, read off the model's own template by `probe_format`; ChatML
+by default): `turn_start` ROLE `header_end` content `turn_end`. Chat tags (the turn tags, <think>,
 </think>, <tool_call>, </tool_call>) count only as the single special tokens the caller names;
 the same characters spelled out in ordinary text are text. Code fences are lines that start with
 three backticks (after optional spaces), found in the decoded text, so a fence split across tokens
@@ -14,6 +16,7 @@ from typing import Collection, Iterable, Mapping, Sequence
 import numpy as np
 
 from exactedit.dumps.errors import DumpFormatError
+from exactedit.quant.chat_template import CHATML, ChatFormat
 from exactedit.dumps.format import (
     ROLE_ANCHOR, ROLE_CODE, ROLE_PROMPT, ROLE_REPLY, ROLE_REPLY_END, ROLE_STEP0, ROLE_THINK, ROLE_TOOL,
     DocInfo, is_int,
@@ -23,24 +26,26 @@ IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 THINK, THINK_END = "<think>", "</think>"
 TOOL, TOOL_END = "<tool_call>", "</tool_call>"
 FENCE = "```"
-_TAGS = (IM_START, IM_END, THINK, THINK_END, TOOL, TOOL_END)
+# the parser's tag names; the turn tags' texts come from the ChatFormat
+START, END, HEADER_END = "start", "end", "header_end"
 _WHERE = "infer_roles"
 
 
 def infer_roles(tokens, token_strings: Sequence[str], special_ids: Collection[int], *,
-                next_token: int | None = None) -> np.ndarray:
+                next_token: int | None = None, fmt: ChatFormat = CHATML) -> np.ndarray:
     """uint8 [T] role bits for a token stream (one document).
 
     `token_strings[id]` is the text token `id` decodes to; `special_ids` are the ids of control /
     added tokens (the only ones that can be chat tags). `next_token`, when known, is the token after
     the last one; otherwise the last row gets the bits its open context implies (e.g. REPLY inside
-    an unfinished reply), never STEP0 or REPLY_END."""
+    an unfinished reply), never STEP0 or REPLY_END. `fmt` says how a turn is framed (ChatML
+    unless given; `quant.chat_template.probe_format` reads it off a model's template)."""
     ids = _as_ids(tokens, len(token_strings))
-    tags = _tag_ids(token_strings, special_ids)
+    tags = _tag_ids(token_strings, special_ids, fmt)
     stream = list(ids)
     if next_token is not None and next_token >= 0:
         stream += _as_ids([next_token], len(token_strings)).tolist()
-    parser = _ChatParser(tags)
+    parser = _ChatParser(tags, fmt)
     bits = [parser.feed(int(x), token_strings[int(x)]) for x in stream]
     roles = np.zeros(len(ids), dtype=np.uint8)
     known = bits[1:] if len(stream) > len(ids) else bits[1:] + [parser.open_bits()]
@@ -62,8 +67,11 @@ def mark_docs(roles, docs: Iterable[DocInfo], tag_bits: Mapping[str, int] | None
 class _ChatParser:
     """Feeds tokens one at a time; `feed` returns the bits the token carries as a next token."""
 
-    def __init__(self, tags: Mapping[str, frozenset[int]]):
+    def __init__(self, tags: Mapping[str, frozenset[int]], fmt: ChatFormat):
         self.tags = tags
+        self.fmt = fmt
+        # a header closed by a special token (Llama 3's <|end_header_id|>), else by its text ("\n")
+        self.special_header_end = bool(tags[HEADER_END]) and bool(fmt.header_end.strip())
         self.turn: str | None = None     # role of the open turn once its header line is read
         self.header: str | None = None   # header text while reading "<|im_start|>role\n"
         self.phase = "visible"          # assistant reply: start -> think -> after_think -> visible
@@ -75,24 +83,31 @@ class _ChatParser:
 
     def open_bits(self) -> int:
         """The bits of a token that would continue the current context (no STEP0/REPLY_END)."""
-        if self.turn != "assistant" or self.header is not None:
+        if self.turn != self.fmt.assistant or self.header is not None:
             return ROLE_PROMPT | (ROLE_CODE if self.code else 0)
         return (ROLE_REPLY | (ROLE_THINK if self.think else 0) | (ROLE_TOOL if self.tool else 0)
                 | (ROLE_CODE if self.code else 0))
 
     def feed(self, x: int, text: str) -> int:
-        if self._is(IM_START, x):
+        if self._is(START, x):
             self.turn, self.header = None, ""
             self._reset_spans()
             return ROLE_PROMPT
         if self.header is not None:
-            self.header += text
-            if "\n" in self.header:
-                self.turn, self.header = self.header.split("\n", 1)[0].strip(), None
-                self.phase = "start" if self.turn == "assistant" else "visible"
+            if self.special_header_end:
+                done = self._is(HEADER_END, x)
+                role = self.header if done else None
+                self.header += "" if done else text
+            else:
+                self.header += text
+                done = self.fmt.header_end in self.header
+                role = self.header.split(self.fmt.header_end, 1)[0] if done else None
+            if done:
+                self.turn, self.header = role.strip(), None
+                self.phase = "start" if self.turn == self.fmt.assistant else "visible"
             return ROLE_PROMPT
-        if self.turn != "assistant":
-            if self._is(IM_END, x):
+        if self.turn != self.fmt.assistant:
+            if self._is(END, x):
                 self.turn = None
                 self._reset_spans()
                 return ROLE_PROMPT
@@ -101,7 +116,7 @@ class _ChatParser:
 
     def _reply_token(self, x: int, text: str) -> int:
         bits = ROLE_REPLY
-        if self._is(IM_END, x):
+        if self._is(END, x):
             bits |= ROLE_REPLY_END | (ROLE_STEP0 if self.phase in ("start", "after_think") else 0)
             self.turn = None
             self._reset_spans()
@@ -144,14 +159,16 @@ class _ChatParser:
         self.line = ""
 
 
-def _tag_ids(token_strings: Sequence[str], special_ids: Collection[int]) -> dict[str, frozenset[int]]:
-    found: dict[str, set[int]] = {tag: set() for tag in _TAGS}
+def _tag_ids(token_strings: Sequence[str], special_ids: Collection[int], fmt: ChatFormat) -> dict[str, frozenset[int]]:
+    texts = {START: fmt.turn_start, END: fmt.turn_end, HEADER_END: fmt.header_end,
+             THINK: THINK, THINK_END: THINK_END, TOOL: TOOL, TOOL_END: TOOL_END}
+    found: dict[str, set[int]] = {tag: set() for tag in texts}
     for i in special_ids:
         if not is_int(i) or not 0 <= i < len(token_strings):
             raise DumpFormatError(_WHERE, "special_ids", f"id {i!r} is outside the token table [0, {len(token_strings)})")
-        text = token_strings[i]
-        if text in found:
-            found[text].add(int(i))
+        for tag, t in texts.items():
+            if token_strings[i] == t:
+                found[tag].add(int(i))
     return {tag: frozenset(ids) for tag, ids in found.items()}
 
 
