@@ -17,7 +17,7 @@ from exactedit.dumps.format import (
     parse_manifest, required_fields,
 )
 from exactedit.dumps.reader import Progress, check_values
-from exactedit.quant.files import fsync_dir
+from exactedit.quant.files import fsync_dir, writing
 
 _INT_RANGE = {"int32": (-(2 ** 31), 2 ** 31 - 1), "uint8": (0, 255)}
 
@@ -135,7 +135,7 @@ class _HashingWriter:
 
 
 def _write_npy(file: Path, arr: np.ndarray) -> str:
-    with open(file, "wb") as f:
+    with writing(file), open(file, "wb") as f:
         sink = _HashingWriter(f)
         np.lib.format.write_array(sink, arr, allow_pickle=False)
         f.flush()
@@ -144,7 +144,7 @@ def _write_npy(file: Path, arr: np.ndarray) -> str:
 
 
 def _write_bytes(file: Path, data: bytes) -> None:
-    with open(file, "wb") as f:
+    with writing(file), open(file, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())

@@ -6,14 +6,19 @@
     atomic_write_bytes(path, data) / atomic_write_text(path, text)
                                                       write `path.tmp`, fsync, rename over `path`
 
-Errors are the plain OSErrors of the underlying calls; callers wrap them where they know the field.
+    writing(path)                                     context: an OSError without a file name (a full
+                                                      disk on write or fsync) gets `path` attached
+
+Errors are the plain OSErrors of the underlying calls (the CLI reports them as `PATH: reason`);
+callers wrap them where they know the field.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 CHUNK = 1 << 24
 
@@ -28,6 +33,17 @@ def file_sha256(path, progress: Callable[[int, int], None] | None = None, chunk:
             if progress is not None:
                 progress(done, total)
     return h.hexdigest()
+
+
+@contextlib.contextmanager
+def writing(path) -> Iterator[None]:
+    """Re-raise an OSError that names no file (ENOSPC from write() or fsync()) with `path`."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            raise type(exc)(exc.errno, exc.strerror or str(exc), str(path)) from exc
+        raise
 
 
 def fsync_dir(directory) -> None:
@@ -51,7 +67,7 @@ def atomic_write_bytes(path, data: bytes) -> None:
     """Write `data` to `path.tmp`, fsync it, and rename it over `path`."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
+    with writing(tmp), open(tmp, "wb") as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())

@@ -23,6 +23,7 @@ import numpy as np
 
 from exactedit.quant import gguf
 from exactedit.quant.errors import GGUFFormatError, QuantError
+from exactedit.quant.files import writing
 from exactedit.quant.gguf_write import TensorData, align_up, encode_tensor_info, fsync_dir
 
 _CHUNK = 1 << 24
@@ -154,7 +155,7 @@ def _plan(g: gguf.GGUFFile, repl: dict[str, np.ndarray],
 
 
 def _write(tmp: Path, src_mm, segs: list[_Seg], tick) -> None:
-    with open(tmp, "wb") as fh:
+    with writing(tmp), open(tmp, "wb") as fh:
         for s in segs:
             if s.data is not None:
                 fh.write(s.data)

@@ -36,7 +36,7 @@ import numpy as np
 
 from exactedit import quant
 from exactedit.quant.errors import FieldError
-from exactedit.quant.files import file_sha256, fsync_dir
+from exactedit.quant.files import file_sha256, fsync_dir, writing
 from exactedit.quant.patch import RowPatchError, read_row_patch, write_row_patch
 
 KIND = "exactedit.bundle"
@@ -138,7 +138,7 @@ def _sha256_bytes(data: bytes) -> str:
 
 
 def _write_file(path: Path, data: bytes) -> None:
-    with open(path, "wb") as fh:
+    with writing(path), open(path, "wb") as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())

@@ -44,15 +44,17 @@ def parse_rows(text: str | None, total: int) -> tuple[int, int]:
     return start, stop
 
 
-def open_pair(model, dump, *, check_finite: bool = True):
-    """(GGUFFile, tail, Dump): the model's tail and the dump, validated against each other."""
+def open_pair(model, dump, *, check_finite: bool = True, verify_hashes: bool = True, cache=None):
+    """(GGUFFile, tail, Dump): the model's tail and the dump, validated against each other; the
+    dump's field hashes are verified unless `verify_hashes=False` (`cache`: a dumps.VerifyCache)."""
     from exactedit.dumps import read_dump
     from exactedit.quant import gguf
     from exactedit.solvers.tail.model import load_tail
 
     g = gguf.open(model)
     tail = load_tail(g)
-    d = read_dump(dump, expect=tail.dump_expect(), check_finite=check_finite)
+    d = read_dump(dump, expect=tail.dump_expect(), check_finite=check_finite, verify_hashes=verify_hashes,
+                  cache=cache)
     return g, tail, d
 
 
@@ -86,24 +88,27 @@ class LogitsResult:
     dump_sha256: str
     out_sha256: str
     matmul: str
+    dump_verified: bool = True     # False under --no-verify: dump_sha256 is then the manifest's hash only
 
     def to_dict(self) -> dict:
         return {"out": self.out, "manifest": self.manifest, "rows": list(self.rows),
                 "vocab": self.vocab, "model_sha256": self.model_sha256,
-                "dump_sha256": self.dump_sha256, "out_sha256": self.out_sha256,
-                "matmul": self.matmul, "mean_lse": float(np.mean(self.lse))}
+                "dump_sha256": self.dump_sha256, "dump_verified": self.dump_verified,
+                "out_sha256": self.out_sha256, "matmul": self.matmul, "mean_lse": float(np.mean(self.lse))}
 
 
 def write_logits(model, dump, out, *, rows: str | tuple[int, int] | None = None,
                  tile_rows: int = 8192, matmul: Matmul | None = None, match_engine: str | None = None,
-                 progress: Progress | None = None) -> LogitsResult:
+                 verify_hashes: bool = True, cache=None, progress: Progress | None = None) -> LogitsResult:
     """Full-vocabulary float32 logits [rows, V] of `model` on the rows of `dump`, as OUT (.npy).
     `match_engine` ("llamacpp") computes them as that engine does (activations quantized before
-    each quantized matmul, its summation order; solvers.head.engine_numerics) instead of exactly."""
+    each quantized matmul, its summation order; solvers.tail.engine) instead of exactly. The dump's
+    field hashes are verified first unless `verify_hashes=False`, which the result and the
+    manifest record (`dump_verified`)."""
     from exactedit.solvers.tail.head_fast import Sgemm
 
     out = Path(out)
-    g, tail, d = open_pair(model, dump)
+    g, tail, d = open_pair(model, dump, verify_hashes=verify_hashes, cache=cache)
     span = rows if isinstance(rows, tuple) else parse_rows(rows, d.rows)
     if match_engine is not None:
         if matmul is not None:
@@ -130,7 +135,8 @@ def write_logits(model, dump, out, *, rows: str | tuple[int, int] | None = None,
         tmp.unlink(missing_ok=True)
         raise
     result = LogitsResult(str(out), str(out) + ".manifest.json", span, V, vp.lse, vp.argmax,
-                          g.sha256(), d.sha256(), file_sha256(out), getattr(matmul, "name", repr(matmul)))
+                          g.sha256(), d.sha256(), file_sha256(out), getattr(matmul, "name", repr(matmul)),
+                          d.verified)
     man = Path(result.manifest)
     man_tmp = man.with_name(man.name + ".tmp")
     man_tmp.write_text(json.dumps({"kind": "exactedit-logits", "model": str(model),
@@ -144,5 +150,7 @@ def render_logits(r: LogitsResult) -> str:
     rows = r.rows[1] - r.rows[0]
     return "\n".join([f"wrote {r.out}: float32 [{rows}, {r.vocab}] (rows {r.rows[0]}:{r.rows[1]})",
                       f"sha256 {r.out_sha256}  manifest {r.manifest}",
-                      f"model {r.model_sha256[:12]}  dump {r.dump_sha256[:12]}  matmul {r.matmul}",
+                      f"model {r.model_sha256[:12]}  dump {r.dump_sha256[:12]}"
+                      + ("" if r.dump_verified else " (field hashes NOT verified: --no-verify)")
+                      + f"  matmul {r.matmul}",
                       f"mean LSE {float(np.mean(r.lse)):.6f}"])
