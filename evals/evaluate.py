@@ -112,7 +112,8 @@ def build_rules(shapes: Sequence[str], texts: Sequence[str], tokens: ResolvedTok
         if name == "prefix-penalty":
             rules.append(shaping.PrefixPenalty(bias, tokens.phrases))
         elif name == "step0-guard":
-            rules.append(shaping.Step0Guard(bias, (vocab.think_open, vocab.im_end)))
+            rules.append(shaping.Step0Guard(bias, tuple(t for t in (vocab.think_open, *vocab.turn_end)
+                                                         if t is not None)))
         else:
             rules.append(shaping.PersonaCase(shaping.case_pairs(texts), tuple(persona_docs)))
     return tuple(rules)

@@ -1,172 +1,126 @@
-"""Zero-parameter sampler rules (SPEC.md section 6) as edits the bars score exactly.
+"""Zero-parameter sampler rules (SPEC.md section 6): one implementation, offline and live.
 
 A rule changes a few logits at rows where its trigger fires, so the edited distribution at each
 row is known exactly: shaped logits -> RowScores, as for any edit. Triggers are causal: row t
-(which reads tokens[t] and predicts the next token) looks only at tokens[first_row .. t] of its
-document, as a sampler would. `TriggerState` holds the per-row conditions, from the token texts:
+(which reads tokens[t] and predicts the next token) looks only at its document's tokens up to t,
+as a sampler does. The trigger state is `evals.triggers.TriggerMachine`; on top of it each rule
+says, per row, what it hits (`hits`), and changes one row of logits (`apply_row`). Offline,
+`shape_logits` / `trigger_mask` step through a trace; live, `Shaper` is pushed one token at a time
+and shapes the logits the sampler is about to see. Both call the same `hits` and `apply_row`.
 
-- `generating`: the row predicts text the model writes: inside an assistant turn's body (after
-  `<|im_start|>assistant` and its newline, until `<|im_end|>`), or anywhere in a document that has
-  shown no `<|im_start|>` yet (plain generation);
-- `in_think`, `in_tool`, `in_code`: inside `<think>..</think>`, `<tool_call>..</tool_call>`, or an
-  open ``` fence of the current reply;
-- `structured`: the reply's first visible token starts with `{`, `[` or a backtick, or is
-  `<tool_call>` (known only once that token has been read);
-- `step0`: the row reads the newline right after `</think>` in an assistant turn;
-- `reply_start`: step0, or the row that ends the assistant header;
-- `sentence_start`: the row's token text ends in `.`, `!`, `?` or a newline.
-
-Every rule is quiet where `generating` is false or inside think / tool call / code fence / a
-structured reply; the step-0 guard fires only at step0 rows, which lie outside all of them.
+Arithmetic, in the dtype of the logits given (float32 live, as the engine hands them over):
+prefix penalty and step-0 guard subtract the bias (a float32-exact number) from the target's
+logit; the case rule sets l_low' = logaddexp(l_low, l_up) (computed in float64, as numpy's
+`logaddexp` does, then rounded to the logits' dtype) and l_up' = l_up - drop. Rules apply in the
+order given; a prefix penalty subtracts once per phrase whose prefix matches. Every rule is quiet
+where the model is not writing open text (see evals.triggers); the step-0 guard fires only at
+step0 rows, which lie outside think, tool calls, code and structured replies.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
+from exactedit.evals.triggers import Row, ShapeVocab, TriggerMachine, TriggerState, trigger_state
+
 CASE_DROP = 8.0
 
+__all__ = [
+    "CASE_DROP", "PersonaCase", "Phrase", "PrefixPenalty", "Row", "Rule", "ShapeVocab", "Shaper", "Step0Guard",
+    "TriggerMachine", "TriggerState", "case_pairs", "parse_shape", "rule_hits", "shape_logits", "trigger_mask",
+    "trigger_state",
+]
 
-@dataclass(frozen=True)
-class ShapeVocab:
-    """Token texts (id -> decoded text) and the ids of the markup tokens the triggers read."""
 
-    texts: tuple[str, ...]
-    im_start: int
-    im_end: int
-    think_open: int
-    think_close: int
-    tool_open: int | None = None
-    tool_close: int | None = None
-
-    @classmethod
-    def from_texts(cls, texts: Sequence[str]) -> "ShapeVocab":
-        index = {t: i for i, t in enumerate(texts)}
-        need = {"im_start": "<|im_start|>", "im_end": "<|im_end|>", "think_open": "<think>",
-                "think_close": "</think>"}
-        missing = [v for v in need.values() if v not in index]
-        if missing:
-            raise ValueError(f"the token table lacks {missing}; the shaping triggers need them")
-        return cls(tuple(texts), **{k: index[v] for k, v in need.items()},
-                   tool_open=index.get("<tool_call>"), tool_close=index.get("</tool_call>"))
+def _f32_exact(x: float, what: str) -> float:
+    x = float(x)
+    if not np.isfinite(x) or x < 0 or float(np.float32(x)) != x:
+        raise ValueError(f"{what} must be a finite number >= 0 that float32 holds exactly (e.g. 6 or 6.5), got {x!r}")
+    return x
 
 
 @dataclass(frozen=True)
-class TriggerState:
-    generating: np.ndarray
-    in_think: np.ndarray
-    in_tool: np.ndarray
-    in_code: np.ndarray
-    structured: np.ndarray
-    step0: np.ndarray
-    reply_start: np.ndarray
-    sentence_start: np.ndarray
+class Phrase:
+    """A banned phrase: its final (rejected) token and every token sequence its prefix may have
+    been written as; `boundary[i]`: prefix i must follow a token that may end a word (or start the
+    text), as a form without a leading space must."""
 
-    @property
-    def open_text(self) -> np.ndarray:
-        """Rows where text rules may fire: generating, and not in think / tool / code / structured."""
-        return self.generating & ~self.in_think & ~self.in_tool & ~self.in_code & ~self.structured
+    final: int
+    prefixes: tuple[tuple[int, ...], ...]
+    boundary: tuple[bool, ...] = ()
+    text: str = ""
+
+    def __post_init__(self):
+        prefixes = tuple(tuple(int(t) for t in p) for p in self.prefixes)
+        boundary = tuple(bool(b) for b in self.boundary) or (False,) * len(prefixes)
+        if not prefixes or any(not p for p in prefixes) or len(boundary) != len(prefixes):
+            raise ValueError("a phrase needs >= 1 non-empty prefix and one boundary flag per prefix")
+        object.__setattr__(self, "final", int(self.final))
+        object.__setattr__(self, "prefixes", prefixes)
+        object.__setattr__(self, "boundary", boundary)
 
 
-def trigger_state(tokens: np.ndarray, doc_starts: Sequence[int], vocab: ShapeVocab) -> TriggerState:
-    """Per-row trigger conditions, computed causally within each document (a new document resets
-    the state). `doc_starts` are the first rows of the documents, in order, the first one 0."""
-    tokens = np.asarray(tokens)
-    t_rows = len(tokens)
-    out = {k: np.zeros(t_rows, dtype=bool) for k in TriggerState.__dataclass_fields__}
-    starts = set(int(s) for s in doc_starts)
-    v = vocab
-    for t in range(t_rows):
-        if t in starts:
-            chat, in_header, header, body, think, tool, fences = False, False, "", False, False, False, 0
-            role, first_seen, structured, prev = "", False, False, -1
-        tok = int(tokens[t])
-        text = v.texts[tok]
-        step0 = False
-        header_done = False
-        if tok == v.im_start:
-            chat, in_header, header, body = True, True, "", False
-            think = tool = False
-            fences, first_seen, structured = 0, False, False
-        elif in_header:
-            header += text
-            if "\n" in header:
-                role, in_header = header.split("\n", 1)[0].strip(), False
-                body = True
-                header_done = role == "assistant"
-        elif tok == v.im_end:
-            body = False
-        elif body or not chat:
-            if tok == v.think_open:
-                think = True
-            elif tok == v.think_close:
-                think, first_seen = False, False
-            elif v.tool_open is not None and tok == v.tool_open:
-                tool = True
-                if not first_seen and not think:
-                    first_seen, structured = True, True
-            elif v.tool_close is not None and tok == v.tool_close:
-                tool = False
-            elif not think:
-                if prev == v.think_close and text and not text.strip("\n"):
-                    step0 = role == "assistant" or not chat
-                elif not first_seen and text.strip():
-                    first_seen = True
-                    structured = text.lstrip()[:1] in ("{", "[", "`")
-                if not tool:
-                    fences += text.count("```")
-        generating = (body and role == "assistant") or not chat
-        out["generating"][t] = generating
-        out["in_think"][t] = think
-        out["in_tool"][t] = tool
-        out["in_code"][t] = fences % 2 == 1
-        out["structured"][t] = structured
-        out["step0"][t] = step0 and generating
-        out["reply_start"][t] = (step0 or header_done) and generating
-        out["sentence_start"][t] = generating and bool(text) and text[-1] in ".!?\n"
-        prev = tok
-    return TriggerState(**out)
+def _matches(prefix: tuple[int, ...], needs_boundary: bool, tokens, boundary, start: int, t: int, span: int) -> bool:
+    k = len(prefix)
+    if k > span:
+        return False
+    for j in range(k):
+        if int(tokens[t - j]) != prefix[k - 1 - j]:
+            return False
+    return not needs_boundary or t - k < start or bool(boundary[t - k])
 
 
 @dataclass(frozen=True)
 class PrefixPenalty:
-    """When the row's last tokens are a banned phrase's prefix, subtract `bias` from its final token."""
+    """When the row's last tokens are a banned phrase's prefix (any of its forms, all read in the
+    current generating stretch), subtract `bias` from the phrase's final token. `phrases` may also
+    be plain token tuples (prefix + final, one form, no boundary)."""
 
     bias: float
-    phrases: tuple[tuple[int, ...], ...]
+    phrases: tuple
+    _by_last: dict = field(init=False, repr=False, compare=False)
 
     name = "prefix-penalty"
 
     def __post_init__(self):
-        if self.bias < 0 or any(len(p) < 2 for p in self.phrases):
-            raise ValueError("prefix-penalty needs bias >= 0 and phrases of >= 2 tokens")
+        object.__setattr__(self, "bias", _f32_exact(self.bias, "prefix-penalty bias"))
+        phrases = []
+        for p in self.phrases:
+            if not isinstance(p, Phrase):
+                p = tuple(int(t) for t in p)
+                if len(p) < 2:
+                    raise ValueError("prefix-penalty phrases need >= 2 tokens (a prefix and a final token)")
+                p = Phrase(p[-1], (p[:-1],))
+            phrases.append(p)
+        object.__setattr__(self, "phrases", tuple(phrases))
+        by_last: dict[int, list] = {}
+        for i, p in enumerate(phrases):
+            for pre, b in zip(p.prefixes, p.boundary):
+                by_last.setdefault(pre[-1], []).append((i, pre, b))
+        object.__setattr__(self, "_by_last", by_last)
 
-    def triggers(self, tokens: np.ndarray, doc_id: np.ndarray, state: TriggerState) -> list[tuple[np.ndarray, int]]:
-        """(row mask, token to penalize) per phrase."""
-        out = []
-        for phrase in self.phrases:
-            hit = state.open_text.copy()
-            for j, tok in enumerate(reversed(phrase[:-1])):
-                if j:
-                    shifted = np.zeros_like(hit)
-                    shifted[j:] = (tokens[:-j] == tok) & (doc_id[:-j] == doc_id[j:])
-                else:
-                    shifted = tokens == tok
-                hit &= shifted
-            out.append((hit, int(phrase[-1])))
-        return out
+    def hits(self, tokens, boundary, start: int, t: int, row: Row, active: bool = True) -> tuple[int, ...]:
+        """The final tokens to penalize at row t, one per matching phrase, in phrase order."""
+        if not row.open_text:
+            return ()
+        found = set()
+        for i, pre, b in self._by_last.get(int(tokens[t]), ()):
+            if i not in found and _matches(pre, b, tokens, boundary, start, t, row.span):
+                found.add(i)
+        return tuple(self.phrases[i].final for i in sorted(found))
 
-    def apply(self, logits: np.ndarray, rows: np.ndarray, tokens, doc_id, state) -> None:
-        for mask, final in self.triggers(tokens, doc_id, state):
-            logits[mask[rows], final] -= self.bias
+    def apply_row(self, logits: np.ndarray, hits) -> None:
+        bias = logits.dtype.type(self.bias)
+        for tok in hits:
+            logits[tok] = logits[tok] - bias
 
 
 @dataclass(frozen=True)
 class Step0Guard:
-    """At step0 (first assistant token after `</think>` + newline), subtract `bias` from the targets
-    (`<think>` and `<|im_end|>`)."""
+    """At step0 (the first reply token after the think close tag and its newline; without think
+    tags, the first reply token), subtract `bias` from the targets (the turn end, `<think>`)."""
 
     bias: float
     targets: tuple[int, ...]
@@ -174,87 +128,165 @@ class Step0Guard:
     name = "step0-guard"
 
     def __post_init__(self):
-        if self.bias < 0 or not self.targets:
-            raise ValueError("step0-guard needs bias >= 0 and at least one target token")
+        object.__setattr__(self, "bias", _f32_exact(self.bias, "step0-guard bias"))
+        object.__setattr__(self, "targets", tuple(dict.fromkeys(int(t) for t in self.targets)))
+        if not self.targets:
+            raise ValueError("step0-guard needs at least one target token")
 
-    def mask(self, state: TriggerState) -> np.ndarray:
-        return state.step0
+    def hits(self, tokens, boundary, start, t, row: Row, active: bool = True) -> tuple[int, ...]:
+        return self.targets if row.step0 else ()
 
-    def apply(self, logits: np.ndarray, rows: np.ndarray, tokens, doc_id, state) -> None:
-        m = self.mask(state)[rows]
-        for tok in self.targets:
-            logits[m, tok] -= self.bias
+    def apply_row(self, logits: np.ndarray, hits) -> None:
+        bias = logits.dtype.type(self.bias)
+        for tok in hits:
+            logits[tok] = logits[tok] - bias
 
 
 @dataclass(frozen=True)
 class PersonaCase:
-    """At reply starts and sentence starts of open text in persona documents, move each capitalized
-    starter's mass to its lowercase twin: l_low' = logaddexp(l_low, l_up), l_up' = l_up - drop."""
+    """At reply starts and sentence starts of open text, with the persona active, move each
+    capitalized starter's mass to its lowercase twin: l_low' = logaddexp(l_low, l_up),
+    l_up' = l_up - drop. `persona_docs`: offline, whether each document of a trace is a persona
+    document; live, the `Shaper`'s `persona` flag gates it."""
 
     pairs: tuple[tuple[int, int], ...]
-    persona_docs: tuple[bool, ...]
+    persona_docs: tuple[bool, ...] = ()
     drop: float = CASE_DROP
+    _up: np.ndarray = field(init=False, repr=False, compare=False)
+    _low: np.ndarray = field(init=False, repr=False, compare=False)
 
     name = "persona-case"
 
     def __post_init__(self):
-        if not self.pairs:
+        object.__setattr__(self, "drop", _f32_exact(self.drop, "persona-case drop"))
+        pairs = tuple((int(u), int(lo)) for u, lo in self.pairs)
+        if not pairs:
             raise ValueError("persona-case needs at least one (capitalized, lowercase) pair")
-        ups, lows = {u for u, _ in self.pairs}, {lo for _, lo in self.pairs}
-        if ups & lows or len(ups) != len(self.pairs):
-            raise ValueError("persona-case pairs must map distinct capitalized tokens to lowercase ones")
+        ups, lows = [u for u, _ in pairs], [lo for _, lo in pairs]
+        if set(ups) & set(lows) or len(set(ups)) != len(ups) or len(set(lows)) != len(lows):
+            raise ValueError("persona-case pairs must map distinct capitalized tokens to distinct lowercase ones")
+        object.__setattr__(self, "pairs", pairs)
+        object.__setattr__(self, "persona_docs", tuple(bool(p) for p in self.persona_docs))
+        object.__setattr__(self, "_up", np.array(ups, dtype=np.int64))
+        object.__setattr__(self, "_low", np.array(lows, dtype=np.int64))
 
-    def mask(self, doc_id: np.ndarray, state: TriggerState) -> np.ndarray:
-        active = np.asarray(self.persona_docs, dtype=bool)[doc_id]
-        return active & state.open_text & (state.reply_start | state.sentence_start)
+    def hits(self, tokens, boundary, start, t, row: Row, active: bool = True) -> tuple[bool, ...]:
+        return (True,) if active and row.open_text and (row.reply_start or row.sentence_start) else ()
 
-    def apply(self, logits: np.ndarray, rows: np.ndarray, tokens, doc_id, state) -> None:
-        m = self.mask(doc_id, state)[rows]
-        up = np.array([u for u, _ in self.pairs])
-        low = np.array([lo for _, lo in self.pairs])
-        sub = logits[m]
-        sub[:, low] = np.logaddexp(sub[:, low], sub[:, up])
-        sub[:, up] -= self.drop
-        logits[m] = sub
+    def apply_row(self, logits: np.ndarray, hits) -> None:
+        if not hits:
+            return
+        up = logits[self._up].astype(np.float64)
+        logits[self._low] = np.logaddexp(logits[self._low].astype(np.float64), up).astype(logits.dtype)
+        logits[self._up] = logits[self._up] - logits.dtype.type(self.drop)
 
 
 Rule = PrefixPenalty | Step0Guard | PersonaCase
 
 
-def case_pairs(texts: Sequence[str], words: Sequence[str] | None = None) -> tuple[tuple[int, int], ...]:
+def case_pairs(texts: Sequence[str], words: Sequence[str] | None = None,
+               skip: Sequence[int] = ()) -> tuple[tuple[int, int], ...]:
     """(capitalized id, lowercase id) for every alphabetic token spelled Capitalized (optionally a
-    leading space) whose lowercase twin is in the table; `words` restricts to those words."""
-    index = {t: i for i, t in enumerate(texts)}
+    leading space) whose lowercase twin is in the table; `words` restricts to those words, `skip`
+    excludes ids (special tokens). The first id of a duplicated text is used."""
+    index: dict[str, int] = {}
+    for i, t in enumerate(texts):
+        index.setdefault(t, i)
     keep = None if words is None else {w.lower() for w in words}
+    banned = set(int(s) for s in skip)
     out = []
     for i, t in enumerate(texts):
         word = t[1:] if t.startswith(" ") else t
-        if not word.isalpha() or not word[0].isupper() or (len(word) > 1 and not word[1:].islower()):
+        if i in banned or index[t] != i or not word.isalpha() or not word[0].isupper() \
+                or (len(word) > 1 and not word[1:].islower()):
             continue
         twin = t[: len(t) - len(word)] + word.lower()
-        if twin in index and (keep is None or word.lower() in keep):
+        if twin in index and index[twin] not in banned and (keep is None or word.lower() in keep):
             out.append((i, index[twin]))
     return tuple(out)
 
 
+class Shaper:
+    """The rules live, step by step: `push(token)` for every token of the history (prompt, then
+    each sampled token), then `shape(logits)` for the row that read the last one. `reset()` starts
+    a new document. `persona` gates the case rule."""
+
+    def __init__(self, rules: Sequence[Rule], vocab: ShapeVocab, *, persona: bool = True):
+        self.rules = tuple(rules)
+        self.vocab = vocab
+        self.persona = bool(persona)
+        self.machine = TriggerMachine(vocab)
+        self.reset()
+
+    def reset(self) -> None:
+        self.machine.reset()
+        self.tokens: list[int] = []
+        self.boundary: list[bool] = []
+        self.row: Row | None = None
+
+    def push(self, tok: int) -> Row:
+        self.row = self.machine.push(tok)
+        self.tokens.append(int(tok))
+        self.boundary.append(self.row.boundary)
+        return self.row
+
+    def hits(self) -> tuple[tuple, ...]:
+        """What each rule hits at the current row (empty tuple: it does not fire)."""
+        if self.row is None:
+            raise ValueError("push at least one token before shaping")
+        t = len(self.tokens) - 1
+        return tuple(r.hits(self.tokens, self.boundary, 0, t, self.row, self.persona) for r in self.rules)
+
+    def shape(self, logits: np.ndarray) -> tuple[np.ndarray, tuple[bool, ...]]:
+        """(shaped copy of the current row's logits, in their dtype; which rules fired)."""
+        out = np.array(logits, copy=True)
+        hits = self.hits()
+        for rule, h in zip(self.rules, hits):
+            if h:
+                rule.apply_row(out, h)
+        return out, tuple(bool(h) for h in hits)
+
+
+def _starts_of(doc_id: np.ndarray) -> np.ndarray:
+    """The first row of each row's document (doc_id is nondecreasing, one run per document)."""
+    doc_id = np.asarray(doc_id)
+    first = np.flatnonzero(np.r_[True, doc_id[1:] != doc_id[:-1]]) if doc_id.size else np.zeros(0, np.int64)
+    run = np.cumsum(np.r_[True, doc_id[1:] != doc_id[:-1]]) - 1 if doc_id.size else first
+    return first[run]
+
+
+def _active(rule: Rule, doc_id: int) -> bool:
+    if isinstance(rule, PersonaCase):
+        return bool(rule.persona_docs[doc_id]) if doc_id < len(rule.persona_docs) else False
+    return True
+
+
+def rule_hits(rule: Rule, rows: np.ndarray, tokens: np.ndarray, doc_id: np.ndarray,
+              state: TriggerState) -> list[tuple]:
+    """What `rule` hits at each of `rows` (global row ids) of a trace."""
+    tokens, doc_id = np.asarray(tokens), np.asarray(doc_id)
+    starts = _starts_of(doc_id)
+    return [rule.hits(tokens, state.boundary, int(starts[t]), int(t), state.row(int(t)), _active(rule, int(doc_id[t])))
+            for t in np.asarray(rows).reshape(-1)]
+
+
 def shape_logits(rules: Sequence[Rule], logits: np.ndarray, rows: np.ndarray, tokens: np.ndarray,
-                 doc_id: np.ndarray, state: TriggerState) -> np.ndarray:
-    """The shaped logits (float64 copy) of a chunk: `logits[i]` belongs to row `rows[i]`; tokens,
-    doc_id and state cover the whole trace. Rules apply in order."""
-    out = np.array(logits, dtype=np.float64, copy=True)
+                 doc_id: np.ndarray, state: TriggerState, dtype=np.float64) -> np.ndarray:
+    """The shaped logits (a copy in `dtype`; None: the input's) of a chunk: `logits[i]` belongs
+    to row `rows[i]`; tokens, doc_id and state cover the whole trace. Rules apply in order."""
+    out = np.array(logits, dtype=dtype, copy=True)
+    rows = np.asarray(rows).reshape(-1)
     for rule in rules:
-        rule.apply(out, np.asarray(rows), tokens, doc_id, state)
+        for i, h in enumerate(rule_hits(rule, rows, tokens, doc_id, state)):
+            if h:
+                rule.apply_row(out[i], h)
     return out
 
 
 def trigger_mask(rule: Rule, tokens: np.ndarray, doc_id: np.ndarray, state: TriggerState) -> np.ndarray:
     """bool [T]: the rows where `rule` changes any logit."""
-    if isinstance(rule, PrefixPenalty):
-        masks = [m for m, _ in rule.triggers(tokens, doc_id, state)]
-        return np.logical_or.reduce(masks) if masks else np.zeros(len(tokens), dtype=bool)
-    if isinstance(rule, PersonaCase):
-        return rule.mask(doc_id, state)
-    return rule.mask(state)
+    hits = rule_hits(rule, np.arange(len(tokens)), tokens, doc_id, state)
+    return np.array([bool(h) for h in hits], dtype=bool)
 
 
 def parse_shape(spec: str) -> tuple[str, float | None]:
@@ -270,6 +302,6 @@ def parse_shape(spec: str) -> tuple[str, float | None]:
         bias = float(value)
     except ValueError:
         raise ValueError(f"{name} needs a bias, e.g. {name}=6; got {spec!r}") from None
-    if not np.isfinite(bias) or bias < 0:
-        raise ValueError(f"{name} needs a finite bias >= 0, got {value!r}")
+    if not np.isfinite(bias) or bias < 0 or float(np.float32(bias)) != bias:
+        raise ValueError(f"{name} needs a finite bias >= 0 that float32 holds exactly (e.g. 6 or 6.5), got {value!r}")
     return name, bias

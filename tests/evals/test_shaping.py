@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from exactedit.evals.shaping import (
-    CASE_DROP, PersonaCase, PrefixPenalty, ShapeVocab, Step0Guard, case_pairs, parse_shape, shape_logits,
-    trigger_mask, trigger_state,
+    CASE_DROP, PersonaCase, Phrase, PrefixPenalty, Shaper, ShapeVocab, Step0Guard, case_pairs, parse_shape,
+    shape_logits, trigger_mask, trigger_state,
 )
 
 TEXTS = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>", "assistant", "user",
@@ -148,3 +148,52 @@ def test_parse_shape(spec, want):
 def test_parse_shape_errors(spec):
     with pytest.raises(ValueError):
         parse_shape(spec)
+
+
+def _random_chat(rng, n):
+    """Token ids drawn mostly from markup and short words, so every trigger gets exercised."""
+    return rng.integers(0, len(TEXTS), size=n).astype(np.int32)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_shaper_step_by_step_equals_the_trace_pass(seed):
+    rng = np.random.default_rng(seed)
+    toks = np.concatenate([chat("The", " end", " to", "."), _random_chat(rng, 60)])
+    doc = np.zeros(len(toks), np.int32)
+    rules = [PENALTY, Step0Guard(6.0, (ID["<think>"], ID["<|im_end|>"])), PersonaCase(case_pairs(TEXTS), (True,))]
+    logits = rng.normal(size=(len(toks), len(TEXTS))).astype(np.float32)
+    st = trigger_state(toks, [0], VOCAB)
+    batch = shape_logits(rules, logits, np.arange(len(toks)), toks, doc, st, dtype=None)
+    assert batch.dtype == np.float32
+    masks = [trigger_mask(r, toks, doc, st) for r in rules]
+    live = Shaper(rules, VOCAB, persona=True)
+    for t, tok in enumerate(toks):
+        live.push(int(tok))
+        shaped, fired = live.shape(logits[t])
+        assert np.array_equal(shaped.view(np.uint32), batch[t].view(np.uint32)), t
+        assert fired == tuple(bool(m[t]) for m in masks), t
+
+
+def test_phrase_forms_and_word_boundary():
+    # " to" alone, or "x" + " end"+" to" written without a leading space: the boundary decides
+    ph = Phrase(ID[" end"], ((ID[" end"], ID[" to"]), (ID["x"], ID[" to"])), (False, True))
+    rule = PrefixPenalty(6.0, (ph,))
+    for reply, want in [(("hi", "x", " to"), False), ((".", "x", " to"), True), (("x", " to"), True),
+                        (("hi", " end", " to"), True)]:
+        toks = chat(*reply)
+        st = trigger_state(toks, [0], VOCAB)
+        assert trigger_mask(rule, toks, np.zeros(len(toks), np.int32), st)[-1] == want, reply
+
+
+def test_no_think_tags_step0_is_the_header_end():
+    vocab = ShapeVocab.from_texts(TEXTS, think=None)
+    toks = chat("x", "<think>", "</think>", "\n\n", "x")
+    st = trigger_state(toks, [0], vocab)
+    assert list(np.flatnonzero(st.step0)) == [8]  # the header's newline, not the "\n\n" after </think>
+
+
+def test_biases_must_be_float32_exact():
+    with pytest.raises(ValueError, match="float32"):
+        PrefixPenalty(6.1, ((ID[" end"], ID[" to"]),))
+    with pytest.raises(ValueError, match="float32"):
+        parse_shape("step0-guard=0.1")
