@@ -11,7 +11,8 @@ import click
 
 
 class _Group(click.Group):
-    """Turns the library's domain errors into clean click errors (one line, exit code 1)."""
+    """Turns the library's domain errors and the operating system's (a missing directory, no
+    permission, a full disk) into clean click errors naming the path (one line, exit code 1)."""
 
     def invoke(self, ctx):
         from exactedit.quant.errors import ExacteditError
@@ -20,6 +21,15 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except ExacteditError as exc:
             raise click.ClickException(str(exc)) from exc
+        except OSError as exc:
+            raise click.ClickException(_os_error(exc)) from exc
+
+
+def _os_error(exc: OSError) -> str:
+    """`PATH: reason` (`PATH -> PATH2` for a rename) from an OSError."""
+    where = " -> ".join(str(p) for p in (exc.filename, exc.filename2) if p is not None)
+    why = exc.strerror or str(exc)
+    return f"{where}: {why}" if where else why
 
 
 def _progress(stack, label: str):
@@ -159,7 +169,8 @@ def bench_quant(rows, cols, threads, repeats, json_out) -> None:
 @dump.command("inspect")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-@click.option("--verify-hashes", is_flag=True, help="Re-hash every field file against the manifest.")
+@click.option("--verify/--no-verify", "verify_hashes", default=True, show_default=True,
+              help="Re-hash every field file against the manifest (--no-verify is recorded in the output).")
 def dump_inspect(directory: str, as_json: bool, verify_hashes: bool) -> None:
     """Validate the dump DIRECTORY; show arch, rows, fields, documents and role counts."""
     import contextlib
@@ -183,8 +194,10 @@ def dump_inspect(directory: str, as_json: bool, verify_hashes: bool) -> None:
 @click.option("--match-engine", type=click.Choice(["llamacpp"]), default=None,
               help="Compute the logits as this engine does (quantized activations, its summation order; "
                    "needs a dump captured by that engine). Default: exact float arithmetic.")
+@click.option("--verify/--no-verify", "verify_hashes", default=True, show_default=True,
+              help="Re-hash the dump's field files first (--no-verify is recorded in the output manifest).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def logits_cmd(model, dump_dir, rows, out, tile_rows, match_engine, as_json) -> None:
+def logits_cmd(model, dump_dir, rows, out, tile_rows, match_engine, verify_hashes, as_json) -> None:
     """Full-vocabulary logits of MODEL recomputed from the dump rows, written to OUT."""
     import contextlib
     import json
@@ -193,7 +206,7 @@ def logits_cmd(model, dump_dir, rows, out, tile_rows, match_engine, as_json) -> 
 
     with contextlib.ExitStack() as stack:
         res = write_logits(model, dump_dir, out, rows=rows, tile_rows=tile_rows, match_engine=match_engine,
-                           progress=_progress(stack, "vocab pass"))
+                           verify_hashes=verify_hashes, progress=_progress(stack, "vocab pass"))
     click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_logits(res))
 
 
@@ -289,7 +302,7 @@ def demo_cmd(out, fixture, as_json) -> None:
     import json
 
     from exactedit.fixtures.demo import DEFAULT_FIXTURE, run_demo
-    from exactedit.solvers.head.report import summary_table
+    from exactedit.evals.head_report import summary_table
     from exactedit.solvers.l47.report import format_report
 
     with contextlib.ExitStack() as stack:
@@ -721,21 +734,33 @@ def _blind_text(r) -> str:
 
 
 @eval_.command("ledger")
-@click.option("--verify", "check", is_flag=True, help="Check the hash chain; exit non-zero naming the first bad entry.")
+@click.option("--verify", "check", is_flag=True,
+              help="Check the hash chain and every anchor (--against, the blind registry); exit 1 naming the "
+                   "first bad entry or the first output the ledger no longer backs.")
+@click.option("--against", multiple=True, type=click.Path(exists=True),
+              help="An exported head, bundle, report or sign-off, or a directory of them (repeatable; with --verify).")
+@click.option("--export", "export", type=click.Path(dir_okay=False),
+              help="Write the current head (seq + hash) as JSON to FILE, to commit to git as an anchor.")
 @_WORKSPACE
 @_JSON
-def eval_ledger(check, workspace, as_json):
-    """List the ledger's entries, or verify its hash chain."""
+def eval_ledger(check, against, export, workspace, as_json):
+    """List the ledger's entries, export its head, or verify its chain against recorded heads."""
+    from exactedit.evals.anchors import export_head, render_verification, verify_ledger
     from exactedit.evals.ledger import Ledger
 
+    if against and not check:
+        raise click.UsageError("--against is checked by --verify")
+    if export:
+        r = export_head(workspace, export)
+        _eval_print(r.to_dict(), as_json, f"wrote {r.path}: head entry {r.seq} {r.hash} of {r.ledger}")
+    if check:
+        v = verify_ledger(workspace, against)
+        _eval_print(v.to_dict(), as_json, render_verification(v))
+        if not v.ok:
+            sys.exit(1)
+    if export or check:
+        return
     with Ledger.open(workspace) as ledger:
-        if check:
-            c = ledger.verify()
-            _eval_print(c.__dict__, as_json, f"ledger {ledger.path}: {c.entries} entries, "
-                        + ("hash chain intact" if c.ok else f"BROKEN at entry {c.first_bad}: {c.reason}"))
-            if not c.ok:
-                sys.exit(1)
-            return
         entries = ledger.entries()
     rows = [{"seq": e.seq, "time": e.time, "kind": e.kind, "command": e.command} for e in entries]
     _eval_print(rows, as_json, "\n".join(f"{e['seq']:>4}  {e['time']}  {e['kind']:<12} {e['command']}" for e in rows))
@@ -797,8 +822,8 @@ def solve_head_cmd(model, train, dev, test, protocol, out, workspace, overwrite,
     import shlex
 
     from exactedit.solvers.head.config import HeadSolveConfig
-    from exactedit.solvers.head.report import result_json, summary_table
-    from exactedit.solvers.head.solve import solve_head, write_head_bundle
+    from exactedit.evals.head_report import result_json, summary_table
+    from exactedit.evals.head_run import solve_head, write_head_bundle
 
     try:
         cfg = HeadSolveConfig(openers=_head_tokens(openers), closers=_head_tokens(closers), **flags)
@@ -958,7 +983,7 @@ def solve_wfld_cmd(model, phrases, train, heldout, collateral, anchors, null_, p
 
     from exactedit.solvers.l47.config import DEFAULT_SPECIALS, WfldConfig, parse_phrase_margin
     from exactedit.solvers.l47.report import format_report
-    from exactedit.solvers.l47.solve import WfldInputs, solve_wfld
+    from exactedit.evals.wfld_run import WfldInputs, solve_wfld
 
     try:
         cfg = WfldConfig(phrase_margins=tuple(parse_phrase_margin(p) for p in phrase_margins),

@@ -234,7 +234,7 @@ def run_gpu_solve_head(cfg: GpuSolveHeadConfig, progress: Progress | None = None
         # numba compiles its Q6_K quantizer once per install (cached on disk): kept out of the total
         _, seconds["numba_warm"] = _timed(lambda: quant.quantize(np.ones((1, cfg.n), np.float32), "Q6_K"))
         t = time.perf_counter()
-        checkpoints, saved, losses, _, per_step = head_solve._optimize(
+        checkpoints, saved, losses, _, per_step = head_solve.optimize(
             scfg, batch, q, rows_s, track, stopping, lambda d, tot: tick())
         seconds["optimize"] = time.perf_counter() - t
         seconds["total"] = time.perf_counter() - t0 - seconds["numba_warm"]

@@ -86,7 +86,7 @@ def run_gpu_solve_wfld(cfg: BenchSolveWfldConfig, device: str = "gpu",
     device path on JAX's CPU backend, for tests) twice."""
     from exactedit.bench.solve_wfld import SPECIALS
     from exactedit.solvers.l47.config import WfldConfig
-    from exactedit.solvers.l47.solve import WfldInputs, solve_wfld
+    from exactedit.evals.wfld_run import WfldInputs, solve_wfld
 
     dev = devmod.select(device)
     with tempfile.TemporaryDirectory(dir=cfg.workdir) as tmp:

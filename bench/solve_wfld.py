@@ -145,7 +145,7 @@ def run_bench_solve_wfld(cfg: BenchSolveWfldConfig, progress: Callable[[int, int
                          ) -> BenchSolveWfldResult:
     from exactedit.solvers.tail.vocab_pass import vocab_pass
     from exactedit.solvers.l47.config import WfldConfig
-    from exactedit.solvers.l47.solve import WfldInputs, solve_wfld
+    from exactedit.evals.wfld_run import WfldInputs, solve_wfld
     from exactedit.solvers.tail.logits import open_pair, tail_mix
 
     with tempfile.TemporaryDirectory(dir=cfg.workdir) as tmp:

@@ -133,9 +133,10 @@ def _full_logits(tail, mix: np.ndarray, tile_rows: int) -> np.ndarray:
 
 def score_traces(protocol: Protocol, model, traces: Sequence[TraceInput], config: ScoreConfig, *,
                  edited=None, splits: Splits | None = None, meta: Mapping | None = None, marker: str = "",
-                 kind: str = "score", progress: Progress | None = None) -> Scored:
+                 kind: str = "score", cache=None, progress: Progress | None = None) -> Scored:
     """RowScores of `edited` (a GGUF path; None: the base itself) plus `config.shapes` against
-    `model`, on the listed documents of `traces`, and the bars of `config.bars`."""
+    `model`, on the listed documents of `traces`, and the bars of `config.bars`. Every dump's field
+    hashes are verified (`cache`, a dumps.VerifyCache the caller owns, skips dumps it verified)."""
     from exactedit.dumps import read_dump
     from exactedit.quant import gguf
     from exactedit.solvers.tail.logits import tail_mix
@@ -149,7 +150,7 @@ def score_traces(protocol: Protocol, model, traces: Sequence[TraceInput], config
         raise EvalError(f"{edited}: the edited model's vocabulary or width differs from {model}'s")
     texts = token_texts(tail)
     tokens = resolve_tokens(protocol, texts)
-    dumps = [(t, read_dump(t.path, expect=tail.dump_expect())) for t in traces]
+    dumps = [(t, read_dump(t.path, expect=tail.dump_expect(), cache=cache)) for t in traces]
     total = sum(doc.rows for t, d in dumps for doc in d.docs if doc.name in t.roles)
     done, parts, triggers = 0, [], {}
     for t, d in dumps:

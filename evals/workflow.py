@@ -6,18 +6,29 @@ what the protocol requires, does its one job and records it. The CLI only parses
 - `score`: dev bars of a model + bundle / edited GGUF / shaping rules, report files, recorded
   with the report's sha256 (the dev report a blind run compares against);
 - `test`: the test bars of a bundle, once;
-- `blind`: the one-shot blind sign-off.
+- `blind`: the one-shot blind sign-off (once per document and per bundle across every workspace,
+  through the user-level registry, evals.registry).
+
+Every dump is opened with its field hashes verified (a tampered field is refused naming dump and
+field), once per command (a dumps.VerifyCache per call), and every trace read must still be the
+dump registered with the protocol. Reports record the ledger head when written (`ledger_head`,
+checked by `exactedit eval ledger --verify --against`, evals.anchors).
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from exactedit.evals.blind import BlindResult, run_blind
 from exactedit.evals.evaluate import EvalError, ScoreConfig, TraceInput, protocol_traces, score_traces
-from exactedit.evals.ledger import Ledger, LedgerRefusal, ProtocolRecord, register_protocol, require_registered
+from exactedit.dumps import VerifyCache
+from exactedit.evals.ledger import (
+    Ledger, LedgerRefusal, ProtocolRecord, head_json, register_protocol, require_registered,
+)
+from exactedit.evals.registry import BlindRegistry
 from exactedit.evals.protocol import Protocol, load_protocol
 from exactedit.evals.report import BarReport, WrittenFiles, read_report, report_from_json, report_to_json, write_report
 from exactedit.evals.splits import Splits, build_splits, record_splits, recorded_splits
@@ -54,10 +65,11 @@ class ScoredTest:
     bundle_sha256: str
 
 
-def _dump_hashes(protocol: Protocol) -> dict[str, str]:
+def _dump_hashes(protocol: Protocol, cache=None) -> dict[str, str]:
+    """Each trace's verified dump identity (its data's sha256)."""
     from exactedit.dumps import read_dump
 
-    return {t.name: read_dump(t.path, check_finite=False).sha256() for t in protocol.traces}
+    return {t.name: read_dump(t.path, check_finite=False, cache=cache).sha256() for t in protocol.traces}
 
 
 def register(protocol_path, workspace, command: str) -> RegisterResult:
@@ -75,6 +87,15 @@ def _registration_hashes(ledger: Ledger, record: ProtocolRecord) -> dict[str, st
     return {}
 
 
+def _require_registered_dumps(ledger: Ledger, record: ProtocolRecord, hashes: Mapping[str, str],
+                              command: str) -> None:
+    """Refuse (and record) a trace whose dump is not the one registered with the protocol."""
+    for name, sha in _registration_hashes(ledger, record).items():
+        if name in hashes and hashes[name] != sha:
+            raise ledger.refuse(command, dict(hashes), f"trace {name!r} changed since the protocol was registered "
+                                f"(registered dump sha256 {sha}, now {hashes[name]})")
+
+
 def split(protocol_path, workspace, command: str, unregistered: bool = False) -> SplitResult:
     """Build the splits from the traces' documents and record them (a rerun returns the same)."""
     from exactedit.dumps import read_dump
@@ -90,6 +111,13 @@ def split(protocol_path, workspace, command: str, unregistered: bool = False) ->
                                     f"(registered dump sha256 {sha}, now {hashes.get(name)})")
         splits = build_splits(protocol, {k: d.docs for k, d in dumps.items()})
         return SplitResult(record, record_splits(ledger, record, splits, command, hashes))
+
+
+def _read_hashes(traces, cache) -> dict[str, str]:
+    """Verified dump identities of the traces a run reads (the cache keeps them for the scoring)."""
+    from exactedit.dumps import read_dump
+
+    return {t.name: read_dump(t.path, check_finite=False, cache=cache).sha256() for t in traces}
 
 
 def _splits_or_error(ledger: Ledger, protocol: Protocol) -> Splits:
@@ -136,9 +164,12 @@ def score(protocol_path, workspace, model, out_dir, command: str, *, bundle=None
         record = require_registered(ledger, protocol, command, unregistered)
         splits = _splits_or_error(ledger, protocol)
         traces = protocol_traces(protocol, splits, "dev")
+        cache = VerifyCache()
+        _require_registered_dumps(ledger, record, _read_hashes(traces, cache), command)
         with edited_model(model, bundle, workspace) as (path, bundle_sha):
             scored = score_traces(protocol, model, traces, config, edited=path or edited, splits=splits,
-                                  meta={"bundle_sha256": bundle_sha}, marker=record.marker, progress=progress)
+                                  meta={"bundle_sha256": bundle_sha, "ledger_head": head_json(ledger)},
+                                  marker=record.marker, cache=cache, progress=progress)
         files = write_report(scored.report, out_dir, "dev-report", title="Dev report")
         e = ledger.append("score", command,
                           {"protocol": protocol.sha256, "model": scored.report.meta["model_sha256"],
@@ -165,23 +196,29 @@ def score_test(protocol_path, workspace, model, bundle, out_dir, command: str, *
         from exactedit.solvers.bundle import read_bundle
 
         bundle_sha = read_bundle(bundle).sha256
+        traces = protocol_traces(protocol, splits, "test")
+        cache = VerifyCache()
 
         def compute() -> dict:
+            _require_registered_dumps(ledger, record, _read_hashes(traces, cache), command)
             with edited_model(model, bundle, workspace) as (path, _):
-                scored = score_traces(protocol, model, protocol_traces(protocol, splits, "test"), config,
-                                      edited=path, splits=splits, meta={"bundle_sha256": bundle_sha},
-                                      marker=record.marker, kind="test", progress=progress)
+                scored = score_traces(protocol, model, traces, config, edited=path, splits=splits,
+                                      meta={"bundle_sha256": bundle_sha}, marker=record.marker, kind="test",
+                                      cache=cache, progress=progress)
             return report_to_json(scored.report)
 
         done = score_test_once(ledger, bundle_sha, record, compute, command)
+        head = head_json(ledger)  # after the test entry: the written report anchors it
     report = report_from_json(done.result)
+    report = dataclasses.replace(report, meta={**report.meta, "ledger_head": head})
     return ScoredTest(report, write_report(report, out_dir, "test-report", title="Test report"), done.seq,
                       bundle_sha)
 
 
 def blind(model, bundle, doc, dev_report, workspace, out_dir, command: str, *, protocol_path=None,
-          chunk_rows: int = 128, progress: Progress | None = None) -> BlindResult:
-    """The one-shot blind sign-off of `bundle` on the dump `doc` (see evals.blind)."""
+          chunk_rows: int = 128, home=None, progress: Progress | None = None) -> BlindResult:
+    """The one-shot blind sign-off of `bundle` on the dump `doc` (see evals.blind), checked against
+    and recorded in the user-level blind registry under `home` (default: EXACTEDIT_HOME)."""
     from exactedit.dumps import read_dump
     from exactedit.solvers.bundle import read_bundle
 
@@ -191,22 +228,23 @@ def blind(model, bundle, doc, dev_report, workspace, out_dir, command: str, *, p
         raise EvalError(str(exc)) from None
     protocol = load_protocol(protocol_path or dev.meta.get("protocol", ""))
     bundle_sha = read_bundle(bundle).sha256
-    d = read_dump(doc, check_finite=False)
+    cache = VerifyCache()
+    d = read_dump(doc, check_finite=False, cache=cache)
     doc_sha = d.sha256()
     config = ScoreConfig(heldout_role="blind", bars="anti-slop", shapes=tuple(dev.meta.get("shapes", ())),
                          chunk_rows=chunk_rows)
     trace = TraceInput("blind", Path(doc), {x.name: "blind" for x in d.docs})
-    with Ledger.open(workspace) as ledger:
+    with Ledger.open(workspace) as ledger, BlindRegistry.open(home) as registry:
         record = require_registered(ledger, protocol, command)
 
         def compute() -> BarReport:
             with edited_model(model, bundle, workspace) as (path, _):
                 return score_traces(protocol, model, [trace], config, edited=path, marker=record.marker,
-                                    kind="blind", progress=progress).report
+                                    kind="blind", cache=cache, progress=progress).report
 
         return run_blind(ledger, record=record, bundle_sha256=bundle_sha, doc_sha256=doc_sha, dev_report=dev,
                          dev_report_sha256=dev_sha, compute=compute, out_dir=out_dir, command=command,
-                         factor=protocol.bars.blind_factor)
+                         registry=registry, factor=protocol.bars.blind_factor)
 
 
 __all__ = ["LedgerRefusal", "register", "split", "score", "score_test", "blind", "edited_model"]

@@ -21,7 +21,7 @@ from exactedit.evals.protocol import load_protocol
 from exactedit.evals.splits import build_splits, record_splits
 from exactedit.fixtures.vocab import KAOMOJI
 from exactedit.solvers.head.config import HeadSolveConfig
-from exactedit.solvers.head.solve import solve_head
+from exactedit.evals.head_run import solve_head
 
 FIXTURE = Path(fixtures.__file__).parent / "default"
 

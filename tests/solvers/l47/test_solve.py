@@ -16,7 +16,7 @@ from exactedit.solvers.bundle import read_bundle
 from exactedit.solvers.l47 import wfld
 from exactedit.solvers.l47.config import WfldConfig, WfldError
 from exactedit.solvers.l47.mining import load_phrases
-from exactedit.solvers.l47.solve import WfldInputs, solve_wfld
+from exactedit.evals.wfld_run import WfldInputs, solve_wfld
 from exactedit.solvers.tail.logits import write_logits
 from tests.solvers.l47.synth import build_world
 

@@ -10,7 +10,7 @@ import math
 import textwrap
 
 from exactedit.solvers.head.scores import SplitReport
-from exactedit.solvers.head.testonce import bars_json, to_json
+from exactedit.evals.head_testonce import bars_json, to_json
 
 
 def _checkpoint_json(c) -> dict:
