@@ -4,9 +4,11 @@ A fresh document nobody tuned on, the untouched bundle (by sha256), one run, no 
 anything is computed the ledger must show: an intact chain; the dev report given, recorded by an
 `eval score` run of this very bundle under this protocol; no earlier blind run of this document or
 this bundle; the document never read by a score or test run, and not registered as a trace of
-any protocol in a role other than blind. Then the run is claimed in the
-ledger first (so an interrupted run still counts as the one run), computed, compared with the dev
-numbers, written (markdown, JSON, PNG) and recorded.
+any protocol in a role other than blind; and, in the user-level registry shared by every workspace
+(evals.registry), no earlier run of this document or this bundle from any workspace. Then the run
+is claimed in the registry and the ledger first (so an interrupted run still counts as the one
+run), computed, compared with the dev numbers, written (markdown, JSON, PNG; the sign-off records
+the ledger head after its claim, an anchor for evals.anchors) and recorded in both.
 
 It passes when each compared number lands within `factor` (1.5) of the dev report's:
 - slop residual, 1 - reduction of (c) (= mean p'(rejected) / mean p(rejected)): blind <= factor x dev;
@@ -22,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from exactedit.evals.ledger import Ledger, ProtocolRecord
+from exactedit.evals.ledger import Ledger, ProtocolRecord, head_json, ledger_id
+from exactedit.evals.registry import BlindRegistry
 from exactedit.evals.report import BarReport, WrittenFiles, report_to_json, write_report
 
 SEEN_KINDS = ("score", "test")
@@ -74,8 +77,10 @@ def compare_to_dev(dev: BarReport, blind: BarReport, factor: float) -> tuple[Bli
 
 def run_blind(ledger: Ledger, *, record: ProtocolRecord, bundle_sha256: str, doc_sha256: str,
               dev_report: BarReport, dev_report_sha256: str, compute: Callable[[], BarReport], out_dir,
-              command: str, factor: float = 1.5, inputs: Mapping[str, str] | None = None) -> BlindResult:
-    """Check the ledger, claim the run, compute once, compare with dev, write and record."""
+              command: str, registry: BlindRegistry, factor: float = 1.5,
+              inputs: Mapping[str, str] | None = None) -> BlindResult:
+    """Check the ledger and the user-level registry, claim the run in both, compute once, compare
+    with dev, write and record."""
     ledger.require_intact()
     ins = {"bundle": bundle_sha256, "doc": doc_sha256, "dev_report": dev_report_sha256, **(inputs or {})}
 
@@ -107,13 +112,25 @@ def run_blind(ledger: Ledger, *, record: ProtocolRecord, bundle_sha256: str, doc
                 if role != "blind" and e.inputs.get(f"trace:{name}") == doc_sha256:
                     raise refuse(f"document {doc_sha256} is trace {name!r} ({role}) of protocol "
                                  f"{e.payload.get('name')!r}; a blind document must be fresh")
+    where = ledger_id(ledger)
+    run, earlier = registry.claim(bundle_sha256, doc_sha256, where, command)
+    if earlier is not None:
+        what, first = earlier
+        sha = doc_sha256 if what == "document" else bundle_sha256
+        why = f"{what} {sha} already had its blind run ({first.describe()})"
+        registry.event(first.id, "refused", where, detail={"bundle_sha256": bundle_sha256, "doc_sha256": doc_sha256,
+                                                           "command": command, "reason": why})
+        raise refuse(why)
     claim = ledger.append("blind", command, ins, {"doc_sha256": doc_sha256, "bundle_sha256": bundle_sha256,
-                                                  "protocol_sha256": record.sha256, "status": "claimed"})
+                                                  "protocol_sha256": record.sha256, "status": "claimed",
+                                                  "registry": str(registry.path), "registry_run": run.id})
+    registry.event(run.id, "ledger-claim", where, claim.seq, claim.hash)
     report = compute()
     comps = compare_to_dev(dev_report, report, factor)
     passed = all(c.passed for c in comps)
     meta = dict(report.meta, bundle_sha256=bundle_sha256, doc_sha256=doc_sha256,
-                dev_report_sha256=dev_report_sha256, blind_claim=claim.seq, signoff="pass" if passed else "fail")
+                dev_report_sha256=dev_report_sha256, blind_claim=claim.seq, signoff="pass" if passed else "fail",
+                ledger_head=head_json(ledger))
     report = BarReport("blind", report.heldout_role, report.rows, report.verdict, report.phrases, report.kld,
                        meta, record.marker)
     files = write_report(report, Path(out_dir), "signoff", title="Blind sign-off",
@@ -121,6 +138,7 @@ def run_blind(ledger: Ledger, *, record: ProtocolRecord, bundle_sha256: str, doc
     done = ledger.append("blind-result", command, {**ins, **{f"out:{k}": v for k, v in files.sha256.items()}},
                          {"claim": claim.seq, "passed": passed, "factor": factor,
                           "comparisons": [comparison_json(c) for c in comps], "report": report_to_json(report)})
+    registry.event(run.id, "result", where, done.seq, done.hash, {"passed": passed})
     return BlindResult(passed, comps, report, files, claim.seq, done.seq, bundle_sha256, doc_sha256)
 
 

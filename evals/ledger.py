@@ -71,6 +71,18 @@ class Entry:
 
 
 @dataclass(frozen=True)
+class LedgerHead:
+    """The chain's last entry (seq 0 and the genesis hash for an empty ledger). Outputs record it
+    when they are written (evals.anchors): an anchor outside the ledger that a rewrite cannot reach."""
+
+    seq: int
+    hash: str
+
+    def to_json(self) -> dict:
+        return {"seq": self.seq, "hash": self.hash}
+
+
+@dataclass(frozen=True)
 class ChainCheck:
     """Result of `Ledger.verify`: ok, the number of entries, and the first bad entry with why."""
 
@@ -150,6 +162,15 @@ class Ledger:
             raise
         return Entry(seq, time, kind, command, json.loads(inputs_s), json.loads(payload_s), prev, h)
 
+    def head(self) -> LedgerHead:
+        """The last entry's number and hash, as the chain holds them now."""
+        last = self._conn.execute("SELECT seq, hash FROM entries ORDER BY seq DESC LIMIT 1").fetchone()
+        return LedgerHead(int(last[0]), str(last[1])) if last else LedgerHead(0, GENESIS)
+
+    def entry(self, seq: int) -> Entry | None:
+        row = self._conn.execute("SELECT * FROM entries WHERE seq = ?", (seq,)).fetchone()
+        return self._entry(row) if row else None
+
     @property
     def head_path(self) -> Path:
         return self.path.parent / HEAD_NAME
@@ -213,6 +234,16 @@ class Ledger:
         """Record a refusal and return the error for the caller to raise."""
         e = self.append("refusal", command, inputs, {"reason": reason})
         return LedgerRefusal(reason, e.seq, recorded)
+
+
+def ledger_id(ledger: Ledger) -> str:
+    """The ledger's file, resolved: how outputs and the blind registry name the ledger they anchor."""
+    return str(Path(ledger.path).resolve())
+
+
+def head_json(ledger: Ledger) -> dict:
+    """The `ledger_head` every bundle, report and sign-off records when it is written."""
+    return {**ledger.head().to_json(), "ledger": ledger_id(ledger)}
 
 
 # ---- protocol registration --------------------------------------------------------------------

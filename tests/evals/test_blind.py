@@ -11,6 +11,7 @@ from exactedit.evals.bars import BarRow, PhraseRow
 from exactedit.evals.blind import compare_to_dev, run_blind
 from exactedit.evals.ledger import Ledger, LedgerRefusal, register_protocol
 from exactedit.evals.protocol import load_protocol
+from exactedit.evals.registry import BlindRegistry, exactedit_home
 from exactedit.evals.report import BarReport
 
 BUNDLE, OTHER_BUNDLE = "b" * 64, "e" * 64
@@ -30,26 +31,32 @@ def report(red, flips, kld, ordinary, kind="score", role="dev"):
 DEV = report(0.70, 0, 0.0047, 0.021)
 
 
+def open_workspace(ws, protocol_file):
+    led = Ledger.open(ws)
+    p = load_protocol(protocol_file)
+    hashes = {"chat": TRAIN_DUMP, "anchors": "2" * 64, "blind": BLIND_TRACE}
+    rec = register_protocol(led, p, "eval register", hashes)
+    led.append("score", "eval score", {"protocol": p.sha256, "dump:chat": TRAIN_DUMP, "dump:extra": "3" * 64,
+                                       "report": DEV_SHA},
+               {"report_sha256": DEV_SHA, "bundle_sha256": BUNDLE, "protocol_sha256": p.sha256,
+                "heldout_role": "dev"})
+    led.record = rec
+    return led
+
+
 @pytest.fixture
 def ledger(tmp_path, protocol_file):
-    with Ledger.open(tmp_path / "ws") as led:
-        p = load_protocol(protocol_file)
-        hashes = {"chat": TRAIN_DUMP, "anchors": "2" * 64, "blind": BLIND_TRACE}
-        rec = register_protocol(led, p, "eval register", hashes)
-        led.append("score", "eval score", {"protocol": p.sha256, "dump:chat": TRAIN_DUMP, "dump:extra": "3" * 64,
-                                               "report": DEV_SHA},
-                   {"report_sha256": DEV_SHA, "bundle_sha256": BUNDLE, "protocol_sha256": p.sha256,
-                    "heldout_role": "dev"})
-        led.record = rec
+    with open_workspace(tmp_path / "ws", protocol_file) as led:
         yield led
 
 
 def run(ledger, tmp_path, blind=report(0.60, 0, 0.0030, 0.012), **kw):
-    args = dict(record=ledger.record, bundle_sha256=BUNDLE, doc_sha256=DOC, dev_report=DEV,
-                dev_report_sha256=DEV_SHA, compute=lambda: blind, out_dir=tmp_path / "signoff",
-                command="eval blind")
-    args.update(kw)
-    return run_blind(ledger, **args)
+    with BlindRegistry.open() as registry:  # the test's own EXACTEDIT_HOME (tests/conftest.py)
+        args = dict(record=ledger.record, bundle_sha256=BUNDLE, doc_sha256=DOC, dev_report=DEV,
+                    dev_report_sha256=DEV_SHA, compute=lambda: blind, out_dir=tmp_path / "signoff",
+                    command="eval blind", registry=registry)
+        args.update(kw)
+        return run_blind(ledger, **args)
 
 
 def test_pass_writes_and_records(ledger, tmp_path):
@@ -137,3 +144,35 @@ def test_dev_report_without_slop_positions_fails_cleanly(ledger, tmp_path):
 def test_missing_numbers_fail():
     na = BarReport("blind", "blind", (BarRow("c_reduction", "(c)", "", math.nan, 0.5, ">=", None, 0),), "incomplete")
     assert not any(c.passed for c in compare_to_dev(DEV, na, 1.5))
+
+
+def test_a_fresh_workspace_does_not_buy_a_second_run(ledger, tmp_path, protocol_file):
+    """One-shot across workspaces: the user-level registry refuses the same document or bundle
+    from another workspace, and the refusal is recorded in that workspace's ledger and the registry."""
+    first = run(ledger, tmp_path)
+    with open_workspace(tmp_path / "fresh", protocol_file) as fresh:
+        with pytest.raises(LedgerRefusal, match=f"document {DOC} already had its blind run "
+                                                r"\(registry run 1, .*ledger .*ws/ledger.sqlite\)"):
+            run(fresh, tmp_path)
+        with pytest.raises(LedgerRefusal, match=f"bundle {BUNDLE} already had its blind run"):
+            run(fresh, tmp_path, doc_sha256=DOC2)
+        assert not fresh.entries("blind") and len(fresh.entries("refusal")) == 2
+    with BlindRegistry.open() as reg:
+        assert [(r.bundle_sha256, r.doc_sha256) for r in reg.runs()] == [(BUNDLE, DOC)]
+        kinds = [e["kind"] for e in reg.events()]
+        assert kinds == ["ledger-claim", "result", "refused", "refused"]
+        claim = reg.claims_of(str((tmp_path / "ws" / "ledger.sqlite").resolve()))[0]
+        assert (claim.seq, claim.hash) == (first.claim_seq, ledger.entries("blind")[0].hash)
+        with pytest.raises(Exception, match="append-only"):
+            reg._conn.execute("DELETE FROM runs")
+
+
+def test_the_registry_lives_in_exactedit_home(monkeypatch, tmp_path):
+    monkeypatch.setenv("EXACTEDIT_HOME", str(tmp_path / "h"))
+    assert exactedit_home() == tmp_path / "h"
+    monkeypatch.delenv("EXACTEDIT_HOME")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    import sys
+
+    if sys.platform.startswith("linux"):
+        assert exactedit_home() == tmp_path / "data" / "exactedit"
