@@ -63,11 +63,6 @@ def dump() -> None:
 
 
 @main.group()
-def fixture() -> None:
-    """The bundled tiny hc4 model and its dumps."""
-
-
-@main.group()
 def solve() -> None:
     """Solvers: `solve head`, `solve wfld`."""
 
@@ -267,27 +262,6 @@ def bench_head(rows, vocab, n, tile_rows, repeats, seed, device, as_json) -> Non
 # ---- end section: dumps + forwards -----------------------------------------------------------
 
 # ---- section: fixture + demo -----------------------------------------------------------------
-
-@fixture.command("make")
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(0), help="Random seed.")
-@click.option("--force", is_flag=True, help="Replace the fixture files DIR already holds.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def fixture_make(out, seed, force, as_json) -> None:
-    """Build the tiny hc4 model, its dumps, phrases.txt, planted.json and README.md in DIR.
-    Exits 1 when a planted property does not hold."""
-    import contextlib
-    import json
-
-    from exactedit.fixtures.make import make_fixture
-    from exactedit.fixtures.readme import render_result
-
-    with contextlib.ExitStack() as stack:
-        result = make_fixture(out, seed, progress=_progress(stack, "building"), overwrite=force)
-    click.echo(json.dumps(result.to_json(), indent=1) if as_json else render_result(result))
-    if not result.ok:
-        sys.exit(1)
-
 
 @main.command("demo")
 @click.option("--out", default="demo-out", show_default=True, type=click.Path(file_okay=False),

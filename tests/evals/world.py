@@ -12,7 +12,7 @@ import numpy as np
 from exactedit import quant
 from exactedit.dumps import DocInfo, write_dump
 from exactedit.dumps.roles import infer_roles
-from exactedit.fixtures.vocab import encode_piece
+from tests.fixturegen.vocab import encode_piece
 from exactedit.quant.gguf_write import synthetic_model
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]

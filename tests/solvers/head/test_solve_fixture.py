@@ -19,7 +19,7 @@ from exactedit import fixtures
 from exactedit.evals.ledger import Ledger, register_protocol
 from exactedit.evals.protocol import load_protocol
 from exactedit.evals.splits import build_splits, record_splits
-from exactedit.fixtures.vocab import KAOMOJI
+from tests.fixturegen.vocab import KAOMOJI
 from exactedit.solvers.head.config import HeadSolveConfig
 from exactedit.evals.head_run import solve_head
 
