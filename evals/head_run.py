@@ -25,7 +25,7 @@ import numpy as np
 from exactedit.evals.bars import BarContext, BarRow, persona_bars
 from exactedit.evals.head_inputs import gather_inputs, solve_splits
 from exactedit.evals.head_testonce import TestOutcome, score_test_once
-from exactedit.evals.ledger import DEFAULT_WORKSPACE, Ledger, require_registered
+from exactedit.evals.ledger import DEFAULT_WORKSPACE, Ledger, head_json, require_registered
 from exactedit.evals.protocol import load_protocol, resolve_tokens as resolve_protocol_tokens
 from exactedit.quant import gguf
 from exactedit.solvers.head import rowdata
@@ -76,6 +76,7 @@ class HeadSolveResult:
     bundle_sha256: str                # identity of the bundle `write_head_bundle` writes (test-once key)
     head: HeadRows | None = field(default=None, repr=False)
     shipped: Shipped | None = field(default=None, repr=False)
+    ledger_head: dict | None = None   # the ledger's head at the end of the solve (its test entry included)
 
     @property
     def shipped_edit(self) -> bool:
@@ -205,7 +206,7 @@ def _solve_head(cfg: HeadSolveConfig, *, model, train: Sequence, dev: Sequence, 
             splits=tuple(reports[:2]), anchors=tuple(reports[2:]), test=outcome, bars=tuple(bars),
             seconds={"vocab_pass": clock["pass"] - clock["start"], "adam_step": per_step,
                      "steps": clock["steps"] - clock["pass"], "total": clock["end"] - clock["start"]},
-            bundle_sha256=identity, head=head, shipped=shipped)
+            bundle_sha256=identity, head=head, shipped=shipped, ledger_head=head_json(ledger))
 
 
 def _score_test(su: _Setup, test_rows, cfg, scorer, shipped, parts, bars_with, tick: _Ticker):
@@ -230,7 +231,7 @@ def write_head_bundle(r: HeadSolveResult, out, *, overwrite: bool = False):
     files = {"report.json": json.dumps(full, indent=1).encode(), "report.txt": report.summary_table(r).encode(),
              "trajectory.png": report.trajectory_png(r)}
     b = write_bundle(out, solver="head", inputs=inputs, config=cfg, edits=edits, files=files, record=record,
-                     overwrite=overwrite)
+                     ledger_head=r.ledger_head, overwrite=overwrite)
     if b.sha256 != r.bundle_sha256 or ident != r.bundle_sha256:
         raise HeadSolveError(out, "identity", f"bundle identity {b.sha256} differs from the solve's {r.bundle_sha256}")
     return b

@@ -10,6 +10,8 @@ plus any report files, and `manifest.json`:
     edits:   [{tensor, kind, type, shape, file, sha256, rows (row patches)}]
     files:   {name: sha256}                     every other file (reports, PNG)
     record:  solver-specific JSON (trajectory, chosen step, summary)
+    ledger_head: {seq, hash, ledger} or null    the evals ledger's head when the bundle was written
+                                                (an anchor: `exactedit eval ledger --verify --against`)
 
 Writing: every file goes into `DIR.tmp/` (fsynced), then the directory is renamed to DIR. Reading
 validates the manifest and re-hashes every file.
@@ -125,6 +127,7 @@ class Bundle:
     edits: tuple[TensorEdit, ...]
     files: Mapping[str, str]
     record: Mapping[str, Any] = field(default_factory=dict)
+    ledger_head: Mapping[str, Any] | None = None
 
     def input(self, role: str) -> InputRef:
         for ref in self.inputs:
@@ -146,8 +149,11 @@ def _write_file(path: Path, data: bytes) -> None:
 
 def write_bundle(out, *, solver: str, inputs: Sequence[InputRef], config: Mapping[str, Any],
                  edits: Sequence[TensorEdit], files: Mapping[str, bytes] | None = None,
-                 record: Mapping[str, Any] | None = None, overwrite: bool = False) -> Bundle:
-    """Write a bundle directory at `out` (via `out.tmp`, then rename); returns it as read back."""
+                 record: Mapping[str, Any] | None = None, ledger_head: Mapping[str, Any] | None = None,
+                 overwrite: bool = False) -> Bundle:
+    """Write a bundle directory at `out` (via `out.tmp`, then rename); returns it as read back.
+    `ledger_head` ({seq, hash, ledger}, handed in by the caller that holds the ledger) is recorded
+    as is; like the reports and the creation time it is not part of the identity."""
     out = Path(out)
     if out.exists() and not overwrite:
         raise BundleError(out, "output", "exists; pass overwrite to replace it")
@@ -184,6 +190,7 @@ def write_bundle(out, *, solver: str, inputs: Sequence[InputRef], config: Mappin
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "inputs": [{"role": r.role, "path": r.path, "sha256": r.sha256} for r in inputs],
             "config": dict(config), "edits": edit_entries, "files": hashes, "record": dict(record or {}),
+            "ledger_head": _ledger_head(out, ledger_head),
         }
         _write_file(tmp / MANIFEST, json.dumps(manifest, indent=1, allow_nan=False).encode("utf-8"))
         fsync_dir(tmp)
@@ -239,7 +246,19 @@ def read_bundle(path) -> Bundle:
     ident = bundle_identity(solver, inputs, config, edits)
     if m.get("identity") != ident:
         raise BundleError(path, "identity", f"{m.get('identity')!r} does not match the bundle's content ({ident})")
-    return Bundle(path, ident, _sha256_bytes(data), solver, inputs, config, edits, dict(files), record)
+    return Bundle(path, ident, _sha256_bytes(data), solver, inputs, config, edits, dict(files), record,
+                  _ledger_head(path, m.get("ledger_head")))
+
+
+def _ledger_head(path, head) -> dict | None:
+    """None, or {seq: int >= 0, hash: 64 hex digits, ledger: str}."""
+    if head is None:
+        return None
+    seq, h = (head.get("seq"), head.get("hash")) if isinstance(head, Mapping) else (None, None)
+    if not (isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0 and isinstance(h, str) and len(h) == 64
+            and all(c in "0123456789abcdef" for c in h) and isinstance(head.get("ledger", ""), str)):
+        raise BundleError(path, "ledger_head", f"expected null or {{seq, hash, ledger}}, got {head!r}")
+    return {"seq": seq, "hash": h, "ledger": head.get("ledger", "")}
 
 
 def _check_file(path: Path, name, sha) -> Path:

@@ -45,3 +45,15 @@ def test_demo_refuses_a_non_empty_output(demo):
     out, _ = demo
     r = CliRunner().invoke(cli.main, ["demo", "--out", str(out)])
     assert r.exit_code != 0 and "not empty" in r.output
+
+
+def test_every_output_anchors_the_ledger(demo):
+    """Both bundles, the dev report and the sign-off record the ledger head; all are backed."""
+    out, _ = demo
+    for b in ("head", "wfld"):
+        assert json.loads((out / b / "manifest.json").read_text())["ledger_head"]["seq"] > 0
+    r = CliRunner().invoke(cli.main, ["eval", "ledger", "--verify", "--against", str(out),
+                                      "--workspace", str(out / "ws"), "--json"])
+    assert r.exit_code == 0, r.output
+    v = json.loads(r.output)
+    assert v["ok"] and {"bundle", "dev report", "sign-off"} <= {a["what"] for a in v["anchors"]}

@@ -173,3 +173,18 @@ def test_forged_identity_is_refused(tmp_path):
     f.write_text(json.dumps(m))
     with pytest.raises(BundleError, match="identity"):
         read_bundle(tmp_path / "b")
+
+
+def test_ledger_head_is_recorded_outside_the_identity(tmp_path):
+    head = {"seq": 12, "hash": "c" * 64, "ledger": "/ws/ledger.sqlite"}
+    b = _write(tmp_path, np.random.default_rng(0), ledger_head=head)
+    assert b.ledger_head == head and read_bundle(b.path).ledger_head == head
+    plain = write_bundle(tmp_path / "p", solver="head", inputs=[InputRef("model", "/m.gguf", "ab" * 32)],
+                         config={"rank": 1}, edits=_edits(np.random.default_rng(0)),
+                         files={"report.json": b'{"x": 1}'}, record={"chosen_step": 30})
+    assert plain.ledger_head is None and plain.sha256 == b.sha256  # the head does not change what the edit is
+    m = json.loads((b.path / "manifest.json").read_text())
+    m["ledger_head"] = {"seq": "12", "hash": "c" * 64}
+    (b.path / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(BundleError, match="ledger_head"):
+        read_bundle(b.path)
