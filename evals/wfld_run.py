@@ -23,7 +23,7 @@ import numpy as np
 from exactedit import quant
 from exactedit.dumps import ROLE_REPLY, read_dump
 from exactedit.evals.bars import BarContext, anti_slop_bars, verdict
-from exactedit.evals.ledger import DEFAULT_WORKSPACE, Ledger, require_registered
+from exactedit.evals.ledger import DEFAULT_WORKSPACE, Ledger, head_json, require_registered
 from exactedit.evals.protocol import Bars, ResolvedTokens, load_protocol
 from exactedit.evals.splits import Splits, same_doc_heldout
 from exactedit.quant import gguf
@@ -168,10 +168,11 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
     for the device ones (`vocab_pass_jax`, `kl_pass_jax`, exact mode; the head goes up once)."""
     st = _Stages(5 + cfg.gn_iters, progress)
     protocol = load_protocol(inputs.protocol) if inputs.protocol else None
-    marker = ""
+    marker, ledger_head = "", None
     if protocol is not None:
         with Ledger.open(workspace) as ledger:
             marker = require_registered(ledger, protocol, command, cfg.unregistered).marker
+            ledger_head = head_json(ledger)  # a wfld solve appends nothing: this is the head at writing
     g = gguf.open(inputs.model)
     tail = load_tail(g)
     w0 = editable_weight(tail)
@@ -288,7 +289,7 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
               "iterations": report["iterations"], "conditions": report["conditions"]}
     bundle = write_bundle(out, solver="wfld", inputs=refs, config=cfg.to_json(), edits=[edit],
                           files={"report.json": json.dumps(report, indent=1, allow_nan=False).encode("utf-8")},
-                          record=record, overwrite=overwrite)
+                          record=record, ledger_head=ledger_head, overwrite=overwrite)
     st.mark("write")
     return WfldResult(bundle.path, bundle.sha256, report, report["verdict"], bars, mining, gn, scores,
                       dict(st.timings))
