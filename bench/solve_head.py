@@ -109,7 +109,7 @@ class BenchSolveHeadResult:
         return {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in d.items()}
 
 
-def _time_steps(cfg: BenchSolveHeadConfig, batch, q, rank: int, tick) -> StepTiming:
+def time_steps(cfg: BenchSolveHeadConfig, batch, q, rank: int, tick) -> StepTiming:
     import jax
     import jax.numpy as jnp
 
@@ -179,7 +179,7 @@ def run_bench_solve_head(cfg: BenchSolveHeadConfig, progress: Callable[[int, int
     batch = synthetic_batch(rng, cfg.rows, cfg.k, cfg.n)
     batch = batch._replace(z=batch.z.astype(np.float32))
     q = null_basis(batch.z[batch.anchor[:4 * cfg.null_k + 1]], cfg.null_k)
-    steps = tuple(_time_steps(cfg, batch, q, rank, phase(cfg.steps)) for rank in (1, 0))
+    steps = tuple(time_steps(cfg, batch, q, rank, phase(cfg.steps)) for rank in (1, 0))
     del batch
     if cfg.skip_pass:
         nan = float("nan")

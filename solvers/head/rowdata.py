@@ -83,17 +83,25 @@ def gather(tail, dump, spans: Sequence[tuple[int, int, int]], docs: Sequence[Doc
 
         vp = vocab_pass_jax(z, device_head, token_sets=wanted, topk=k + 1, exclude=np.asarray(edit_ids),
                             tile_rows=tile_rows, softcap=tail.softcap, progress=progress)
+    roles = dump.roles
+    return from_pass(z, vp, np.asarray(dump.tokens[rows], dtype=np.int32), nxt,
+                     np.zeros(len(rows), np.uint8) if roles is None else np.asarray(roles[rows], dtype=np.uint8),
+                     doc, docs, edit_ids, sel_ids)
+
+
+def from_pass(z, vp, tokens, nxt, roles, doc, docs: Sequence[DocMeta], edit_ids: Sequence[int],
+              sel_ids: Sequence[int]) -> RowData:
+    """RowData from one vocab pass `vp` (a `VocabPass` with top-(|S|+1), LSE over V \\ S and, as its
+    selected logits, those of S, then `sel_ids`, then each row's next token)."""
+    k, sel_ids = len(edit_ids), tuple(int(i) for i in sel_ids)
     chosen = vp.selected.astype(np.float64)
     outside = ~np.isin(vp.topk_ids, np.asarray(edit_ids))
     first = np.argmax(outside, axis=1)
-    roles = dump.roles
+    r = np.arange(len(tokens))
     return RowData(
-        z=z, tokens=np.asarray(dump.tokens[rows], dtype=np.int32), next=nxt,
-        roles=np.zeros(len(rows), np.uint8) if roles is None else np.asarray(roles[rows], dtype=np.uint8),
-        doc=doc, docs=tuple(docs), lse=vp.lse.astype(np.float64), lse_rest=vp.lse_rest.astype(np.float64),
-        base_s=chosen[:, :k], next_logit=chosen[:, -1],
-        best_out=vp.topk_ids[np.arange(len(rows)), first],
-        best_out_logit=vp.topk_logits[np.arange(len(rows)), first].astype(np.float64),
+        z=z, tokens=tokens, next=nxt, roles=roles, doc=doc, docs=tuple(docs), lse=vp.lse.astype(np.float64),
+        lse_rest=vp.lse_rest.astype(np.float64), base_s=chosen[:, :k], next_logit=chosen[:, -1],
+        best_out=vp.topk_ids[r, first], best_out_logit=vp.topk_logits[r, first].astype(np.float64),
         argmax=vp.argmax.astype(np.int64), sel_ids=sel_ids, sel_logits=chosen[:, k:k + len(sel_ids)])
 
 

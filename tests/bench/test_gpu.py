@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from exactedit.bench.gpu import GpuHeadConfig, render_gpu_head, run_gpu_head
-from exactedit.bench.gpu_solve import (GpuSolveHeadConfig, GpuWfldConfig, render_gpu_solve_head, render_gpu_wfld,
-                             run_gpu_solve_head, run_gpu_wfld)
+from exactedit.bench.gpu_solve import GpuSolveHeadConfig, render_gpu_solve_head, run_gpu_solve_head
 
 
 def test_head_bench_small():
@@ -40,22 +39,11 @@ def test_solve_head_bench_small():
     json.dumps(r.to_dict())
 
 
-def test_wfld_bench_small():
-    cfg = GpuWfldConfig(traces=2, trace_rows=60, positions=10, special_rows=20, n=256, h=64, d_lo=16, vocab=1200,
-                        tile_rows=512, device="cpu")
-    r = run_gpu_wfld(cfg)
-    assert r.conditions == 10 * (1 + 3 + 5) + 20 * 5
-    assert r.seconds["estimate"] > 0 and r.seconds["mean_kl"] > 0
-    assert r.passes is None and "n/a" in render_gpu_wfld(r)
-    json.dumps(r.to_dict())
-
-
 @pytest.mark.parametrize("make,match", [
     (lambda: GpuHeadConfig(n=300), "multiple of the Q6_K block"),
     (lambda: GpuHeadConfig(precisions=("exact", "fp8")), "precisions must be"),
     (lambda: GpuHeadConfig(device="tpu"), "device must be one of"),
     (lambda: GpuSolveHeadConfig(dev_share=1.0), "dev_share"),
-    (lambda: GpuWfldConfig(positions=5000), "positions"),
 ])
 def test_configs_validate(make, match):
     with pytest.raises(ValueError, match=match):
