@@ -33,7 +33,10 @@ from exactedit.solvers.tail.vocab_pass import vocab_pass
 from exactedit.solvers.l47 import wfld
 from exactedit.solvers.l47.config import WfldConfig, WfldError
 from exactedit.solvers.l47.jacobian import editable_weight, gather_rows, linearize, token_rows, with_weights
-from exactedit.solvers.l47.mining import Mining, load_phrases, mine, natural_alternatives
+from exactedit.solvers.l47 import alternatives as alt_mod
+from exactedit.solvers.l47 import ship as ship_mod
+from exactedit.solvers.l47.mining import Mining, load_phrases, mine
+from exactedit.solvers.l47.phrases import TokenBytes
 from exactedit.solvers.l47.report import build_report
 from exactedit.solvers.l47.rescore import ScoredTrace, score_traces
 from exactedit.solvers.tail.logits import tail_mix
@@ -196,11 +199,12 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
 
     mining = mine({t.name: t.dump for t in traces}, phrases, tail.tokens, capitalized=cfg.capitalized)
     held = {t.name: _heldout_mask(t, mining.trace(t.name), cfg) for t in by_role["train"]}
-    blocks, rej, phr = [], [], []
+    blocks, rej, phr, where = [], [], [], []
     for t in by_role["train"]:
         tm = mining.trace(t.name)
         keep = ~held[t.name]
         blocks.append((t.dump, tm.rows[keep]))
+        where += [(t.name, int(r)) for r in tm.rows[keep]]
         rej.append(np.asarray(t.dump.next)[tm.rows[keep]])
         phr.append(tm.phrase[keep])
     rej, phr = np.concatenate(rej).astype(np.int64), np.concatenate(phr)
@@ -211,25 +215,25 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
     st.mark("mine")
 
     mix_t = tail.mix(tail.residual(rs_t))
+    pool = max(cfg.alt_pool, cfg.alternatives + len(specials) + 1)
     if dhead is None:
-        vp = vocab_pass(mix_t, tail.head, topk=cfg.alternatives + len(specials) + 1, softcap=tail.softcap,
-                        tile_rows=cfg.tile_rows)
+        vp = vocab_pass(mix_t, tail.head, topk=pool, softcap=tail.softcap, tile_rows=cfg.tile_rows)
     else:
         from exactedit.solvers.tail.device_pass import vocab_pass_jax
 
-        vp = vocab_pass_jax(mix_t, dhead, topk=cfg.alternatives + len(specials) + 1, softcap=tail.softcap,
-                            tile_rows=cfg.tile_rows)
-    alts = natural_alternatives(vp.topk_ids, rej, specials, cfg.alternatives)
+        vp = vocab_pass_jax(mix_t, dhead, topk=pool, softcap=tail.softcap, tile_rows=cfg.tile_rows)
+    alts = alt_mod.choose(vp.topk_ids, vp.topk_logits, vp.lse, rej, specials, cfg.alternatives, cfg.alt_floor,
+                          TokenBytes(tail.tokens))
     a_blocks = _anchor_rows(tail, by_role["anchors"], specials, cfg.special_rows)
     rs = gather_rows(blocks + a_blocks)
-    P, s_n, k = rej.size, len(specials), cfg.alternatives
-    tok = np.full((rs.rows, 1 + k + s_n), -1, dtype=np.int64)
-    tok[:P, 0], tok[:P, 1:1 + k], tok[:P, 1 + k:] = rej, alts, specials
+    P, s_n, k, m = rej.size, len(specials), cfg.alternatives, alts.held.shape[1]
+    tok = np.full((rs.rows, 1 + k + s_n + m), -1, dtype=np.int64)
+    tok[:P, 0], tok[:P, 1:1 + k], tok[:P, 1 + k:1 + k + s_n], tok[:P, 1 + k + s_n:] = rej, alts.ids, specials, alts.held
     tok[P:, :s_n] = specials
-    slot = np.concatenate([np.repeat(np.arange(P), 1 + k + s_n), np.repeat(np.arange(P, rs.rows), s_n)])
-    col = np.concatenate([np.tile(np.arange(1 + k + s_n), P), np.tile(np.arange(s_n), rs.rows - P)])
+    slot, col = wfld.condition_layout(tok)
     kind = np.where(slot >= P, wfld.SPECIAL_ANCHOR,
-                    np.select([col == 0, col <= k], [wfld.REJECTED, wfld.ALTERNATIVE], wfld.SPECIAL_TARGET))
+                    np.select([col == 0, col <= k, col <= k + s_n],
+                              [wfld.REJECTED, wfld.ALTERNATIVE, wfld.SPECIAL_TARGET], wfld.VARIANT))
     head_cache: dict = {}
 
     def evaluate(w):
@@ -244,7 +248,7 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
     target_tab = np.zeros(tok.shape)
     target_tab[:P, 0], target_tab[:P, 1:1 + k] = d_rej, d_alt
     target = target_tab[slot, col]
-    eps = np.where((kind == wfld.REJECTED) | (kind == wfld.ALTERNATIVE), cfg.target_eps, cfg.hold_eps)
+    eps = np.where(np.isin(kind, wfld.HOLD_KINDS), cfg.hold_eps, cfg.target_eps)
     cond = wfld.Conditions(slot, tok[slot, col], kind.astype(np.int8), target, eps)
     st.mark("targets")
 
@@ -257,7 +261,13 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
     C = wfld.background_metric(np.concatenate([np.asarray(t.dump.hh) for t in by_role["anchors"]]), cfg.ridge)
     M = wfld.restricted_inverse(C, B)
     view = quant.runtime_view if tail.kind == "hc4" else quant.dequantize
-    shipper = wfld.Shipper(g.read_raw(tensor), info.type_name, info.cols, view)
+    raw0 = g.read_raw(tensor)
+    if ship_mod.uses_feedback(cfg.ship, info.type_name):
+        kept = np.concatenate(groups + [np.asarray(rs.hh, np.float64)], axis=0)
+        metric = ship_mod.shipping_metric(C, kept, w0, cfg.ship_hold_weight)
+        shipper = ship_mod.FeedbackShipper(raw0, info.type_name, info.cols, view, metric, cfg.ship_sweeps)
+    else:
+        shipper = wfld.Shipper(raw0, info.type_name, info.cols, view)
     st.mark("metric")
 
     gn = wfld.gauss_newton(w0, cond, rs.hh[slot], M, evaluate, shipper, iters=cfg.gn_iters, tol=cfg.gn_tol,
@@ -273,12 +283,24 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
     ctx = BarContext(tokens, protocol.bars if protocol else Bars(), cfg.heldout_role, heldout_b,
                      _Vocab(tail.tokens))
     bars = anti_slop_bars(scores, ctx)
+    coll = [np.concatenate([np.zeros((0, w0.shape[1]))] + [
+        np.asarray(t.dump.hh)[mining.trace(t.name).coll_rows[mining.trace(t.name).coll_word == wi]]
+        for t in by_role["collateral"]], axis=0) for wi in range(len(mining.words))]
+    shipping = ship_mod.shipping_summary(
+        gn=gn, cond=cond, Hh=rs.hh[slot], w0=w0, held_by_word=groups, collateral_by_word=coll,
+        word_names=[tail.tokens.piece(int(w)) for w in mining.words], raw0=raw0, type_name=info.type_name,
+        cols=info.cols, view=view, mode=cfg.ship, hold_weight=cfg.ship_hold_weight, shipper=shipper)
+    cidx = {(int(a), int(b)): i for i, (a, b) in enumerate(zip(slot, col))}
+    offset = {"rejected": 0, "raised": 1, "held": 1 + k + s_n}
+    raised = alt_mod.raised_table(alts, where, [phrases[p] for p in phr], rej,
+                                  lambda p, key, j: cidx.get((p, offset[key] + j)), gn.base_logits, gn.logits,
+                                  vp.lse, lambda i: tail.tokens.piece(i))
     st.mark("score")
 
     report = build_report(cfg=cfg, bars=bars, verdict=verdict(bars), scores=scores, ctx=ctx, mining=mining,
                           gn=gn, cond=cond, null=_null_summary(groups, B, w0, gn), w0=w0, tensor=tensor,
                           timings=st.timings, phrases=phrases, heldout=held, marker=marker,
-                          warnings=_warnings(by_role, mining, tail.tokens))
+                          warnings=_warnings(by_role, mining, tail.tokens), shipping=shipping, raised=raised)
     refs = [InputRef("model", str(inputs.model), g.sha256()),
             InputRef("phrases", str(inputs.phrases), file_sha256(inputs.phrases))]
     refs += [InputRef(f"dump:{t.name}", t.path, t.dump.sha256()) for t in traces]
@@ -354,13 +376,16 @@ class _Vocab:
         return self.table.piece(int(i))
 
 
-def solve_wfld(*args, device="auto", **kwargs):
-    """The WFLD solve (see `_solve_wfld`) with every JAX matmul in exact float32 (HIGHEST): TF32 /
-    bf16 are opt-in (solvers.device), never a GPU's silent default. `device` ("cpu", "gpu", "auto"
-    or a jax.Device; `solvers.device.pass_device`): on "cpu", and on "auto" without a GPU, the
-    full-vocab passes are the host ones, unchanged; else they run on the device."""
+def solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = False,
+               workspace=DEFAULT_WORKSPACE, command: str = "exactedit solve wfld", device="auto",
+               progress: Progress | None = None) -> WfldResult:
+    """Mine, solve, re-score and write the bundle at `out` (see `_solve_wfld`), with every JAX
+    matmul in exact float32 (HIGHEST): TF32 / bf16 are opt-in (solvers.tail.device), never a GPU's
+    silent default. `device` ("cpu", "gpu", "auto" or a jax.Device; `pass_device`): on "cpu", and on
+    "auto" without a GPU, the full-vocab passes are the host ones; else they run on the device."""
     from exactedit.solvers.tail.device import DeviceConfig, pass_device, scope
 
     dev = pass_device(device)
     with scope(DeviceConfig(), device=dev):
-        return _solve_wfld(*args, device=dev, **kwargs)
+        return _solve_wfld(cfg, inputs, out, overwrite=overwrite, workspace=workspace, command=command,
+                           device=dev, progress=progress)

@@ -15,7 +15,8 @@ on the few columns processed last, instead of to the full rounding noise of ever
 Clamping at the code range breaks the recursion's guarantee, so a polish follows: single-code
 moves of +-1 that lower f, in sweeps, with the gradient H e kept up to date.
 
-`ship_rows` takes the candidates (ggml's own quantizer of w, and for each given scale source its
+`ship_rows` takes the candidates (ggml's own quantizer of w and the feedback rounding within its
+scales, searched for w; for each given scale source, such as the tensor's original bytes, its
 nearest-code rounding and its feedback rounding), scores each on f in float64 from the values
 the bytes dequantize to, and keeps per row the best: never worse in f than ggml's quantizer or
 than rounding within the same scales. Fast path: the recursion in column blocks, the blocks'
@@ -225,7 +226,7 @@ class FeedbackShip:
     raw: np.ndarray                  # uint8 [rows, row_bytes]
     values: np.ndarray               # float32 [rows, h]: what the bytes dequantize to
     objective: np.ndarray            # float64 [rows]: f of the shipped rows
-    candidates: tuple[str, ...]      # "ggml", then "<source>:nearest", "<source>:feedback" per source
+    candidates: tuple[str, ...]      # "ggml", "ggml:feedback", then "<source>:nearest", "<source>:feedback"
     candidate_objective: np.ndarray  # float64 [rows, len(candidates)] (inf: the source's scales are not finite)
     choice: np.ndarray               # int64 [rows]: index into candidates
 
@@ -255,18 +256,21 @@ def ship_rows(target, qtype: str, metric: Metric, sources: Mapping[str, np.ndarr
     if not np.all(np.isfinite(target)):
         raise QuantError("target: has non-finite values")
     cols = target.shape[1]
-    raws, names = [quant.quantize(target.astype(np.float32), qtype)], ["ggml"]
-    total = 1 + 2 * len(sources)
-    if progress is not None:
-        progress(1, total)
-    for name, src in sources.items():
+    ggml = quant.quantize(target.astype(np.float32), qtype)
+    raws, names = [ggml], ["ggml"]
+    total = 2 + 2 * len(sources)
+    if "ggml" in sources:
+        raise QuantError("sources: the name 'ggml' is taken by ggml's own quantizer of the target")
+    # ggml's final codes are nearest rounding within its scales already: only its feedback is new
+    for name, src, near in [("ggml", ggml, False)] + [(n, s, True) for n, s in sources.items()]:
         grid = grid_of(src, qtype, cols)
         if grid.steps.shape != target.shape:
             raise QuantError(f"sources[{name!r}]: {grid.steps.shape[0]} rows for {target.shape[0]} target rows")
-        near = nearest(grid, target)
-        fb = polish(target, grid, metric, feedback(target, grid, metric, block), sweeps)
-        raws += [pack(grid, near), pack(grid, fb)]
-        names += [f"{name}:nearest", f"{name}:feedback"]
+        if near:
+            raws.append(pack(grid, nearest(grid, target)))
+            names.append(f"{name}:nearest")
+        raws.append(pack(grid, polish(target, grid, metric, feedback(target, grid, metric, block), sweeps)))
+        names.append(f"{name}:feedback")
         if progress is not None:
             progress(len(raws), total)
     objs = np.empty((target.shape[0], len(raws)))

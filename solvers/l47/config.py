@@ -7,8 +7,15 @@ end), and for the special-token logits to stay where they were (at target rows a
 `special_rows` most at-risk anchor rows). Among all edits that do this, it takes the one with the
 least energy on the anchors' hh (covariance + `ridge`), with dW h = 0 exactly on the span of each
 banned word's legitimate uses (at most `null_rank` directions per word). `gn_iters` Gauss-Newton
-rounds re-linearize the head at the edit as shipped (Q8_0), until the exact logits move less than
+rounds re-linearize the head at the edit as shipped, until the exact logits move less than
 `gn_tol` between rounds.
+
+Alternatives come from the `alt_pool` top base tokens, must have base probability >= `alt_floor`
+and are never a case / spacing / same-text variant of the rejected token (those are held;
+`solvers.l47.alternatives`). Shipping (`ship`): "round" re-quantizes each edited row with ggml's
+quantizer; "feedback" chooses its codes within the row's original block scales to keep the held
+directions (`solvers.l47.ship`, weight `ship_hold_weight` against the background, `ship_sweeps`
+polish sweeps); "auto" is feedback on coarse types (Q6_K) and round otherwise.
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ from exactedit.quant.errors import FieldError
 
 DEFAULT_SPECIALS = ("<|im_end|>", "<|im_start|>", "<think>", "</think>", "<|endoftext|>")
 BACKENDS = ("jax", "numpy")
+SHIP_MODES = ("auto", "feedback", "round")
 HELDOUT_ROLES = ("dev", "test")
 
 
@@ -47,6 +55,8 @@ class WfldConfig:
     phrase_margins: tuple[tuple[str, float], ...] = ()
     delta_cho: float = 0.5
     alternatives: int = 3
+    alt_floor: float = 0.01
+    alt_pool: int = 32
     capitalized: bool = True
     null_rank: int = 8
     null_tol: float = 1e-6
@@ -56,6 +66,9 @@ class WfldConfig:
     turn_end: str = "<|im_end|>"
     gn_iters: int = 4
     gn_tol: float = 0.02
+    ship: str = "auto"
+    ship_hold_weight: float = 1e4
+    ship_sweeps: int = 2
     target_eps: float = 1e-6
     hold_eps: float = 1e-9
     same_doc_heldout: float = 0.33
@@ -66,8 +79,8 @@ class WfldConfig:
     unregistered: bool = False
 
     def __post_init__(self):
-        ints = {"alternatives": 1, "null_rank": 0, "special_rows": 0, "gn_iters": 1, "seed": 0,
-                "tile_rows": 1}
+        ints = {"alternatives": 1, "alt_pool": 1, "null_rank": 0, "special_rows": 0, "gn_iters": 1, "seed": 0,
+                "tile_rows": 1, "ship_sweeps": 0}
         for name, low in ints.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -82,7 +95,13 @@ class WfldConfig:
         if self.delta_cho <= 0:
             raise ValueError("WfldConfig.delta_cho must be > 0: with no raise of the alternatives the freed "
                              f"mass goes to the most generic continuation (the turn end); got {self.delta_cho}")
-        for name in ("null_tol", "ridge", "target_eps", "hold_eps", "gn_tol"):
+        if not 0.0 <= self.alt_floor < 1.0:
+            raise ValueError(f"WfldConfig.alt_floor must be a probability in [0, 1), got {self.alt_floor}")
+        if self.alt_pool < self.alternatives:
+            raise ValueError(f"WfldConfig.alt_pool ({self.alt_pool}) must be >= alternatives ({self.alternatives})")
+        if self.ship not in SHIP_MODES:
+            raise ValueError(f"WfldConfig.ship must be one of {SHIP_MODES}, got {self.ship!r}")
+        for name in ("null_tol", "ridge", "target_eps", "hold_eps", "gn_tol", "ship_hold_weight"):
             if getattr(self, name) < 0:
                 raise ValueError(f"WfldConfig.{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.same_doc_heldout < 1.0:

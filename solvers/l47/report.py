@@ -66,8 +66,23 @@ def _phrase_table(scores, ctx, mining, cfg, phrases) -> list[dict]:
     return out
 
 
+def _raised_summary(raised) -> list[dict]:
+    """Per phrase: how often each token was raised, how many positions kept a sub-floor one."""
+    by: dict[str, dict] = {}
+    for item in raised:
+        row = by.setdefault(item["phrase"], {"phrase": item["phrase"], "positions": 0, "below_floor": 0,
+                                             "raised": {}, "held": {}})
+        row["positions"] += 1
+        row["below_floor"] += int(item["below_floor"])
+        for key in ("raised", "held"):
+            for cell in item[key]:
+                row[key][cell["token"]] = row[key].get(cell["token"], 0) + 1
+    return [dict(r, raised=sorted(r["raised"].items(), key=lambda kv: -kv[1]),
+                 held=sorted(r["held"].items(), key=lambda kv: -kv[1])) for r in by.values()]
+
+
 def build_report(*, cfg, bars, verdict, scores, ctx, mining, gn, cond, null, w0, tensor, timings,
-                 phrases, heldout, marker="", warnings=()) -> dict:
+                 phrases, heldout, marker="", warnings=(), shipping=None, raised=None) -> dict:
     w_norm = float(np.linalg.norm(np.asarray(w0, dtype=np.float64)))
     positions = []
     for name, tm in mining.traces.items():
@@ -95,6 +110,8 @@ def build_report(*, cfg, bars, verdict, scores, ctx, mining, gn, cond, null, w0,
                    "positions": positions, "position_fields": ["trace", "row", "phrase", "tuple", "heldout"]},
         "timings": dict(timings),
         "config": cfg.to_json(),
+        "shipping": shipping,
+        "alternatives": {"positions": list(raised or ()), "summary": _raised_summary(raised or ())},
     }
     return _clean(report)
 
@@ -115,7 +132,8 @@ def format_report(report: dict) -> str:
     lines = [f"wfld: verdict {report['verdict']}, ||dW||/||W|| = {report['edit']['dw_rel']:.4g}, conditions "
              + ", ".join(f"{k} {v}" for k, v in report["conditions"].items() if v),
              f"null space: {nl['rows']} legitimate uses held, rank {nl['rank']}; max ||dW h||/||W h|| "
-             f"{_fmt(nl['solved_max_rel'], 3)} solved, {_fmt(nl['shipped_max_rel'], 3)} as shipped (Q8_0)"]
+             f"{_fmt(nl['solved_max_rel'], 3)} solved, {_fmt(nl['shipped_max_rel'], 3)} as shipped "
+             f"({(report.get('shipping') or {}).get('type', 'quantized')})"]
     if report.get("marker"):
         lines.insert(0, report["marker"])
     lines += [f"warning: {w}" for w in report.get("warnings", ())]
@@ -138,6 +156,42 @@ def format_report(report: dict) -> str:
         resid = max(it["linear_residual"].values(), default=0.0)
         lines.append(f"              {it['it']:>2}  {_fmt(it['dw_rel'], 3):>6}  {_fmt(it['ship_rel'], 3):>8}  "
                      f"{_fmt(resid, 3):>9}  {_fmt(it['moved'], 3):>5}  {errs}")
+    lines += _shipping_lines(report.get("shipping"))
+    lines += _raised_lines(report.get("alternatives"))
     lines.append("")
     lines.append("time: " + ", ".join(f"{k} {v:.2f}s" for k, v in report["timings"].items()))
     return "\n".join(lines)
+
+
+def _shipping_lines(sh) -> list[str]:
+    """Per word and per hold: the residual as solved, as shipped, and as ggml's rounding would ship it."""
+    if not sh:
+        return []
+    how = "error feedback in the held directions" if sh["feedback"] else "ggml's quantizer, each weight on its own"
+    lines = ["", f"shipping ({sh['type']}, {how}): ||shipped - solved|| / ||solved|| = {_fmt(sh['ship_rel'], 3)} "
+             f"(ggml rounding: {_fmt(sh['ship_rel_ggml'], 3)})",
+             f"{'word':<14} {'held':>5} {'max rel: solved':>16} {'shipped':>9} {'ggml':>9}   "
+             f"{'collateral':>10} {'mean rel: solved':>16} {'shipped':>9} {'ggml':>9}"]
+    for w in sh["words"]:
+        h, c = w["held"], w["collateral"]
+        lines.append(f"{w['word'][:14]!s:<14} {w['held_uses']:>5} {_fmt(h['solved']['max_rel'], 3):>16} "
+                     f"{_fmt(h['shipped']['max_rel'], 3):>9} {_fmt(h['ggml']['max_rel'], 3):>9}   "
+                     f"{w['collateral_uses']:>10} {_fmt(c['solved']['mean_rel'], 3):>16} "
+                     f"{_fmt(c['shipped']['mean_rel'], 3):>9} {_fmt(c['ggml']['mean_rel'], 3):>9}")
+    lines.append(f"{'condition':<16} {'n':>5} {'max |resid| solved':>19} {'shipped':>9} {'ggml':>9} {'exact':>9}")
+    for kind, v in sh["holds"].items():
+        lines.append(f"{kind:<16} {v['n']:>5} {_fmt(v['solved_linear'], 3):>19} {_fmt(v['shipped_linear'], 3):>9} "
+                     f"{_fmt(v['ggml_linear'], 3):>9} {_fmt(v['shipped_exact'], 3):>9}")
+    return lines
+
+
+def _raised_lines(alts) -> list[str]:
+    if not alts or not alts.get("summary"):
+        return []
+    lines = ["", "raised / held at the FTPO positions (token x positions):"]
+    for r in alts["summary"]:
+        raised = ", ".join(f"{t!r} x{n}" for t, n in r["raised"][:8])
+        held = ", ".join(f"{t!r} x{n}" for t, n in r["held"][:6]) or "none"
+        lines.append(f"  {r['phrase']}: {r['positions']} positions ({r['below_floor']} below the floor); "
+                     f"raised {raised}; held {held}")
+    return lines

@@ -12,7 +12,8 @@ whose solution lies in the span of the rank-1 conditions:
 eps_k is a small Tikhonov weight per condition: hard holds (special tokens) get `hold_eps`,
 targets `target_eps`, so an infeasible target (its hh inside the null space) stays bounded.
 
-`gauss_newton` repeats: linearize at the edit as shipped (Q8_0 round trip), solve for the whole
+`gauss_newton` repeats: linearize at the edit as shipped (the tensor's quantization, by `ship`:
+a plain round trip, `Shipper`, or codes chosen to keep the conditions, `solvers.l47.ship`), solve for the whole
 dW with the conditions' total targets, ship, re-score exactly through the nonlinear head.
 """
 from __future__ import annotations
@@ -26,8 +27,9 @@ import scipy.linalg as sla
 
 from exactedit.solvers.l47.config import WfldError
 
-REJECTED, ALTERNATIVE, SPECIAL_TARGET, SPECIAL_ANCHOR = 0, 1, 2, 3
-KIND_NAMES = ("rejected", "alternative", "special@target", "special@anchor")
+REJECTED, ALTERNATIVE, SPECIAL_TARGET, SPECIAL_ANCHOR, VARIANT = 0, 1, 2, 3, 4
+KIND_NAMES = ("rejected", "alternative", "special@target", "special@anchor", "variant@target")
+HOLD_KINDS = (SPECIAL_TARGET, SPECIAL_ANCHOR, VARIANT)
 
 
 class Conditions(NamedTuple):
@@ -36,7 +38,7 @@ class Conditions(NamedTuple):
 
     slot: np.ndarray     # int64 [K]
     token: np.ndarray    # int64 [K]
-    kind: np.ndarray     # int8 [K] (REJECTED, ALTERNATIVE, SPECIAL_TARGET, SPECIAL_ANCHOR)
+    kind: np.ndarray     # int8 [K] (REJECTED, ALTERNATIVE, SPECIAL_TARGET, SPECIAL_ANCHOR, VARIANT)
     target: np.ndarray   # float64 [K]
     eps: np.ndarray      # float64 [K]
 
@@ -128,7 +130,7 @@ class Evaluation(NamedTuple):
 
 @dataclass(frozen=True)
 class Iteration:
-    """One Gauss-Newton round, scored exactly after the Q8_0 round trip."""
+    """One Gauss-Newton round, scored exactly after shipping (the tensor's quantization)."""
 
     it: int
     conditions: int
@@ -215,12 +217,21 @@ def ftpo_targets(base_rej, base_alt, margins, delta_cho: float) -> tuple[np.ndar
 
     The rejected token should end `margin` below the best alternative, which itself rises by
     delta_cho with every alternative: d_rej = -max(0, gap + margin - delta_cho), gap = l_rej - max l_alt.
+    NaN entries of base_alt (a position with fewer alternatives) are skipped; each row needs one.
     """
     base_rej = np.asarray(base_rej, dtype=np.float64)
     base_alt = np.asarray(base_alt, dtype=np.float64)
-    gap = base_rej - base_alt.max(axis=1)
+    if base_alt.size and np.any(np.all(np.isnan(base_alt), axis=1)):
+        raise WfldError("wfld", "alternatives", "an FTPO position has no alternative")
+    gap = base_rej - np.nanmax(base_alt, axis=1)
     d_rej = -np.maximum(0.0, gap + np.asarray(margins, dtype=np.float64) - delta_cho)
     return d_rej, np.full(base_alt.shape, float(delta_cho))
+
+
+def condition_layout(tok) -> tuple[np.ndarray, np.ndarray]:
+    """(slot, col) of every entry >= 0 of a token table tok [rows, width] (-1 pads), row-major."""
+    slot, col = np.nonzero(np.asarray(tok) >= 0)
+    return slot.astype(np.int64), col.astype(np.int64)
 
 
 class Shipper:

@@ -18,7 +18,7 @@ from exactedit.quant.errors import QuantError
 from tests import oracles
 from tests.strategies import float_rows
 
-SETTINGS = settings(max_examples=40, deadline=None,
+SETTINGS = settings(max_examples=20, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
 BLOCKS = {"Q8_0": 32, "Q6_K": 256}
 
@@ -116,7 +116,7 @@ def test_ship_never_worse_valid_bytes(qtype, rank, weight, edit, seed):
     _check_ship(ship, target, qtype, metric, sources)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), qtype=st.sampled_from(list(gr.GRID_TYPES)), seed=st.integers(0, 2**16))
 def test_ship_corner_rows(ggml, data, qtype, seed):
     """Rows from the format tests' corner kinds (ggml's own candidate has inf or NaN scales in
