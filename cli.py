@@ -912,6 +912,17 @@ _DUMP = click.Path(file_okay=False, exists=True)
               help="Raise of the natural alternatives (> 0: the freed mass goes to real words).")
 @click.option("--alternatives", default=3, show_default=True, type=click.IntRange(1),
               help="Natural alternatives per position (top non-rejected, non-special tokens).")
+@click.option("--alt-floor", default=0.01, show_default=True, type=float,
+              help="Base probability an alternative needs at its position (the best one is kept anyway).")
+@click.option("--alt-pool", default=32, show_default=True, type=click.IntRange(1),
+              help="Top base tokens the alternatives and the held variants are drawn from.")
+@click.option("--ship", type=click.Choice(["auto", "feedback", "round"]), default="auto", show_default=True,
+              help="feedback: choose the shipped codes to keep the held directions; round: ggml's quantizer; "
+                   "auto: feedback on coarse types (Q6_K).")
+@click.option("--ship-hold-weight", default=1e4, show_default=True, type=float,
+              help="Weight of the held directions against the background when shipping by feedback.")
+@click.option("--ship-sweeps", default=2, show_default=True, type=click.IntRange(0),
+              help="Polish sweeps (single-code moves) after the feedback rounding.")
 @click.option("--capitalized/--no-capitalized", default=True, show_default=True,
               help="Also match each phrase with a capital first letter.")
 @click.option("--null-rank", default=8, show_default=True, type=click.IntRange(0),
