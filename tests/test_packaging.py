@@ -1,0 +1,61 @@
+"""The distribution installs one top-level package, `exactedit`, and runs from its wheel.
+
+Builds the wheel with pip (build isolation: the pyproject's own build requirements), reads its
+top_level.txt and RECORD, installs it with --no-deps into a throwaway target directory and runs
+`exactedit --version` and `exactedit demo` from there, with the target first on sys.path (the
+check asserts that the package really came from the wheel, not from this checkout).
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
+                   check=True, capture_output=True, text=True)
+    (whl,) = out.glob("exactedit-*.whl")
+    return whl
+
+
+def test_wheel_has_one_top_level_package(wheel):
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        info = next(n for n in names if n.endswith(".dist-info/top_level.txt"))
+        assert z.read(info).decode().split() == ["exactedit"]
+        record = z.read(next(n for n in names if n.endswith(".dist-info/RECORD"))).decode()
+    tops = {line.split("/", 1)[0] for line in record.splitlines() if line}
+    assert tops == {"exactedit", info.split("/", 1)[0]}, tops
+    for must in ("exactedit/__init__.py", "exactedit/cli.py", "exactedit/quant/q6_k.py",
+                 "exactedit/solvers/tail/kl_pass.py", "exactedit/fixtures/default/model.gguf",
+                 "exactedit/fixtures/default/protocol.toml", "exactedit/fixtures/demo.py"):
+        assert must in names, must
+    assert not [n for n in names if n.startswith("exactedit/tests/") or "/fixturegen/" in n]
+
+
+def test_wheel_installs_and_runs_the_demo(wheel, tmp_path):
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True, text=True)
+    assert (target / "bin" / "exactedit").is_file()
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import exactedit, pathlib; "
+            "assert pathlib.Path(exactedit.__file__).is_relative_to(sys.argv[1]), exactedit.__file__; "
+            "from exactedit.cli import main; main(sys.argv[2:])")
+    env = {"EXACTEDIT_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"}
+    run = lambda *args: subprocess.run([sys.executable, "-c", code, str(target), *args], capture_output=True,  # noqa: E731
+                                       text=True, cwd=tmp_path, env=env)
+    v = run("--version")
+    assert v.returncode == 0 and "0.1.0" in v.stdout, v.stderr
+    d = run("demo", "--out", str(tmp_path / "demo"))
+    assert d.returncode == 0, d.stderr[-2000:]
+    assert (tmp_path / "demo" / "wfld" / "report.json").is_file()
+    assert (tmp_path / "demo" / "blind.cmd").is_file()
