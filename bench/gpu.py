@@ -2,7 +2,7 @@
 matmul of the same shape, measured in the same run.
 
 The head is bench/head.py's synthetic Q6_K tensor (random valid blocks), uploaded once as its bytes.
-For each precision mode (`solvers.device`) the pass (`stream_jax.vocab_pass_jax`: per-tile dequant
+For each precision mode (`solvers.tail.device`) the pass (`device_pass.vocab_pass_jax`: per-tile dequant
 from the Q6_K bytes + matmul + online LSE and argmax, mix in and results out through the host) is
 timed `repeats` times after a compile run; its ceiling is the same tiles' matmul alone, on the head
 dequantized beforehand into the mode's operand format (float32, TF32 values or bfloat16) and kept

@@ -2,7 +2,7 @@
 (bench/gpu_wfld.py): the solvers' device work at production size, on synthetic inputs.
 
 solve head (`run_gpu_solve_head`): the solver's own code on a JAX device (exact precision, inside
-`solvers.device.scope`), from activations to the stopping rule's checkpoints:
+`solvers.tail.device.scope`), from activations to the stopping rule's checkpoints:
   1. the hc4 mix of `rows` dumped rows (R' [rows, 4, n] -> z [rows, n], `hc4_mix_jax`);
   2. one full-vocab pass over them (`vocab_pass_jax`: top-(|S|+1), LSE over V \\ S, the logits of
      S, of the specials / openers / closers and of each next token), turned into train and dev

@@ -1,7 +1,7 @@
 """Score a model, an edited model and/or shaping rules on dumps: RowScores, then the bars.
 
 For each scored document, rows are taken in chunks: the tail forward gives `mix` for the base and
-the edited model (`solvers.logits.tail_mix`), one streaming head pass per model gives full-vocabulary
+the edited model (`solvers.tail.logits.tail_mix`), one streaming head pass per model gives full-vocabulary
 logits of the chunk, the shaping rules (if any) change the edited logits, and `rows_from_logits`
 (float64) reduces both to RowScores. Only the documents whose role the run may read are touched:
 train, the held-out role, anchors and collateral (never test in a dev run, never blind outside the

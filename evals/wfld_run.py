@@ -85,7 +85,7 @@ class WfldResult:
     bars: tuple
     mining: Mining
     gn: wfld.GaussNewton
-    scores: object            # evals.scoring.RowScores of every scored row
+    scores: object            # solvers.tail.scores.RowScores of every scored row
     timings: dict = field(default_factory=dict)
 
 

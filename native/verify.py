@@ -5,7 +5,7 @@
  2. writes the edited model through the bundle's transplant (`solvers.apply.apply_bundle`);
  3. runs llama.cpp on the edited model with the same settings;
  4. predicts both engines' logits offline from the base dump alone, in the engine-faithful mode
-    (`solvers.head.engine_numerics`, `--match-engine llamacpp`), with the base or the edited
+    (`solvers.tail.engine`, `--match-engine llamacpp`), with the base or the edited
     tensors; and compares: KL(engine || prediction) statistics, top-1 agreement, max |diff|.
 
 Tolerance (`Tolerance`), and why it is tight. llama.cpp's CPU matmuls quantize each activation

@@ -4,7 +4,7 @@ The engine is any program honouring `--metal-gguf {gguf} --tokens-file {tokens} 
 {logits}` (the Metal CLI in production; `exactedit engine run`, llama.cpp, on Linux). exactedit
 applies the bundle through the transplant, runs the command on the base and the edited file with
 the dump's tokens, and compares each engine output with its offline prediction recomputed from the
-dump (`solvers.logits.write_logits`, exact arithmetic or `match_engine`'s). The tolerance is the
+dump (`solvers.tail.logits.write_logits`, exact arithmetic or `match_engine`'s). The tolerance is the
 caller's: it depends on how faithfully the offline arithmetic models the engine's (docs/live.md).
 """
 from __future__ import annotations

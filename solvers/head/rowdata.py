@@ -4,7 +4,7 @@ One `vocab_pass` per set of rows gives everything later steps need (SPEC.md sect
 vector z, LSE, LSE_rest (over V \\ S), the base logits of S, of the next token and of a few
 selected tokens (specials, openers, closers), and the best token outside S (top-(|S|+1)). From
 those, an edit dW_S is scored exactly in rows x |S| x n: log p of the next token before and after,
-KL(p || p') per row, the edited argmax, and the specials' probabilities, i.e. `evals.scoring
+KL(p || p') per row, the edited argmax, and the specials' probabilities, i.e. `solvers.tail.scores
 .RowScores` without any full-vocab recompute.
 """
 from __future__ import annotations
@@ -61,7 +61,7 @@ def gather(tail, dump, spans: Sequence[tuple[int, int, int]], docs: Sequence[Doc
            sel_ids: Sequence[int], *, tile_rows: int = 8192, device_head=None,
            progress: Progress | None = None) -> RowData:
     """RowData for the row ranges `spans` = [(start, stop, doc index)] of `dump` (one pass). With
-    `device_head` (the tail's head on a JAX device, `stream_jax.to_device`) the pass is
+    `device_head` (the tail's head on a JAX device, `device_pass.to_device`) the pass is
     `vocab_pass_jax` in exact mode (float32 HIGHEST) there; without, the host `vocab_pass`."""
     from exactedit.solvers.tail.logits import head_pass, tail_mix
 
@@ -158,7 +158,7 @@ def effect(rd: RowData, dw: np.ndarray, edit_ids: Sequence[int]) -> Effect:
 
 
 def row_scores(rd: RowData, eff: Effect, special_ids: Sequence[int]) -> RowScores:
-    """`evals.scoring.RowScores` of the rows under the edit (special ids must be among sel_ids)."""
+    """`solvers.tail.scores.RowScores` of the rows under the edit (special ids must be among sel_ids)."""
     sp = rd.sel(special_ids)
     return RowScores(
         tokens=rd.tokens, next=rd.next, roles=rd.roles, doc=rd.doc, logp_base=eff.logp_base,

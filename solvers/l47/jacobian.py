@@ -7,7 +7,7 @@ so the first-order change of logit v is <dW, u_tv hh_t^T> with
     u_tv = s_t * sum_c g_tc * (d l_v / d R'_c)    in R^n,
 d l_v / d R' being the head's VJP with cotangent W_out[v] (times 1 - tanh^2 under a softcap).
 `head_vjp_ref` is the numpy float64 analytic VJP (the reference); `head_vjp_jax` the JAX autodiff
-fast path through `solvers.head.forward_fast`; a test table compares both with finite differences.
+fast path through `solvers.tail.head_fast`; a test table compares both with finite differences.
 A post-FFN norm (Gemma style) makes R' nonlinear in dW and is refused.
 """
 from __future__ import annotations

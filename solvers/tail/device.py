@@ -9,7 +9,7 @@ Precision modes (`DeviceConfig.precision`):
 The rounding of tf32 and bf16 is done explicitly (`round_operand`), so a mode means the same
 numbers on every backend: on a GPU the rounded operands go to the matching tensor-core algorithm,
 on the CPU (which has no TF32 unit) to a float32 product of the same rounded values. Faster modes
-are opt-in and report their measured KL against exact mode (`solvers.head.stream_jax.measure_precision`).
+are opt-in and report their measured KL against exact mode (`solvers.tail.device_pass.measure_precision`).
 
 `scope(cfg)` makes the device and the default matmul precision current for code that does not take
 them as arguments (the solvers' jitted steps): inside it, plain `jnp.dot` runs at the mode's

@@ -1,12 +1,12 @@
 """The streaming full-vocabulary pass on a JAX device (a GPU when there is one), from the head's
 raw ggml bytes held on that device.
 
-Same contract and result type as `solvers.head.stream.vocab_pass` (`VocabPass`): per row the LSE,
+Same contract and result type as `solvers.tail.vocab_pass.vocab_pass` (`VocabPass`): per row the LSE,
 argmax and max logit, an optional top-k, the logits of requested ids, and LSE_rest over the ids not
 in `exclude`. The head is uploaded once as its stored bytes (`to_device`: 521 MB of Q6_K at
 production size, not 2.5 GB of float32); each tile of head rows is dequantized on the device
 (`quant.jax_dequant`, bit-identical to `quant.dequantize`), multiplied at the chosen precision
-(`solvers.device`), and reduced on the device to per-tile partials: max, first argmax, the
+(`solvers.tail.device`), and reduced on the device to per-tile partials: max, first argmax, the
 float32 sum of exp(l - tile max) (every term <= 1), its masked twin for LSE_rest, the tile's top-k
 and the selected logits. The host folds the partials in float64, in tile order, exactly as the
 numpy pass folds its tiles; so in exact mode the two agree to float32 rounding of the logits.
@@ -69,7 +69,7 @@ def _raw_chunk(source, a: int, b: int) -> tuple[np.ndarray, str]:
 
 
 def to_device(source, device="auto", *, progress: Progress | None = None) -> DeviceRows:
-    """Upload a RowSource's rows (`solvers.head.stream.QuantRows`, `ArrayRows`, ...) to `device`
+    """Upload a RowSource's rows (`solvers.tail.vocab_pass.QuantRows`, `ArrayRows`, ...) to `device`
     (a jax.Device or "cpu" / "gpu" / "auto") as raw bytes, in chunks of UPLOAD_ROWS rows."""
     dev = select(device) if isinstance(device, str) else device
     parts, qtype = [], None
@@ -236,7 +236,7 @@ def vocab_pass_jax(mix, rows: DeviceRows, *, token_sets=None, topk: int = 0, til
                    progress: Progress | None = None) -> VocabPass:
     """`stream.vocab_pass` on rows' device: mix [T, n] against every head row, one tile at a time.
 
-    `precision` is "exact" (default), "tf32" or "bf16" (`solvers.device`). `sink(start, stop, tile)`
+    `precision` is "exact" (default), "tf32" or "bf16" (`solvers.tail.device`). `sink(start, stop, tile)`
     gets each float32 logits tile on the host (a copy off the device: slow, for writing logits)."""
     mix = mix if isinstance(mix, jax.Array) else np.asarray(mix)
     if mix.ndim != 2 or mix.shape[1] != rows.cols:

@@ -140,8 +140,8 @@ def rmsnorm_engine_mix(R: np.ndarray, hh: np.ndarray, w_down_raw: np.ndarray, do
 
 
 class EngineMatmul:
-    """A `solvers.head.forward_fast.Matmul` strategy: head tiles as the engine multiplies them,
-    from the source's raw quantized rows (a `solvers.head.stream.QuantRows`)."""
+    """A `solvers.tail.head_fast.Matmul` strategy: head tiles as the engine multiplies them,
+    from the source's raw quantized rows (a `solvers.tail.vocab_pass.QuantRows`)."""
 
     def __init__(self, match: MatchEngine, tiled: np.ndarray | None = None):
         self.match = match
@@ -164,9 +164,9 @@ class EngineMatmul:
 
 def engine_logits_setup(g, tail, dump, span: tuple[int, int], engine: str):
     """(mix [T, n], EngineMatmul) for dump rows `span` of the rmsnorm `tail`
-    (solvers.model.RmsnormTail) of the open GGUF `g`, the micro-batch layout from the dump's meta.
+    (solvers.tail.model.RmsnormTail) of the open GGUF `g`, the micro-batch layout from the dump's meta.
     A post-FFN norm (Gemma 3) is modelled; a logit softcap is refused here, because the head
-    pass (solvers.head.stream.vocab_pass) applies its own exact softcap to the tiles."""
+    pass (solvers.tail.vocab_pass.vocab_pass) applies its own exact softcap to the tiles."""
     spec = tail.spec
     if tail.kind != "rmsnorm" or tail.softcap:
         raise QuantError(f"match-engine {engine}: covers rmsnorm tails without a logit softcap; "

@@ -10,7 +10,7 @@ logits = W_out @ mix, then c * tanh(logits / c) when the model has a final softc
 
 The constants 4 (silu divisor) and 1/4 (stream mean) are the production model's, written as
 in SPEC.md; `streams` comes from the tensors. Weights are the runtime views (what the engine
-multiplies with); `solvers.model` loads them. `forward_fast.py` holds the float32 paths.
+multiplies with); `solvers.tail.model` loads them. `head_fast.py` holds the float32 paths.
 """
 from __future__ import annotations
 

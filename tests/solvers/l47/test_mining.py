@@ -84,7 +84,7 @@ def test_natural_alternatives():
 
 
 @pytest.mark.skipif(not (FIXTURE / "planted.json").is_file(),
-                    reason="the bundled fixture (fixtures/default, built by `exactedit fixture make`) is not there yet")
+                    reason="the bundled fixture (fixtures/default, built by `python -m tests.fixturegen`) is not there yet")
 def test_fixture_planted_positions():
     from exactedit.dumps import read_dump
     from exactedit.quant import gguf

@@ -1,4 +1,4 @@
-"""The device vocab pass (solvers/head/stream_jax.py) against the numpy pass and float64 references.
+"""The device vocab pass (solvers/tail/device_pass.py) against the numpy pass and float64 references.
 
 One table of pass cases, each run through `vocab_pass_jax` (exact mode) and `stream.vocab_pass` on
 the same Q6_K / Q8_0 / BF16-runtime / float head. Tolerances, with u = 2^-24:
@@ -270,7 +270,7 @@ def test_bad_arguments():
         vocab_pass_jax(np.zeros((2, 8), np.float32), rows, token_sets=np.zeros((3, 2), int))
 
 
-# ---- solvers/device.py ------------------------------------------------------------------------------
+# ---- solvers/tail/device.py ------------------------------------------------------------------------------
 
 def test_device_config_validates():
     assert devmod.DeviceConfig() == devmod.DeviceConfig("auto", "exact")
