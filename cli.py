@@ -379,31 +379,44 @@ def engine_model(name) -> None:
     click.echo(str(path))
 
 
+def _labels(f):
+    """Document labels, mapping 1:1 to the library's tags / source / character."""
+    for opt in reversed([
+        click.option("--tag", "tags", multiple=True,
+                     help="Tag every document (repeatable), e.g. anchor, collateral, slop, blind."),
+        click.option("--source", default=None, help="Document source (what splits group by)."),
+        click.option("--character", default=None, help="Document character (what splits group by)."),
+    ]):
+        f = opt(f)
+    return f
+
+
 @engine.command("dump")
 @click.option("--model", required=True, help="GGUF path, or a public model name (qwen, gemma).")
 @click.option("--tokens", type=click.Path(dir_okay=False, exists=True), help="int32 token ids file.")
 @click.option("--text", type=click.Path(dir_okay=False, exists=True), help="A text file to tokenize.")
+@click.option("--chat", "chat_file", type=click.Path(dir_okay=False, exists=True),
+              help="Conversations, one JSON list of {role, content} per line, rendered with the model's template.")
+@_labels
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Dump directory to write.")
 @click.option("--overwrite", is_flag=True)
 @_engine_settings
 @click.option("--json", "as_json", is_flag=True)
-def engine_dump(model, tokens, text, out, overwrite, as_json, **flags) -> None:
-    """Capture an rmsnorm dump (R = ffn_inp, hh = the FFN hidden) with llama.cpp."""
+def engine_dump(model, tokens, text, chat_file, tags, source, character, out, overwrite, as_json, **flags) -> None:
+    """Capture an rmsnorm dump (R = ffn_inp, hh = the FFN hidden) with llama.cpp: labelled documents
+    (stable names, tags plain/chat + --tag, row roles from the model's chat framing)."""
     import contextlib
     import json
 
-    from exactedit.native.capture import CaptureDoc, capture_dump
+    from exactedit.native.documents import DumpInputs, dump_documents, render_documents
     from exactedit.native.models import locate
 
-    path = locate(model)
-    toks = _read_tokens_arg(tokens, text, path)
+    inputs = DumpInputs(text=text, tokens=tokens, chat=chat_file, tags=tuple(tags), source=source,
+                        character=character or "")
     with contextlib.ExitStack() as stack:
-        res = capture_dump(path, [CaptureDoc(str(text or tokens), toks)], out, settings=_settings(**flags),
-                           overwrite=overwrite, progress=_progress(stack, "capturing"))
-    info = {"dump": str(res.path), "rows": res.rows, "layer": res.layer, "model_sha256": res.model_sha256,
-            "ubatch_sizes": res.meta["ubatch_sizes"]}
-    click.echo(json.dumps(info, indent=1) if as_json else
-               f"wrote {res.path}: {res.rows} rows of layer {res.layer} (micro-batches {info['ubatch_sizes']})")
+        res = dump_documents(locate(model), inputs, out, settings=_settings(**flags), overwrite=overwrite,
+                             progress=_progress(stack, "capturing"))
+    click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_documents(res))
 
 
 @main.command("untie")
@@ -510,39 +523,42 @@ def _lines(path) -> list[str]:
 @click.option("--phrases", required=True, type=click.Path(dir_okay=False, exists=True),
               help="One banned phrase per line, e.g. 'rather than'.")
 @click.option("--out", type=click.Path(file_okay=False), help="Dump of the replies with slop contexts.")
-@click.option("--edited", type=click.Path(dir_okay=False, exists=True), help="Also rate this edited GGUF.")
-@click.option("--max-new", default=96, show_default=True, type=click.IntRange(1))
+@click.option("--edited", type=click.Path(dir_okay=False, exists=True),
+              help="Also sample this edited GGUF (same prompts and seeds) and compare the rates.")
+@click.option("--max-new", default=256, show_default=True, type=click.IntRange(1),
+              help="Cap on a reply's tokens (a reply cut here is truncated: no turn end).")
 @click.option("--samples", default=1, show_default=True, type=click.IntRange(1), help="Replies per prompt.")
 @click.option("--temperature", default=0.8, show_default=True, type=float)
 @click.option("--top-k", default=40, show_default=True, type=click.IntRange(1))
 @click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--capitalized/--no-capitalized", default=True, show_default=True,
+              help="Also match each phrase with a capital first letter.")
+@click.option("--n-boot", default=1000, show_default=True, type=click.IntRange(0), help="Bootstrap resamples.")
+@_labels
+@click.option("--png", type=click.Path(dir_okay=False), help="Write the phrase rates as a PNG here.")
 @click.option("--overwrite", is_flag=True)
 @_engine_settings
 @click.option("--json", "as_json", is_flag=True)
 def mine_cmd(engine_name, model, prompts, phrases, out, edited, max_new, samples, temperature, top_k, seed,
-             overwrite, as_json, **flags) -> None:
-    """Sample replies, find prefix-exact slop contexts, dump them; style rates of the generation."""
+             capitalized, n_boot, tags, source, character, png, overwrite, as_json, **flags) -> None:
+    """Sample replies to the turn end, find prefix-exact slop contexts, dump them; phrase rates
+    (base and --edited) and style rates of the generation."""
     import contextlib
-    import dataclasses
     import json
 
-    from exactedit.native.mine import MineConfig, mine
+    from exactedit.evals.phrase_rates_report import plot_phrase_rates
+    from exactedit.native.mine import MineConfig, mine, render_mine
     from exactedit.native.models import locate
 
-    cfg = MineConfig(max_new=max_new, temperature=temperature, top_k=top_k, seed=seed, samples=samples)
+    cfg = MineConfig(max_new=max_new, temperature=temperature, top_k=top_k, seed=seed, samples=samples,
+                     capitalized=capitalized, n_boot=n_boot, tags=tuple(tags), source=source or "mine",
+                     character=character)
     with contextlib.ExitStack() as stack:
         res = mine(locate(model), _lines(prompts), _lines(phrases), out, edited=edited, config=cfg,
                    settings=_settings(**flags), overwrite=overwrite, progress=_progress(stack, "sampling"))
-    if as_json:
-        click.echo(json.dumps(dataclasses.asdict(res), indent=1))
-        return
-    click.echo(f"{len(res.replies)} replies, {len(res.contexts)} slop contexts"
-               + (f", dump {res.dump}" if res.dump else ""))
-    for c in res.contexts:
-        click.echo(f"  {c.doc:10} row {c.row:6}  {c.phrase!r}")
-    for name, r in res.rates.items():
-        click.echo(f"{name:7} kaomoji {r.kaomoji:.3f}  lowercase start {r.lowercase_start:.3f}  "
-                   f"slop starter {r.slop_starter:.3f}  empty step0 {r.empty_step0:.3f}  ({r.replies} replies)")
+    if png:
+        plot_phrase_rates(res.phrase_rates, png)
+    click.echo(json.dumps(res.to_dict(), indent=1, allow_nan=False) if as_json else render_mine(res))
 
 # ---- end section: native ---------------------------------------------------------------------
 

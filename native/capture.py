@@ -6,6 +6,8 @@ last layer keeps all rows) the engine's evaluation callback copies
     hh  = `ffn_swiglu-L` (or `ffn_geglu-L`): the FFN hidden activation entering ffn_down
 and the dump records the engine, its settings and the micro-batch sizes (`ubatch_sizes`), which
 decide the engine's matmul kernels: verify with the same settings the dump was made with.
+Documents may carry their row roles (native/chat.py derives them from the model's template);
+when they do, the dump has a `roles` field, with ROLE_ANCHOR on documents tagged "anchor".
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from exactedit.dumps import DocInfo, write_dump
+from exactedit.dumps.roles import mark_docs
 from exactedit.native.llamacpp import EngineError, EngineRun, EngineSettings, LlamaEngine
 from exactedit.quant import arch, gguf
 
@@ -26,13 +29,15 @@ TAIL_NAMES = {"R": ("ffn_inp-{L}", "sa_out-{L}"), "hh": ("ffn_swiglu-{L}", "ffn_
 
 @dataclass(frozen=True)
 class CaptureDoc:
-    """One document to evaluate: its token ids and where it came from."""
+    """One document to evaluate: its token ids, where it came from, and optionally its row roles
+    (uint8 [T], dumps/roles.py)."""
 
     name: str
     tokens: np.ndarray
     source: str = "live"
     character: str = ""
     tags: tuple[str, ...] = ()
+    roles: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,12 @@ def capture_dump(model, docs: Sequence[CaptureDoc], out, *, settings: EngineSett
     if tail.kind != "rmsnorm":
         raise EngineError(model, "tail", f"llama.cpp capture supports rmsnorm tails, not {tail.kind}")
     total = sum(int(np.asarray(d.tokens).size) for d in docs)
+    with_roles = [d.roles is not None for d in docs]
+    if any(with_roles) and not all(with_roles):
+        raise EngineError(out, "roles", "either every document carries its row roles or none does")
+    for d in docs:
+        if d.roles is not None and np.shape(d.roles) != np.shape(d.tokens):
+            raise EngineError(out, f"roles of {d.name}", f"{np.shape(d.roles)} roles for {np.shape(d.tokens)} tokens")
     parts: dict[str, list[np.ndarray]] = {"tokens": [], "next": [], "R": [], "hh": []}
     logits, ubatches, infos, done, first = [], [], [], 0, 0
     with LlamaEngine(model, settings) as engine:
@@ -101,6 +112,8 @@ def capture_dump(model, docs: Sequence[CaptureDoc], out, *, settings: EngineSett
             "ubatch_sizes": ubatches, "captured": {k: list(v) for k, v in TAIL_NAMES.items()},
             "per_document_sequences": True, **(extra_meta or {})}
     fields = {k: np.concatenate(v) for k, v in parts.items()}
+    if all(with_roles):
+        fields["roles"] = mark_docs(np.concatenate([np.asarray(d.roles, np.uint8) for d in docs]), infos)
     path = write_dump(out, arch="rmsnorm", layer=tail.layer, fields=fields, docs=infos,
                       model_sha256=sha, meta=meta, overwrite=overwrite)
     return CaptureResult(Path(path), first, tail.layer, sha, meta, np.concatenate(logits))

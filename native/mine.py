@@ -1,27 +1,41 @@
-"""`exactedit mine`: slop contexts from the model's own text, and the style rates of a generation.
+"""`exactedit mine`: the model's own replies, their slop contexts, and phrase rates in free generation.
 
-For each prompt (a ChatML user turn) the engine samples a reply (seeded). In each reply a
-banned phrase ("rather than", "end to") is found *prefix-exact* in token space: the phrase is
-tokenized as it appears mid-sentence (with a leading space); a position t is a slop context when
-the tokens before it equal the phrase's prefix tokens and the token at t is its final token
-(the rejected one). Replies with at least one slop context are written as one dump (prompt +
-reply per document, re-evaluated with the dump's own recorded settings) for `solve wfld`; the
-rows and phrase of every context are returned and stored in the dump's meta.
+For each prompt the model's own chat template (from its GGUF, rendered in Jinja2's sandbox)
+writes one user turn and the generation prompt; the engine samples `samples` replies (seeds
+`seed`, `seed + 1`, ...) up to the model's turn end or `max_new` tokens (native/generate.py; a
+reply cut at the cap is truncated and counted). Banned phrases are found by the toolkit's one
+phrase matcher (solvers/l47/phrases.py, the one `solve wfld` mines with): a *context* is a row
+whose tokens end with a phrase's prefix, prefix-exact, and whose next token is its final token.
 
-Style rates of the free generation, per model (base, and edited when given, same prompts and
-seeds): replies containing a kaomoji, replies starting lowercase, replies starting with a slop
-starter, and empty turns (end of turn as the very first token).
+Replies with a context are written as one dump (prompt + reply per document, re-evaluated with the
+dump's recorded settings) for `solve wfld`: tags `chat`, `slop` and the user's, row roles from the
+model's turn framing (a truncated reply has no reply-end role), names stable across runs (the
+prompt's hash and the seed), source `mine` and one character per prompt unless given, so
+splits group a prompt's replies together.
+
+Rates, per model (base, and `edited` on the same prompts and seeds): the phrase rates of
+evals/phrase_rates.py (replies containing each phrase, per 1,000 tokens, continuation at its
+prefix, with bootstrap intervals over prompts, what follows the prefix, the tokens whose rate
+moved most), and style rates (kaomoji, lowercase starts, slop starters, empty turns).
+
+The generation loop takes a logits processor per side (`processors={"base": f, "edited": g}`,
+native/generate.py): the hook sampler-side shaping plugs into.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from exactedit.native.capture import CaptureDoc, capture_dump
+from exactedit.evals.phrase_rates import PhraseRates, Reply, phrase_rates
+from exactedit.native.capture import capture_dump
+from exactedit.native.chat import ModelChat, model_chat, reply_name, short_hash
+from exactedit.native.documents import labelled
+from exactedit.native.generate import LogitsProcessor, Sample, SampleConfig, sample_all
 from exactedit.native.llamacpp import EngineError, EngineSettings, LlamaEngine
+from exactedit.solvers.l47.phrases import PhraseMatcher, Span, TokenBytes, parse_phrases
 
 Progress = Callable[[int, int], None]
 KAOMOJI = re.compile(r"[(（][^()（）\n]{0,8}[\^＾ω・ᴗ◕‿°ᵕ•ﾟ▽´`ｰ][^()（）\n]{0,8}[)）]|[ヽ╯ツ٩۶]")
@@ -30,17 +44,31 @@ DEFAULT_STARTERS = ("Certainly", "Sure", "Absolutely", "Of course", "Great quest
 
 @dataclass(frozen=True)
 class MineConfig:
-    max_new: int = 96
+    max_new: int = 256
     temperature: float = 0.8
     top_k: int = 40
     seed: int = 0
     samples: int = 1                      # replies per prompt (seeds seed, seed + 1, ...)
     starters: tuple[str, ...] = DEFAULT_STARTERS
+    capitalized: bool = True
+    tags: tuple[str, ...] = ()            # added to the dump's documents (beside chat, slop)
+    source: str = "mine"
+    character: str | None = None          # None: one character per prompt ("p-" + its hash)
+    n_boot: int = 1000
+    level: float = 0.95
 
     def __post_init__(self):
-        if self.max_new < 1 or self.samples < 1 or self.top_k < 1 or not self.temperature > 0:
-            raise EngineError("MineConfig", "values", "max_new, samples, top_k >= 1 and temperature > 0")
-        object.__setattr__(self, "starters", tuple(self.starters))
+        if self.samples < 1 or self.n_boot < 0 or not 0 < self.level < 1:
+            raise EngineError("MineConfig", "values", "samples >= 1, n_boot >= 0 and 0 < level < 1")
+        for name in ("starters", "tags"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        self.sampling()
+
+    def sampling(self) -> SampleConfig:
+        return SampleConfig(self.max_new, self.temperature, self.top_k)
+
+    def seeds(self) -> tuple[int, ...]:
+        return tuple(self.seed + s for s in range(self.samples))
 
 
 @dataclass(frozen=True)
@@ -61,29 +89,31 @@ class StyleRates:
 
 
 @dataclass(frozen=True)
+class ReplyInfo:
+    name: str
+    prompt: int
+    seed: int
+    tokens: int
+    stop: str
+    text: str
+
+
+@dataclass(frozen=True)
 class MineResult:
     dump: str | None
     contexts: tuple[SlopContext, ...]
-    replies: tuple[str, ...]
-    rates: dict[str, StyleRates] = field(default_factory=dict)
+    replies: tuple[ReplyInfo, ...]
+    rates: dict[str, StyleRates]
+    phrase_rates: PhraseRates
+    chat: dict = field(default_factory=dict)
+    edited_replies: tuple[ReplyInfo, ...] = ()
 
-
-def chatml(prompt: str) -> str:
-    return f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
-
-
-def phrase_tokens(engine: LlamaEngine, phrase: str) -> np.ndarray:
-    toks = engine.tokenize(" " + phrase.strip(), parse_special=False)
-    if toks.size < 2:
-        raise EngineError(phrase, "phrase", "tokenizes to fewer than 2 tokens: no prefix to match")
-    return toks
-
-
-def find_contexts(seq: np.ndarray, phrase: np.ndarray, start: int) -> list[int]:
-    """Positions t >= start (the rejected token's index in seq) where seq matches `phrase` ending at t."""
-    k = phrase.size
-    return [t for t in range(max(start, k - 1), seq.size)
-            if np.array_equal(seq[t - k + 1:t + 1], phrase)]
+    def to_dict(self) -> dict:
+        return {"dump": self.dump, "contexts": [asdict(c) for c in self.contexts],
+                "replies": [asdict(r) for r in self.replies],
+                "edited_replies": [asdict(r) for r in self.edited_replies],
+                "rates": {k: asdict(v) for k, v in self.rates.items()}, **self.phrase_rates.to_dict(),
+                "chat": self.chat}
 
 
 def style_rates(texts: Sequence[str], first_tokens_eog: Sequence[bool], starters: Sequence[str]) -> StyleRates:
@@ -97,55 +127,96 @@ def style_rates(texts: Sequence[str], first_tokens_eog: Sequence[bool], starters
                       sum(bool(e) for e in first_tokens_eog) / n)
 
 
-def _generate_all(engine: LlamaEngine, prompts, cfg: MineConfig, progress):
-    runs, total = [], len(prompts) * cfg.samples
-    for i, prompt in enumerate(prompts):
-        ptoks = engine.tokenize(chatml(prompt))
-        for s in range(cfg.samples):
-            reply = engine.generate(ptoks, max_new=cfg.max_new, temperature=cfg.temperature,
-                                    top_k=cfg.top_k, seed=cfg.seed + s)
-            runs.append((f"p{i}s{s}", ptoks, reply))
-            if progress is not None:
-                progress(len(runs), total)
-    return runs
+def generate(model, prompt_tokens: Sequence[np.ndarray], chat: ModelChat, cfg: MineConfig,
+             settings: EngineSettings, processor: LogitsProcessor | None = None,
+             progress: Progress | None = None) -> list[list[Sample]]:
+    """Per prompt, one reply per seed, on `model`, to its turn end (the hook: `processor`)."""
+    sp = chat.specials
+    with LlamaEngine(model, settings) as engine:
+        return sample_all(engine, prompt_tokens, cfg.sampling(), cfg.seeds(), stop_ids=sp.end_of_generation,
+                          turn_end=sp.turn_end, processor=processor, progress=progress)
 
 
-def _text(engine: LlamaEngine, toks) -> str:
-    return b"".join(engine.piece(int(t)) for t in toks).decode("utf-8", "replace")
+def _infos(prompts, samples, chat: ModelChat) -> tuple[ReplyInfo, ...]:
+    return tuple(ReplyInfo(reply_name(p, s.seed), i, s.seed, int(s.tokens.size), s.stop,
+                           chat.table.decode([t for t in s.tokens if t not in chat.specials.end_of_generation]))
+                 for i, (p, row) in enumerate(zip(prompts, samples)) for s in row)
+
+
+def _style(samples, infos, chat: ModelChat, starters) -> StyleRates:
+    flat = [s for row in samples for s in row]
+    eog = [bool(s.tokens.size) and int(s.tokens[0]) in set(chat.specials.end_of_generation) for s in flat]
+    return style_rates([r.text for r in infos], eog, starters)
+
+
+def _replies(samples) -> list[Reply]:
+    return [Reply(i, s.seed, s.prompt, s.tokens, s.truncated) for i, row in enumerate(samples) for s in row]
 
 
 def mine(model, prompts: Sequence[str], phrases: Sequence[str], out=None, *, edited=None,
          config: MineConfig | None = None, settings: EngineSettings | None = None,
-         overwrite: bool = False, progress: Progress | None = None) -> MineResult:
+         processors: Mapping[str, LogitsProcessor] | None = None, overwrite: bool = False,
+         progress: Progress | None = None) -> MineResult:
     cfg = config or MineConfig()
     settings = settings or EngineSettings()
+    processors = dict(processors or {})
     if not prompts:
         raise EngineError(model, "prompts", "no prompts")
+    phrases = parse_phrases(list(phrases), "phrases")
+    chat = model_chat(model)
+    prompt_texts = [chat.prompt(p) for p in prompts]
     with LlamaEngine(model, settings) as engine:
-        ptoks = {p: phrase_tokens(engine, p) for p in phrases}
-        runs = _generate_all(engine, prompts, cfg, progress)
-        texts = [_text(engine, r) for _, _, r in runs]
-        eog = [bool(r.size) and bool(engine._lib.llama_vocab_is_eog(engine._vocab, int(r[0]))) for _, _, r in runs]
-    rates = {"base": style_rates(texts, eog, cfg.starters)}
+        ptoks = [engine.tokenize(t) for t in prompt_texts]
+    total = len(prompts) * cfg.samples * (2 if edited is not None else 1)
+    tick = None if progress is None else (lambda d, _t: progress(d, total))
+    base = generate(model, ptoks, chat, cfg, settings, processors.get("base"), tick)
+    infos = _infos(prompts, base, chat)
+    rates = {"base": _style(base, infos, chat, cfg.starters)}
+    matcher = PhraseMatcher(phrases, TokenBytes(chat.table), cfg.capitalized)
+    ed, ed_infos = None, ()
     if edited is not None:
-        with LlamaEngine(edited, settings) as e2:
-            runs2 = _generate_all(e2, prompts, cfg, None)
-            texts2 = [_text(e2, r) for _, _, r in runs2]
-            eog2 = [bool(r.size) and bool(e2._lib.llama_vocab_is_eog(e2._vocab, int(r[0]))) for _, _, r in runs2]
-        rates["edited"] = style_rates(texts2, eog2, cfg.starters)
+        off = len(prompts) * cfg.samples
+        tick2 = None if progress is None else (lambda d, _t: progress(off + d, total))
+        ed = generate(edited, ptoks, chat, cfg, settings, processors.get("edited"), tick2)
+        ed_infos = _infos(prompts, ed, chat)
+        rates["edited"] = _style(ed, ed_infos, chat, cfg.starters)
+    pr = phrase_rates(matcher, _replies(base), None if ed is None else _replies(ed), capitalized=cfg.capitalized,
+                      n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
     docs, contexts, first = [], [], 0
-    for name, p, r in runs:
-        seq = np.concatenate([p, r])
-        found = [(t, ph) for ph, toks in ptoks.items() for t in find_contexts(seq, toks, p.size)]
-        if not found:
-            continue
-        docs.append(CaptureDoc(name, seq, source="mine", character=name, tags=("slop",)))
-        contexts += [SlopContext(name, first + t - 1, ph, int(seq[t])) for t, ph in sorted(found)]
-        first += seq.size
+    for i, (p, row) in enumerate(zip(prompts, base)):
+        for s in row:
+            seq = s.sequence
+            start = s.prompt.size - 1
+            found = [(t, pi) for t, pi, _ in matcher.find(seq, np.append(seq[1:], -1), [Span(start, seq.size)])]
+            if not found:
+                continue
+            name = reply_name(p, s.seed)
+            char = cfg.character if cfg.character is not None else f"p-{short_hash(p)}"
+            docs.append(labelled(chat, name, seq, source=cfg.source, character=char, tags=("slop", *cfg.tags),
+                                 kind="chat"))
+            contexts += [SlopContext(name, first + t, phrases[pi], int(seq[t + 1])) for t, pi in sorted(found)]
+            first += seq.size
     dump = None
     if out is not None and docs:
-        meta = {"mine": {"phrases": list(phrases), "config": {**cfg.__dict__, "starters": list(cfg.starters)},
-                         "contexts": [c.__dict__ for c in contexts]}}
-        res = capture_dump(model, docs, out, settings=settings, overwrite=overwrite, extra_meta=meta)
-        dump = str(res.path)
-    return MineResult(dump, tuple(contexts), tuple(texts), rates)
+        meta = {"mine": {"phrases": list(phrases), "prompts": [short_hash(p) for p in prompts],
+                         "config": {**asdict(cfg), "starters": list(cfg.starters), "tags": list(cfg.tags)},
+                         "contexts": [asdict(c) for c in contexts],
+                         "truncated": sum(s.truncated for row in base for s in row)},
+                "chat": chat.to_dict()}
+        dump = str(capture_dump(model, docs, out, settings=settings, overwrite=overwrite, extra_meta=meta).path)
+    return MineResult(dump, tuple(contexts), infos, rates, pr, chat.to_dict(), ed_infos)
+
+
+def render_mine(r: MineResult) -> str:
+    """The text report: replies and contexts, the phrase rates table, the style rates."""
+    from exactedit.evals.phrase_rates_report import render_phrase_rates
+
+    cut = sum(x.stop == "max_new" for x in r.replies)
+    out = [f"{len(r.replies)} replies ({cut} cut at --max-new, no turn end), {len(r.contexts)} slop contexts"
+           + (f", dump {r.dump}" if r.dump else "")]
+    out += [f"  {c.doc:24} row {c.row:6}  {c.phrase!r}" for c in r.contexts]
+    out += ["", render_phrase_rates(r.phrase_rates), ""]
+    out += [f"{name:7} kaomoji {s.kaomoji:.3f}  lowercase start {s.lowercase_start:.3f}  slop starter "
+            f"{s.slop_starter:.3f}  empty step0 {s.empty_step0:.3f}  ({s.replies} replies)"
+            for name, s in r.rates.items()]
+    return "\n".join(out)
