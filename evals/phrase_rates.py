@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from exactedit.evals import bootstrap as bs
-from exactedit.solvers.l47.phrases import PhraseMatcher, text_occurrences
+from exactedit.solvers.l47.phrases import PhraseMatcher, Span, text_occurrences
 
 RATES = ("share", "per_1k_tokens", "continuation")
 
@@ -56,11 +56,6 @@ class ReplyCounts:
     follow: tuple[tuple[int, ...], ...]
 
 
-class _Span:
-    def __init__(self, first_row: int, stop: int):
-        self.first_row, self.stop = first_row, stop
-
-
 def count_reply(matcher: PhraseMatcher, reply: Reply, capitalized: bool = True) -> ReplyCounts:
     """Occurrences, contexts, prefix positions and continuations of each phrase in one reply.
     Rows run from the last prompt token (its bare context token may be the prompt's last "\\n") to
@@ -71,7 +66,7 @@ def count_reply(matcher: PhraseMatcher, reply: Reply, capitalized: bool = True) 
     start = max(ctx.size - 1, 0)
     nxt = np.append(seq[1:], -1)
     contexts = np.zeros(P, np.int64)
-    for _, pi, _ in matcher.find(seq, nxt, [_Span(start, seq.size)]):
+    for _, pi, _ in matcher.find(seq, nxt, [Span(start, seq.size)]):
         contexts[pi] += 1
     prefixes, continued = np.zeros(P, np.int64), np.zeros(P, np.int64)
     follow: list[list[int]] = [[] for _ in range(P)]

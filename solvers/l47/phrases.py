@@ -177,6 +177,14 @@ def canonical(text: bytes, tb: TokenBytes) -> tuple[int, ...] | None:
 
 
 @dataclass(frozen=True)
+class Span:
+    """Rows [first_row, stop) of one token stream to match in (a document, a reply)."""
+
+    first_row: int
+    stop: int
+
+
+@dataclass(frozen=True)
 class Form:
     """One text a phrase is matched as (the phrase as written or capitalized), and its prefix."""
 
