@@ -140,15 +140,18 @@ def bench_gguf_open(vocab, merges, layers, repeats, gguf_py_repeats, json_out) -
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(1),
               help="Threads for both sides (numba.set_num_threads / C row chunks).")
 @click.option("--repeats", default=3, show_default=True, type=click.IntRange(1), help="Best of.")
+@click.option("--qtype", "qtypes", multiple=True,
+              help="Only this ggml type (repeatable); default: every quantized format.")
 @click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False),
               help="Also write the result as JSON here.")
-def bench_quant(rows, cols, threads, repeats, json_out) -> None:
-    """Q6_K and Q8_0 quantize/dequantize throughput: our numba paths vs ggml's C (ratio)."""
+def bench_quant(rows, cols, threads, repeats, qtypes, json_out) -> None:
+    """Quantize/dequantize throughput of each quantized format: our numba paths vs ggml's C."""
     import contextlib
 
-    from exactedit.bench.quant import QuantBenchConfig, format_table, run_quant_bench, write_json
+    from exactedit.bench.quant import BENCHED, QuantBenchConfig, format_table, run_quant_bench, write_json
 
-    cfg = QuantBenchConfig(rows=rows, cols=cols, threads=threads, repeats=repeats)
+    cfg = QuantBenchConfig(rows=rows, cols=cols, threads=threads, repeats=repeats,
+                           qtypes=tuple(qtypes) or BENCHED)
     with contextlib.ExitStack() as stack:
         result = run_quant_bench(cfg, progress=_progress(stack, "bench quant"))
     click.echo(format_table(result))

@@ -30,6 +30,8 @@ from exactedit.quant.errors import ExacteditError, QuantError
 
 #: ours / ggml targets of issue 2, at equal thread counts
 TARGETS = {"quantize": 0.8, "dequantize": 1.0}
+#: the quantized formats `bench quant` measures (every one in quant.registry except the floats)
+BENCHED = ("Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K")
 
 
 class GgmlUnavailable(ExacteditError):
@@ -156,7 +158,7 @@ class QuantBenchConfig:
     threads: int = 1
     repeats: int = 3
     seed: int = 0
-    qtypes: tuple[str, ...] = ("Q6_K", "Q8_0")
+    qtypes: tuple[str, ...] = BENCHED
 
     def __post_init__(self):
         import numba
@@ -168,9 +170,12 @@ class QuantBenchConfig:
         if self.threads > numba.config.NUMBA_NUM_THREADS:
             raise QuantError(f"threads {self.threads}: numba was started with at most "
                              f"{numba.config.NUMBA_NUM_THREADS} (NUMBA_NUM_THREADS)")
+        if not self.qtypes:
+            raise QuantError("qtypes: expected at least one type to benchmark")
         for qtype in self.qtypes:
-            if qtype not in ("Q6_K", "Q8_0"):
-                raise QuantError(f"qtypes: {qtype!r} is not benchmarked; expected Q6_K or Q8_0")
+            if qtype not in BENCHED:
+                raise QuantError(f"qtypes: {qtype!r} is not benchmarked; expected one of "
+                                 f"{', '.join(BENCHED)}")
             block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]][0]
             if self.cols % block:
                 raise QuantError(f"cols {self.cols}: a {qtype} row must be a multiple of {block}")

@@ -5,9 +5,9 @@
     quant.row_bytes(qtype, cols) -> int;  quant.SUPPORTED
     quant.runtime_q8_0(x), quant.runtime_view(raw, qtype, cols)   (quant/runtime.py)
 
-qtype is a ggml type name: "F32", "F16", "BF16", "Q8_0", "Q6_K". The numba kernels (and numba
-itself) are imported on first use, so `import quant.gguf` stays cheap. The fast paths use numba's
-current thread count (`numba.set_num_threads`).
+qtype is a ggml type name: "F32", "F16", "BF16", "Q8_0", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q4_K",
+"Q5_K". The numba kernels (and numba itself) are imported on first use, so `import quant.gguf`
+stays cheap. The fast paths use numba's current thread count (`numba.set_num_threads`).
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ import numpy as np
 
 from exactedit.quant.errors import QuantError
 
-SUPPORTED: tuple[str, ...] = ("F32", "F16", "BF16", "Q8_0", "Q6_K")
+SUPPORTED: tuple[str, ...] = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q4_K",
+                              "Q5_K")
 
 #: rows handed to a fast path at once; progress is reported after each chunk
 CHUNK_ROWS = 8192

@@ -1,9 +1,10 @@
 """ggml type name -> its format module, with the block sizes taken from gguf-py.
 
-Each format module (quant/f32.py, f16.py, bf16.py, q8_0.py, q6_k.py) provides the same four
-functions: `quantize_ref(x) -> raw` and `dequantize_ref(raw, cols) -> x` (numpy references), and
-`quantize_into(x, out)` / `dequantize_into(raw, out)` (fast paths writing into preallocated
-arrays). The registry adds the block layout from `gguf.GGML_QUANT_SIZES` and checks shapes.
+Each format module (quant/f32.py, f16.py, bf16.py, q8_0.py, q6_k.py, q4_0.py, q4_1.py, q5_0.py,
+q4_k.py, q5_k.py) provides the same four functions: `quantize_ref(x) -> raw` and
+`dequantize_ref(raw, cols) -> x` (numpy references), and `quantize_into(x, out)` /
+`dequantize_into(raw, out)` (fast paths writing into preallocated arrays). The registry adds the
+block layout from `gguf.GGML_QUANT_SIZES` and checks shapes.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Callable, NamedTuple
 
 import gguf
 
-from exactedit.quant import bf16, f16, f32, q6_k, q8_0
+from exactedit.quant import bf16, f16, f32, q4_0, q4_1, q4_k, q5_0, q5_k, q6_k, q8_0
 from exactedit.quant.errors import QuantError
 
 
@@ -35,7 +36,8 @@ def _format(module: ModuleType) -> Format:
                   module.quantize_into, module.dequantize_into)
 
 
-FORMATS: dict[str, Format] = {m.NAME: _format(m) for m in (f32, f16, bf16, q8_0, q6_k)}
+FORMATS: dict[str, Format] = {m.NAME: _format(m) for m in (f32, f16, bf16, q8_0, q6_k, q4_0, q4_1, q5_0,
+                                                        q4_k, q5_k)}
 SUPPORTED: tuple[str, ...] = tuple(FORMATS)
 
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from exactedit.bench.quant import QuantBenchConfig, format_table, run_quant_bench, write_json
+from exactedit.bench.quant import BENCHED, QuantBenchConfig, format_table, run_quant_bench, write_json
 from exactedit.quant.errors import QuantError
 from tests import oracles
 
@@ -16,21 +16,22 @@ def test_tiny_run_is_identical_to_ggml_and_writes_json(tmp_path):
     result = run_quant_bench(QuantBenchConfig(rows=8, cols=512, repeats=1),
                              progress=lambda done, total: steps.append((done, total)), ggml=ggml)
     assert [(r.qtype, r.op) for r in result.rows] == [
-        ("Q6_K", "quantize"), ("Q6_K", "dequantize"), ("Q8_0", "quantize"), ("Q8_0", "dequantize")]
+        (q, op) for q in BENCHED for op in ("quantize", "dequantize")]
     assert all(r.identical for r in result.rows)
     assert all(r.ratio == pytest.approx(r.ours_rows_per_s / r.ggml_rows_per_s) for r in result.rows)
-    assert steps[-1] == (8, 8)
+    assert steps[-1] == (4 * len(BENCHED), 4 * len(BENCHED))
     assert "Q6_K" in format_table(result)
     path = tmp_path / "bench.json"
     write_json(result, path)
     data = json.loads(path.read_text())
-    assert data["config"]["rows"] == 8 and len(data["results"]) == 4
+    assert data["config"]["rows"] == 8 and len(data["results"]) == 2 * len(BENCHED)
     assert not (tmp_path / "bench.json.tmp").exists()
 
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"rows": 0}, "rows"), ({"threads": 10_000}, "NUMBA_NUM_THREADS"),
-    ({"cols": 100}, "multiple of 256"), ({"qtypes": ("Q4_K",)}, "not benchmarked")])
+    ({"cols": 100}, "multiple of 256"), ({"qtypes": ("Q5_1",)}, "not benchmarked"),
+    ({"qtypes": ()}, "at least one")])
 def test_config_is_validated(kwargs, match):
     with pytest.raises(QuantError, match=match):
         QuantBenchConfig(**kwargs)

@@ -141,12 +141,14 @@ def test_round_trip_error_bounds(x):
 # ---- the public API contract ---------------------------------------------------------------
 
 def test_supported_and_row_bytes_follow_gguf():
-    assert quant.SUPPORTED == registry.SUPPORTED == ("F32", "F16", "BF16", "Q8_0", "Q6_K")
-    assert [quant.row_bytes(q, 2560) for q in quant.SUPPORTED] == [10240, 5120, 5120, 2720, 2100]
+    assert quant.SUPPORTED == registry.SUPPORTED == ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q4_0",
+                                                     "Q4_1", "Q5_0", "Q4_K", "Q5_K")
+    assert [quant.row_bytes(q, 2560) for q in quant.SUPPORTED] == [10240, 5120, 5120, 2720, 2100,
+                                                                   1440, 1600, 1760, 1440, 1760]
 
 
 @pytest.mark.parametrize("call,match", [
-    (lambda: quant.quantize(np.zeros((2, 64), np.float32), "Q4_K"), "unsupported"),
+    (lambda: quant.quantize(np.zeros((2, 64), np.float32), "Q5_1"), "unsupported"),
     (lambda: quant.quantize(np.zeros((2, 100), np.float32), "Q8_0"), "multiple of 32"),
     (lambda: quant.quantize(np.zeros((2, 2, 32), np.float32), "Q8_0"), "rows, cols"),
     (lambda: quant.quantize(np.array([[1.0, np.nan] * 16]), "Q8_0"), r"x\[0, 1\]"),

@@ -138,12 +138,12 @@ def test_missing_tensor_names_near_matches(tmp_path):
 
 
 def test_unsupported_type_and_missing_tokens(tmp_path):
-    raw = np.zeros((2, 18), np.uint8)   # two Q4_0 rows of 32: readable raw, not dequantizable here
-    w = write_gguf(tmp_path / "m.gguf", {"a": 1}, {"q4.weight": ("Q4_0", (2, 32), raw)})
+    raw = np.zeros((2, 24), np.uint8)   # two Q5_1 rows of 32: readable raw, not dequantizable here
+    w = write_gguf(tmp_path / "m.gguf", {"a": 1}, {"q4.weight": ("Q5_1", (2, 32), raw)})
     with gguf.open(w.path) as g:
         assert np.array_equal(g.read_raw("q4.weight"), raw)
-        assert "Q4_0" not in quant.SUPPORTED
-        with pytest.raises(GGUFFormatError, match="tensor q4.weight: cannot dequantize Q4_0"):
+        assert "Q5_1" not in quant.SUPPORTED
+        with pytest.raises(GGUFFormatError, match="tensor q4.weight: cannot dequantize Q5_1"):
             g.read_rows("q4.weight")
         with pytest.raises(GGUFFormatError, match="tokenizer.ggml.tokens"):
             g.tokens()

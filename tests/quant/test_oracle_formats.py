@@ -1,6 +1,7 @@
-"""Q8_0 and Q6_K against ggml's C (quantize_row_*_ref, dequantize_row_*): fast path == numpy
-reference == ggml, byte for byte, on one table of corner cases, hypothesis rows and random bytes.
-Each format's own error bounds live in tests/quant/test_q8_0.py and test_q6_k.py."""
+"""Every quantized format against ggml's C (quantize_row_*_ref, dequantize_row_*): fast path ==
+numpy reference == ggml, byte for byte, on one table of corner cases, hypothesis rows and random
+bytes (Q8_0, Q6_K, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K). Each format's own error bounds live in
+tests/quant/test_q8_0.py, test_q6_k.py and test_legacy_k_bounds.py."""
 from __future__ import annotations
 
 from types import ModuleType
@@ -12,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exactedit import quant
-from exactedit.quant import q6_k, q8_0
+from exactedit.quant import q4_0, q4_1, q4_k, q5_0, q5_k, q6_k, q8_0
 from tests import oracles
 from tests.strategies import float_rows, make_block, raw_floats
 
@@ -35,6 +36,16 @@ FORMATS = {
                 "each value is one float32 product of the same two exact factors"),
     "Q6_K": Fmt(q6_k, q6_k.QK_K, q6_k.BLOCK_BYTES, 3, 10, 3,
                 "each value is (fp16(d) * scale) * code in float32, the same two roundings"),
+    "Q4_0": Fmt(q4_0, q4_0.QK, q4_0.BLOCK_BYTES, 6, 20, 4,
+                "each value is one float32 product float(code - 8) * fp16(d)"),
+    "Q4_1": Fmt(q4_1, q4_1.QK, q4_1.BLOCK_BYTES, 6, 20, 4,
+                "each value is float(code) * fp16(d) + fp16(m): two roundings, no FMA"),
+    "Q5_0": Fmt(q5_0, q5_0.QK, q5_0.BLOCK_BYTES, 6, 20, 4,
+                "each value is one float32 product float(code - 16) * fp16(d)"),
+    "Q4_K": Fmt(q4_k, q4_k.QK_K, q4_k.BLOCK_BYTES, 3, 10, 3,
+                "each value is (fp16(d) * sc) * code - fp16(dmin) * m: the same four roundings"),
+    "Q5_K": Fmt(q5_k, q5_k.QK_K, q5_k.BLOCK_BYTES, 3, 10, 3,
+                "each value is (fp16(d) * sc) * code - fp16(dmin) * m: the same four roundings"),
 }
 
 

@@ -70,7 +70,7 @@ def test_altered_file_is_detected(tmp_path, victim):
     (lambda m: m["edits"][0].update(shape=[300]), "shape"),
     (lambda m: m["edits"][0].update(rows=[1, 2, 3]), "rows"),
     (lambda m: m["edits"][1].update(shape=[5, 64]), "file"),
-    (lambda m: m["edits"][0].update(type="Q4_K"), "type"),
+    (lambda m: m["edits"][0].update(type="Q5_1"), "type"),
     (lambda m: m["files"].update({"../x": "00"}), "files"),
     (lambda m: m["inputs"][0].pop("sha256"), "sha256"),
 ])
