@@ -215,6 +215,12 @@ class LlamaEngine:
             raise EngineError(self.path, "tokenize", f"needs {-n} tokens, more than {cap}")
         return np.array(buf[:n], dtype=np.int32)
 
+    def bos_if_added(self) -> int | None:
+        """The BOS id when the vocabulary adds one to a tokenized text (llama_vocab_get_add_bos), else None."""
+        if not self._lib.llama_vocab_get_add_bos(self._vocab):
+            return None
+        return int(self._lib.llama_vocab_bos(self._vocab))
+
     def piece(self, token: int) -> bytes:
         buf = ctypes.create_string_buffer(256)
         n = self._lib.llama_token_to_piece(self._vocab, int(token), buf, len(buf), 0, True)
