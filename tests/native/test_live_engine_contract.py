@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from tests import oracles
+
 pytestmark = pytest.mark.live
 
 PROMPT = "<|im_start|>user\nSay hello.<|im_end|>\n<|im_start|>assistant\nHello, and"
@@ -20,15 +22,12 @@ ROW = 835
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     from exactedit import quant
-    from exactedit.native import models
     from exactedit.native.capture import CaptureDoc, capture_dump
     from exactedit.native.llamacpp import LlamaEngine
     from exactedit.quant import gguf
     from exactedit.solvers.bundle import InputRef, TensorEdit, write_bundle
 
-    if not models.installed("qwen"):
-        pytest.skip("the Qwen model packages of the live extra are not installed")
-    qwen = models.locate("qwen")
+    qwen = oracles.live_model("qwen")  # missing extra: a skip, or a failure in CI
     with LlamaEngine(qwen) as engine:
         tokens = engine.tokenize(PROMPT)
     tmp = tmp_path_factory.mktemp("contract")

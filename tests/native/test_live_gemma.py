@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from tests import oracles
+
 pytestmark = pytest.mark.live
 
 PROMPT = ("<start_of_turn>user\nName three long rivers and say where each one reaches the sea."
@@ -19,11 +21,7 @@ DOWN = "blk.17.ffn_down.weight"
 
 @pytest.fixture(scope="module")
 def gemma():
-    from exactedit.native import models
-
-    if not models.installed("gemma"):
-        pytest.skip("the Gemma model package of the live extra is not installed")
-    return models.locate("gemma")
+    return oracles.live_model("gemma")  # missing extra: a skip, or a failure in CI (tests/oracles.py)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from tests import oracles
+
 pytestmark = pytest.mark.live
 
 PROMPT = "<|im_start|>user\nName three rivers.<|im_end|>\n<|im_start|>assistant\nThe Nile, the"
@@ -14,13 +16,10 @@ PROMPT = "<|im_start|>user\nName three rivers.<|im_end|>\n<|im_start|>assistant\
 
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory):
-    from exactedit.native import models
     from exactedit.native.capture import CaptureDoc, capture_dump
     from exactedit.native.llamacpp import EngineSettings, LlamaEngine
 
-    if not models.installed("qwen"):
-        pytest.skip("the Qwen model packages of the live extra are not installed")
-    qwen = models.locate("qwen")
+    qwen = oracles.live_model("qwen")  # missing extra: a skip, or a failure in CI
     with LlamaEngine(qwen) as engine:
         tokens = engine.tokenize(PROMPT)
     res = capture_dump(qwen, [CaptureDoc("prompt", tokens)], tmp_path_factory.mktemp("d") / "dump",

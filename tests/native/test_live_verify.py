@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests import oracles
+
 pytestmark = pytest.mark.live
 
 PROMPT = ("<|im_start|>user\nWrite two sentences about rivers, rather than lakes.<|im_end|>\n"
@@ -16,11 +18,7 @@ DOWN_ROWS = np.arange(8)
 
 @pytest.fixture(scope="module")
 def qwen():
-    from exactedit.native import models
-
-    if not models.installed("qwen"):
-        pytest.skip("the Qwen model packages of the live extra are not installed")
-    return models.locate("qwen")
+    return oracles.live_model("qwen")  # missing extra: a skip, or a failure in CI (tests/oracles.py)
 
 
 @pytest.fixture(scope="module")

@@ -10,21 +10,19 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from exactedit.quant import q8_k
+from tests import oracles
 
 
-def _ggml_quantize_row_q8_k():
-    llama_cpp = pytest.importorskip("llama_cpp", reason="the ggml oracle ships with the live extra")
-    from pathlib import Path
-
-    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
-    fn = lib.quantize_row_q8_K_ref
+@pytest.fixture(scope="module")
+def q8k_ref():
+    """ggml's quantize_row_q8_K_ref from libggml-base (tests.oracles decides what a missing one means)."""
+    fn = oracles.load().lib.quantize_row_q8_K_ref
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     fn.restype = None
     return fn
 
 
-def oracle(x: np.ndarray) -> np.ndarray:
-    fn = _ggml_quantize_row_q8_k()
+def oracle(fn, x: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(x, np.float32)
     out = np.zeros((x.shape[0], x.shape[1] // q8_k.QK), dtype=q8_k.BLOCK)
     for r in range(x.shape[0]):
@@ -58,19 +56,19 @@ CASES = [  # (name, input); tolerance is 0 for every case: a quantizer must matc
 
 
 @pytest.mark.parametrize("name,x", CASES, ids=[c[0] for c in CASES])
-def test_ref_fast_oracle_table(name, x):
+def test_ref_fast_oracle_table(q8k_ref, name, x):
     ref = q8_k.quantize_ref(x)
     assert_blocks_equal(q8_k.quantize(x), ref)
-    assert_blocks_equal(ref, oracle(x))
+    assert_blocks_equal(ref, oracle(q8k_ref, x))
 
 
 @settings(max_examples=40, deadline=None)
 @given(arrays(np.float32, (2, 256), elements=st.floats(-7e4, 7e4, width=32, allow_subnormal=True)))
 @example(np.full((2, 256), 1e-40, np.float32))
 @example(np.concatenate([np.full((1, 256), 2.5, np.float32), np.full((1, 256), -2.5, np.float32)]))
-def test_matches_ggml_on_random_rows(x):
+def test_matches_ggml_on_random_rows(q8k_ref, x):
     ref = q8_k.quantize_ref(x)
-    assert_blocks_equal(ref, oracle(x))
+    assert_blocks_equal(ref, oracle(q8k_ref, x))
     assert_blocks_equal(q8_k.quantize(x), ref)
 
 

@@ -4,7 +4,6 @@ the installed llama-cpp-python library), bit for bit; and the softcap's libm tan
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,17 +12,12 @@ from exactedit import quant
 from exactedit.quant import q8_0
 from exactedit.solvers.tail import engine as en
 from exactedit.quant import q8_0_dot as e8
+from tests import oracles
 
 
 @pytest.fixture(scope="module")
 def ggml_cpu():
-    try:
-        import llama_cpp
-    except ImportError:
-        pytest.skip("llama-cpp-python (the live extra) is not installed: no ggml-cpu library to compare with")
-    lib_dir = Path(llama_cpp.__file__).parent / "lib"
-    ctypes.CDLL(str(lib_dir / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
-    cpu = ctypes.CDLL(str(lib_dir / "libggml-cpu.so"))
+    cpu = oracles.ggml_library("ggml-cpu")  # package or library missing: tests.oracles decides
     cpu.ggml_cpu_init()                                   # fills ggml-cpu's fp16 tables
     cpu.quantize_row_q8_0.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     cpu.ggml_vec_dot_q8_0_q8_0.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
