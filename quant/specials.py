@@ -14,8 +14,10 @@ sandbox), and derives:
   closes an assistant turn with, else `eos_token_id`;
 - `end_of_generation`: eos, eot, eom and the turn end (where generation stops);
 - `guards`: the specials an edit must not raise (the solvers' default `--special` set): every
-  CONTROL token that the chat template writes or that has one of the roles above. For Qwen2.5
-  this is `<|im_start|>`, `<|im_end|>`, `<|endoftext|>`, not the dozens of unused control ids.
+  CONTROL token that the chat template names, that has one of the roles above, or that spells
+  one of the chat tags the toolkit gives a meaning to (`<think>`, `<tool_call>`, their closers).
+  For Qwen2.5 this is `<|im_start|>`, `<|im_end|>`, `<|endoftext|>`; for Gemma 3 (thousands of
+  unused control ids, no template in the file) `<pad>`, `<eos>`, `<bos>`, `<unk>`.
 """
 from __future__ import annotations
 
@@ -27,6 +29,9 @@ from exactedit.quant.errors import GGUFFormatError
 
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
 # role -> the GGUF key suffix (llama.cpp's spellings, "seperator" included)
+# Chat tags the toolkit gives a meaning to (dumps/roles.py: ROLE_THINK, ROLE_TOOL): guarded when
+# the model has them as control tokens, whatever its template says.
+ROLE_TAGS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 ID_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "eot": "eot_token_id", "eom": "eom_token_id",
            "pad": "padding_token_id", "sep": "seperator_token_id", "unk": "unknown_token_id"}
 
@@ -42,6 +47,7 @@ class ModelSpecials:
     template: tuple[int, ...]             # control / user-defined tokens the chat template writes
     turn_end: int | None
     turn_end_from: str                    # "eot_token_id", "chat_template", "eos_token_id" or ""
+    role_tags: tuple[int, ...] = ()       # control / user-defined tokens spelling one of ROLE_TAGS
     texts: dict[int, str] = field(default_factory=dict)   # id -> token string, for the ids above
 
     @property
@@ -54,7 +60,7 @@ class ModelSpecials:
     @property
     def guards(self) -> tuple[int, ...]:
         control = set(self.control)
-        named = set(self.template) | set(self.ids.values())
+        named = set(self.template) | set(self.ids.values()) | set(self.role_tags)
         if self.turn_end is not None:
             named.add(self.turn_end)
         return tuple(sorted(i for i in named if i in control))
@@ -107,23 +113,26 @@ def model_specials(g) -> ModelSpecials:
         turn_end, src = ids["eos"], "eos_token_id"
     else:
         turn_end, src = None, ""
-    named = set(ids.values()) | set(template) | ({turn_end} if turn_end is not None else set())
-    return ModelSpecials(V, control, user, ids, template, turn_end, src, {i: tokens[i] for i in sorted(named)})
+    tags = tuple(i for i in control + user if tokens[i] in ROLE_TAGS)
+    named = set(ids.values()) | set(template) | set(tags) | ({turn_end} if turn_end is not None else set())
+    return ModelSpecials(V, control, user, ids, template, turn_end, src, tags, {i: tokens[i] for i in sorted(named)})
 
 
 def _template_tokens(g, tokens, special_ids) -> tuple[tuple[int, ...], int | None]:
-    """Special tokens the chat template writes (a probe conversation, rendered in the sandbox),
-    and the one that closes an assistant turn (None when the template's shape is not found)."""
+    """Special tokens the chat template names (their strings in its source, or written by a probe
+    conversation rendered in the sandbox), and the one that closes an assistant turn (None when
+    the template's shape is not found)."""
     from exactedit.quant import chat_template as ct
 
     tpl = ct.from_gguf(g)
     by_text = {}
     for i in special_ids:
-        by_text.setdefault(tokens[i], i)
-    texts = [tpl.render([{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
-                         {"role": "assistant", "content": "a"}, {"role": "user", "content": "v"}],
-                        add_generation_prompt=True)]
-    written = sorted({i for t in texts for s, i in by_text.items() if s and s in t})
+        if tokens[i].strip():
+            by_text.setdefault(tokens[i], i)
+    text = tpl.source + tpl.render([{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                                    {"role": "assistant", "content": "a"}, {"role": "user", "content": "v"}],
+                                   add_generation_prompt=True)
+    written = sorted({i for s, i in by_text.items() if s in text})
     try:
         fmt = ct.probe_format(tpl, list(by_text))
     except ct.ChatTemplateError:

@@ -58,3 +58,13 @@ def test_resolve_names():
     assert resolve_names(["<|im_end|>", "t0"], VOCAB) == (2, 5)
     with pytest.raises(GGUFFormatError, match="think"):
         resolve_names(["<think>"], VOCAB)
+
+
+def test_role_tags_are_guarded_when_control(tmp_path):
+    vocab = ["<|endoftext|>", "<think>", "</think>", "<tool_call>"] + [f"t{i}" for i in range(28)]
+    meta = {"tokenizer.ggml.tokens": vocab, "tokenizer.ggml.token_type": np.array([3, 3, 3, 4] + [1] * 28, np.int32),
+            "tokenizer.ggml.eos_token_id": MetaValue(_VT.UINT32, 0)}
+    p = synthetic_model(tmp_path / "t.gguf", vocab=len(vocab), n=256, h=32, layers=1, metadata=meta).path
+    with gguf.open(p) as g:
+        s = model_specials(g)
+    assert s.role_tags == (1, 2, 3) and s.guards == (0, 1, 2)     # <tool_call> is user-defined here: not a guard
