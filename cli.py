@@ -46,6 +46,21 @@ def _progress(stack, label: str):
     return update
 
 
+# ---- options shared by several commands (declared once) ---------------------------------------
+JSON_FLAG = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of a table.")
+JSON_FILE = click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False),
+                         help="Also write the result as JSON here ('-' for stdout only).")
+TILE_ROWS = click.option("--tile-rows", default=8192, show_default=True, type=click.IntRange(1),
+                         help="Head rows per tile.")
+
+
+def command_line() -> str:
+    """The command line as run, shell-quoted (recorded in ledgers, bundles and blind.cmd)."""
+    import shlex
+
+    return "exactedit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
 @click.group(cls=_Group)
 @click.version_option(package_name="exactedit")
 def main() -> None:
@@ -86,7 +101,7 @@ def engine() -> None:
 
 @main.command("inspect")
 @click.argument("model", type=click.Path(dir_okay=False, exists=True, path_type=str))
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@JSON_FLAG
 def inspect_cmd(model: str, as_json: bool) -> None:
     """Show MODEL.gguf's tail architecture, the tensors it uses, tied or not, sha256, metadata."""
     import contextlib
@@ -106,8 +121,7 @@ def inspect_cmd(model: str, as_json: bool) -> None:
 @click.option("--repeats", default=3, show_default=True, type=click.IntRange(1), help="Our opens (best).")
 @click.option("--gguf-py-repeats", default=1, show_default=True, type=click.IntRange(1),
               help="gguf-py opens (best); each takes seconds to minutes at 262K tokens.")
-@click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False),
-              help="Also write the result as JSON here ('-' for stdout only).")
+@JSON_FILE
 def bench_gguf_open(vocab, merges, layers, repeats, gguf_py_repeats, json_out) -> None:
     """Open + list tensors of a synthetic GGUF with a big vocabulary: ours vs gguf-py's GGUFReader."""
     import contextlib
@@ -142,8 +156,7 @@ def bench_gguf_open(vocab, merges, layers, repeats, gguf_py_repeats, json_out) -
 @click.option("--repeats", default=3, show_default=True, type=click.IntRange(1), help="Best of.")
 @click.option("--qtype", "qtypes", multiple=True,
               help="Only this ggml type (repeatable); default: every quantized format.")
-@click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False),
-              help="Also write the result as JSON here.")
+@JSON_FILE
 def bench_quant(rows, cols, threads, repeats, qtypes, json_out) -> None:
     """Quantize/dequantize throughput of each quantized format: our numba paths vs ggml's C."""
     import contextlib
@@ -166,7 +179,7 @@ def bench_quant(rows, cols, threads, repeats, qtypes, json_out) -> None:
 
 @dump.command("inspect")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=str))
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@JSON_FLAG
 @click.option("--verify/--no-verify", "verify_hashes", default=True, show_default=True,
               help="Re-hash every field file against the manifest (--no-verify is recorded in the output).")
 def dump_inspect(directory: str, as_json: bool, verify_hashes: bool) -> None:
@@ -188,13 +201,13 @@ def dump_inspect(directory: str, as_json: bool, verify_hashes: bool) -> None:
               help="Activation dump directory.")
 @click.option("--rows", default=None, metavar="A:B", help="Row range of the dump (default: all).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output .npy [rows, V] float32.")
-@click.option("--tile-rows", default=8192, show_default=True, type=click.IntRange(1), help="Head rows per tile.")
+@TILE_ROWS
 @click.option("--match-engine", type=click.Choice(["llamacpp"]), default=None,
               help="Compute the logits as this engine does (quantized activations, its summation order; "
                    "needs a dump captured by that engine). Default: exact float arithmetic.")
 @click.option("--verify/--no-verify", "verify_hashes", default=True, show_default=True,
               help="Re-hash the dump's field files first (--no-verify is recorded in the output manifest).")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@JSON_FLAG
 def logits_cmd(model, dump_dir, rows, out, tile_rows, match_engine, verify_hashes, as_json) -> None:
     """Full-vocabulary logits of MODEL recomputed from the dump rows, written to OUT."""
     import contextlib
@@ -214,8 +227,8 @@ def logits_cmd(model, dump_dir, rows, out, tile_rows, match_engine, verify_hashe
               help="Activation dump directory (of the base model).")
 @click.option("--edited", required=True, type=click.Path(dir_okay=False, exists=True), help="Edited GGUF.")
 @click.option("--rows", default=None, metavar="A:B", help="Row range of the dump (default: all).")
-@click.option("--tile-rows", default=8192, show_default=True, type=click.IntRange(1), help="Head rows per tile.")
-@click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
+@TILE_ROWS
+@JSON_FLAG
 def kld_cmd(model, dump_dir, edited, rows, tile_rows, as_json) -> None:
     """KL divergence of EDITED against MODEL on the dump (llama.cpp perplexity-tool statistics)."""
     import contextlib
@@ -233,12 +246,12 @@ def kld_cmd(model, dump_dir, edited, rows, tile_rows, as_json) -> None:
 @click.option("--rows", default=512, show_default=True, type=click.IntRange(1), help="Activation rows.")
 @click.option("--vocab", default=248320, show_default=True, type=click.IntRange(1), help="Head rows V.")
 @click.option("--n", default=2560, show_default=True, type=click.IntRange(1), help="Model width (multiple of 256).")
-@click.option("--tile-rows", default=8192, show_default=True, type=click.IntRange(1), help="Head rows per tile.")
+@TILE_ROWS
 @click.option("--repeats", default=1, show_default=True, type=click.IntRange(1), help="Alternating repeats; best time kept.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default="cpu", show_default=True,
               help="gpu: the JAX device pass (exact, tf32, bf16) vs the device matmul; auto: gpu if JAX sees one.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@JSON_FLAG
 def bench_head(rows, vocab, n, tile_rows, repeats, seed, device, as_json) -> None:
     """Streaming full-vocab pass over a synthetic Q6_K head vs numpy sgemm of the same shape."""
     import contextlib
@@ -271,7 +284,7 @@ def bench_head(rows, vocab, n, tile_rows, repeats, seed, device, as_json) -> Non
               help="New directory for the demo's bundles, reports and workspace.")
 @click.option("--fixture", type=click.Path(file_okay=False, exists=True), default=None,
               help="Fixture directory (default: the bundled fixtures/default).")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
+@JSON_FLAG
 def demo_cmd(out, fixture, as_json) -> None:
     """The whole workflow on the bundled fixture: register + split, solve head, solve wfld,
     dev score, and the one-shot blind sign-off (its command line in OUT/blind.cmd)."""
@@ -350,7 +363,7 @@ def _read_tokens_arg(tokens, text, model_path):
 @click.option("--logits-out", required=True, type=click.Path(dir_okay=False),
               help="Written: little-endian float32 [T, V], one full-vocabulary row per position.")
 @_engine_settings
-@click.option("--json", "as_json", is_flag=True, help="Print what was run as JSON.")
+@JSON_FLAG
 def engine_run(gguf_path, tokens_file, logits_out, as_json, **flags) -> None:
     """The production engine's contract (strata_window_cli), honoured by llama.cpp."""
     import contextlib
@@ -404,7 +417,7 @@ def _labels(f):
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Dump directory to write.")
 @click.option("--overwrite", is_flag=True)
 @_engine_settings
-@click.option("--json", "as_json", is_flag=True)
+@JSON_FLAG
 def engine_dump(model, tokens, text, chat_file, tags, source, character, out, overwrite, as_json, **flags) -> None:
     """Capture an rmsnorm dump (R = ffn_inp, hh = the FFN hidden) with llama.cpp: labelled documents
     (stable names, tags plain/chat + --tag, row roles from the model's chat framing)."""
@@ -426,7 +439,7 @@ def engine_dump(model, tokens, text, chat_file, tags, source, character, out, ov
 @click.option("--model", required=True, help="GGUF path, or a public model name (gemma).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="The untied copy to write.")
 @click.option("--overwrite", is_flag=True)
-@click.option("--json", "as_json", is_flag=True)
+@JSON_FLAG
 def untie_cmd(model, out, overwrite, as_json) -> None:
     """Add output.weight as a byte copy of token_embd.weight (every other tensor byte-identical)."""
     import contextlib
@@ -456,7 +469,7 @@ def untie_cmd(model, out, overwrite, as_json) -> None:
 @click.option("--top1", default=1.0, show_default=True, type=float)
 @click.option("--max-abs-rel", default=1e-4, show_default=True, type=float)
 @_engine_settings
-@click.option("--json", "as_json", is_flag=True)
+@JSON_FLAG
 def verify_live_cmd(engine_name, model, bundle, tokens, text, edited, kl_mean, kl_max, top1, max_abs_rel,
                     as_json, **flags) -> None:
     """Apply BUNDLE, run the engine on base and edited models, compare with the offline prediction."""
@@ -492,7 +505,7 @@ def verify_live_cmd(engine_name, model, bundle, tokens, text, edited, kl_mean, k
 @click.option("--kl-max", default=1e-5, show_default=True, type=float)
 @click.option("--top1", default=1.0, show_default=True, type=float)
 @click.option("--max-abs-rel", default=1e-4, show_default=True, type=float)
-@click.option("--json", "as_json", is_flag=True)
+@JSON_FLAG
 def verify_engine_cmd(template, extra, model, bundle, dump_dir, match_engine, kl_mean, kl_max, top1, max_abs_rel,
                       as_json) -> None:
     """Apply BUNDLE, run the production engine's command on base and edited files, compare with the
@@ -541,7 +554,7 @@ def _lines(path) -> list[str]:
 @click.option("--png", type=click.Path(dir_okay=False), help="Write the phrase rates as a PNG here.")
 @click.option("--overwrite", is_flag=True)
 @_engine_settings
-@click.option("--json", "as_json", is_flag=True)
+@JSON_FLAG
 def mine_cmd(engine_name, model, prompts, phrases, out, edited, max_new, samples, temperature, top_k, seed,
              capitalized, n_boot, tags, source, character, png, overwrite, as_json, **flags) -> None:
     """Sample replies to the turn end, find prefix-exact slop contexts, dump them; phrase rates
@@ -569,13 +582,6 @@ def mine_cmd(engine_name, model, prompts, phrases, out, edited, max_new, samples
 
 _WORKSPACE = click.option("--workspace", type=click.Path(file_okay=False), default=".exactedit", show_default=True,
                           help="Directory holding this project's ledger.")
-_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-
-
-def _eval_command_line() -> str:
-    import shlex
-
-    return "exactedit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
 def _eval_print(obj, as_json: bool, text: str) -> None:
@@ -596,12 +602,12 @@ def _eval_config(**kw):
 @eval_.command("register")
 @click.argument("protocol", type=click.Path(dir_okay=False, exists=True))
 @_WORKSPACE
-@_JSON
+@JSON_FLAG
 def eval_register(protocol, workspace, as_json):
     """Record PROTOCOL's sha256 (and its traces' dump hashes) in the ledger."""
     from exactedit.evals import workflow
 
-    r = workflow.register(protocol, workspace, _eval_command_line())
+    r = workflow.register(protocol, workspace, command_line())
     obj = {"name": r.record.name, "sha256": r.record.sha256, "entry": r.record.seq, "traces": dict(r.trace_sha256)}
     _eval_print(obj, as_json, f"registered protocol {r.record.name!r} sha256 {r.record.sha256} "
                 f"(ledger entry {r.record.seq}, {len(r.trace_sha256)} traces)")
@@ -611,12 +617,12 @@ def eval_register(protocol, workspace, as_json):
 @click.option("--protocol", required=True, type=click.Path(dir_okay=False, exists=True))
 @click.option("--unregistered", is_flag=True, help="Allow an unregistered or changed protocol (marked).")
 @_WORKSPACE
-@_JSON
+@JSON_FLAG
 def eval_split(protocol, unregistered, workspace, as_json):
     """Split the traces' documents into train / dev / test by the protocol's rule; record it."""
     from exactedit.evals import workflow
 
-    r = workflow.split(protocol, workspace, _eval_command_line(), unregistered)
+    r = workflow.split(protocol, workspace, command_line(), unregistered)
     docs = [{"trace": d.trace, "doc": d.doc, "group": d.group, "role": d.role} for d in r.splits.docs]
     lines = ([r.record.marker] if r.record.marker else []) + [f"split {r.splits.sha256}: {r.splits.counts()}"]
     lines += [f"  {d['role']:<10} {d['trace']}/{d['doc']}  ({d['group']})" for d in docs]
@@ -635,7 +641,7 @@ def eval_split(protocol, unregistered, workspace, as_json):
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory for dev-report.*")
 @click.option("--unregistered", is_flag=True, help="Allow an unregistered or changed protocol (marked).")
 @_WORKSPACE
-@_JSON
+@JSON_FLAG
 def eval_score(protocol, model, bundle, edited, shapes, bars, persona_tag, out, unregistered, workspace, as_json):
     """Dev bars of MODEL + a bundle / edited GGUF / shaping rules; the report is recorded."""
     import contextlib
@@ -645,7 +651,7 @@ def eval_score(protocol, model, bundle, edited, shapes, bars, persona_tag, out, 
 
     config = _eval_config(heldout_role="dev", bars=bars, shapes=tuple(shapes), persona_tag=persona_tag)
     with contextlib.ExitStack() as stack:
-        r = workflow.score(protocol, workspace, model, out, _eval_command_line(), bundle=bundle, edited=edited,
+        r = workflow.score(protocol, workspace, model, out, command_line(), bundle=bundle, edited=edited,
                            config=config, unregistered=unregistered, progress=_progress(stack, "scoring"))
     files = {k: str(v) for k, v in r.files.paths.items()}
     _eval_print({**report_to_json(r.report), "files": files, "entry": r.seq}, as_json,
@@ -660,7 +666,7 @@ def eval_score(protocol, model, bundle, edited, shapes, bars, persona_tag, out, 
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory for test-report.*")
 @click.option("--unregistered", is_flag=True, help="Allow an unregistered or changed protocol (marked).")
 @_WORKSPACE
-@_JSON
+@JSON_FLAG
 def eval_test(protocol, model, bundle, bars, out, unregistered, workspace, as_json):
     """Score the test split of BUNDLE, once. A repeat prints the recorded result and fails."""
     import contextlib
@@ -672,7 +678,7 @@ def eval_test(protocol, model, bundle, bars, out, unregistered, workspace, as_js
     config = _eval_config(heldout_role="test", bars=bars)
     try:
         with contextlib.ExitStack() as stack:
-            r = workflow.score_test(protocol, workspace, model, bundle, out, _eval_command_line(), config=config,
+            r = workflow.score_test(protocol, workspace, model, bundle, out, command_line(), config=config,
                                     unregistered=unregistered, progress=_progress(stack, "scoring test"))
     except LedgerRefusal as exc:
         if exc.recorded is not None:
@@ -692,7 +698,7 @@ def eval_test(protocol, model, bundle, bars, out, unregistered, workspace, as_js
               help="Default: the protocol the dev report names.")
 @click.option("--out", type=click.Path(file_okay=False), help="Directory for signoff.* (default WORKSPACE/blind).")
 @_WORKSPACE
-@_JSON
+@JSON_FLAG
 def eval_blind(model, bundle, doc, dev_report, protocol, out, workspace, as_json):
     """The one-shot blind sign-off of BUNDLE on DOC; a second run is refused and recorded."""
     import contextlib
@@ -702,7 +708,7 @@ def eval_blind(model, bundle, doc, dev_report, protocol, out, workspace, as_json
 
     out = out or str(Path(workspace) / "blind")
     with contextlib.ExitStack() as stack:
-        r = workflow.blind(model, bundle, doc, dev_report, workspace, out, _eval_command_line(),
+        r = workflow.blind(model, bundle, doc, dev_report, workspace, out, command_line(),
                            protocol_path=protocol, progress=_progress(stack, "blind run"))
     _eval_print(_blind_json(r), as_json, _blind_text(r))
 
@@ -735,7 +741,7 @@ def _blind_text(r) -> str:
 @click.option("--export", "export", type=click.Path(dir_okay=False),
               help="Write the current head (seq + hash) as JSON to FILE, to commit to git as an anchor.")
 @_WORKSPACE
-@_JSON
+@JSON_FLAG
 def eval_ledger(check, against, export, workspace, as_json):
     """List the ledger's entries, export its head, or verify its chain against recorded heads."""
     from exactedit.evals.anchors import export_head, render_verification, verify_ledger
@@ -798,7 +804,7 @@ def _head_tokens(values) -> tuple:
 @click.option("--closer", "closers", multiple=True, help="Closer set Cl: token text or #ID (repeatable).")
 @click.option("--backend", type=click.Choice(["jax", "numpy"]), default="jax", show_default=True,
               help="jax: float32 jitted steps; numpy: the float64 reference loop.")
-@click.option("--tile-rows", default=8192, show_default=True, type=click.IntRange(1), help="Head rows per tile.")
+@TILE_ROWS
 @click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default="auto", show_default=True,
               help="Where the full-vocab passes and dev tracking run: cpu = the host numpy path; gpu = JAX's "
                    "CUDA device (exact float32); auto = gpu if JAX sees one, else cpu.")
@@ -806,13 +812,12 @@ def _head_tokens(values) -> tuple:
 @click.option("--workspace", type=click.Path(file_okay=False), default=".exactedit", show_default=True,
               help="Directory holding this project's ledger.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle directory.")
-@click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON.")
+@JSON_FLAG
 def solve_head_cmd(model, train, dev, test, protocol, out, workspace, overwrite, as_json, openers, closers, device,
                    **flags) -> None:
     """Solve an exact edit of output-head rows under a registered protocol; write a bundle."""
     import contextlib
     import json
-    import shlex
 
     from exactedit.solvers.head.config import HeadSolveConfig
     from exactedit.evals.head_report import result_json, summary_table
@@ -822,7 +827,7 @@ def solve_head_cmd(model, train, dev, test, protocol, out, workspace, overwrite,
         cfg = HeadSolveConfig(openers=_head_tokens(openers), closers=_head_tokens(closers), **flags)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
-    command = "exactedit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = command_line()
     with contextlib.ExitStack() as stack:
         result = solve_head(cfg, model=model, train=train, dev=dev, test=test, protocol=protocol,
                             workspace=workspace, command=command, device=device,
@@ -840,7 +845,7 @@ def solve_head_cmd(model, train, dev, test, protocol, out, workspace, overwrite,
 @click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True), help="The base GGUF.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="The edited GGUF to write.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output file.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@JSON_FLAG
 def apply_cmd(bundle, model, out, overwrite, as_json) -> None:
     """Write BUNDLE's edits into a copy of MODEL (every other byte kept)."""
     import contextlib
@@ -867,13 +872,13 @@ def apply_cmd(bundle, model, out, overwrite, as_json) -> None:
 @click.option("--steps", default=20, show_default=True, type=click.IntRange(1), help="Timed Adam steps.")
 @click.option("--vocab", default=248320, show_default=True, type=click.IntRange(1), help="Head rows V of the pass.")
 @click.option("--pass-rows", default=512, show_default=True, type=click.IntRange(1), help="Rows of the vocab pass.")
-@click.option("--tile-rows", default=8192, show_default=True, type=click.IntRange(1), help="Head rows per tile.")
+@TILE_ROWS
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--skip-pass", is_flag=True, help="Time only the Adam steps.")
 @click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default="cpu", show_default=True,
               help="gpu: mix + one device pass over --rows + 300 steps + dev tracking, timed whole "
                    "(--pass-rows and --skip-pass do not apply); auto: gpu if JAX sees one.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@JSON_FLAG
 def bench_solve_head(as_json, device, **flags) -> None:
     """One Adam step of solve head at production size, and its full-vocab pass against sgemm."""
     import contextlib
@@ -953,8 +958,8 @@ _DUMP = click.Path(file_okay=False, exists=True)
 @click.option("--special-rows", default=256, show_default=True, type=click.IntRange(0),
               help="Anchor rows whose special-token logits are held.")
 @click.option("--special", "specials", multiple=True,
-              help="Special token (repeatable; replaces the default ChatML set).")
-@click.option("--turn-end", default="<|im_end|>", show_default=True, help="The turn-end special token.")
+              help="Special token to hold (repeatable; default: the model's own, read from its GGUF).")
+@click.option("--turn-end", default="", help="The turn-end special token (default: the model's own).")
 @click.option("--gn-iters", default=4, show_default=True, type=click.IntRange(1), help="Gauss-Newton rounds.")
 @click.option("--gn-tol", default=0.02, show_default=True, type=float,
               help="Stop once no exact logit moves more than this in a round.")
@@ -969,7 +974,7 @@ _DUMP = click.Path(file_okay=False, exists=True)
               help="Split role of the --heldout documents in the bars.")
 @click.option("--backend", type=click.Choice(["jax", "numpy"]), default="jax", show_default=True,
               help="jax: float32 VJPs; numpy: the float64 reference.")
-@click.option("--tile-rows", default=8192, show_default=True, type=click.IntRange(1), help="Head rows per tile.")
+@TILE_ROWS
 @click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default="auto", show_default=True,
               help="Where the full-vocab passes run: cpu = the host path; gpu = JAX's CUDA device (exact "
                    "float32); auto = gpu if JAX sees one, else cpu.")
@@ -977,28 +982,27 @@ _DUMP = click.Path(file_okay=False, exists=True)
 @click.option("--workspace", type=click.Path(file_okay=False), default=".exactedit", show_default=True,
               help="Directory holding this project's ledger (checked when --protocol is given).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle directory.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@JSON_FLAG
 def solve_wfld_cmd(model, phrases, train, heldout, collateral, anchors, null_, protocol, out, phrase_margins,
                    specials, workspace, overwrite, as_json, device, **flags) -> None:
     """Solve the anti-slop edit of the last layer's shared-expert down projection; write a bundle."""
     import contextlib
     import json
-    import shlex
 
-    from exactedit.solvers.l47.config import DEFAULT_SPECIALS, WfldConfig, parse_phrase_margin
+    from exactedit.solvers.l47.config import WfldConfig, parse_phrase_margin
     from exactedit.solvers.l47.report import format_report
     from exactedit.evals.wfld_run import WfldInputs, solve_wfld
 
     try:
         cfg = WfldConfig(phrase_margins=tuple(parse_phrase_margin(p) for p in phrase_margins),
-                         specials=tuple(specials) or DEFAULT_SPECIALS, **flags)
+                         specials=tuple(specials), **flags)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     inputs = WfldInputs(model, phrases, tuple(train), tuple(heldout), tuple(collateral), tuple(anchors),
                         tuple(null_), protocol)
     with contextlib.ExitStack() as stack:
         r = solve_wfld(cfg, inputs, out, overwrite=overwrite, workspace=workspace, device=device,
-                       command="exactedit " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+                       command=command_line(),
                        progress=_progress(stack, "solve wfld"))
     if as_json:
         click.echo(json.dumps({**r.report, "bundle": {"path": str(r.bundle), "sha256": r.bundle_sha256}}, indent=1))
@@ -1016,13 +1020,13 @@ def solve_wfld_cmd(model, phrases, train, heldout, collateral, anchors, null_, p
               help="One planted phrase or legitimate use every this many tokens.")
 @click.option("--gn-iters", default=3, show_default=True, type=click.IntRange(1), help="Gauss-Newton rounds.")
 @click.option("--special-rows", default=256, show_default=True, type=click.IntRange(0))
-@click.option("--tile-rows", default=8192, show_default=True, type=click.IntRange(1), help="Head rows per tile.")
+@TILE_ROWS
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--workdir", type=click.Path(file_okay=False), help="Where the synthetic model and dumps go.")
 @click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default="cpu", show_default=True,
               help="gpu: the whole solve with its passes and VJPs on the JAX device, timed twice in one "
                    "process (first call: compiles included); auto: gpu if JAX sees one.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@JSON_FLAG
 def bench_solve_wfld(as_json, device, **flags) -> None:
     """A whole `solve wfld` at production size on synthetic data: where the time goes."""
     import contextlib
