@@ -163,7 +163,7 @@ def run_bench_solve_wfld(cfg: BenchSolveWfldConfig, progress: Callable[[int, int
         build_s = time.perf_counter() - t
 
         wcfg = WfldConfig(gn_iters=cfg.gn_iters, special_rows=cfg.special_rows, tile_rows=cfg.tile_rows,
-                          specials=SPECIALS, gn_tol=0.0)
+                          specials=SPECIALS, turn_end="<|im_end|>", gn_tol=0.0)
         inputs = WfldInputs(str(root / "model.gguf"), str(root / "phrases.txt"), (str(root / "train"),),
                             (str(root / "heldout"),), (), (str(root / "anchors"),))
         t = time.perf_counter()

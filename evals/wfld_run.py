@@ -28,6 +28,7 @@ from exactedit.evals.protocol import Bars, ResolvedTokens, load_protocol
 from exactedit.evals.splits import Splits, same_doc_heldout
 from exactedit.quant import gguf
 from exactedit.quant.files import file_sha256
+from exactedit.quant.specials import model_specials
 from exactedit.solvers.bundle import InputRef, TensorEdit, write_bundle
 from exactedit.solvers.tail.vocab_pass import vocab_pass
 from exactedit.solvers.l47 import wfld
@@ -118,6 +119,32 @@ def _open_traces(inputs: WfldInputs, tail) -> list[Trace]:
     return out
 
 
+def _resolve_specials(g, tail, protocol, cfg: WfldConfig) -> tuple[tuple[int, ...], int]:
+    """The special tokens held and the turn end: the protocol's, else the flags', else the model's
+    own (quant.specials: its control tokens that its template, its *_token_id keys or the chat
+    tags name; its end-of-turn token)."""
+    if protocol is not None:
+        return (_special_ids(tail.tokens, tuple(protocol.tokens.specials)),
+                _special_ids(tail.tokens, [protocol.tokens.turn_end])[0])
+    own = model_specials(g)
+    specials = _special_ids(tail.tokens, cfg.specials) if cfg.specials else own.guards
+    if cfg.turn_end:
+        turn_end = _special_ids(tail.tokens, [cfg.turn_end])[0]
+    elif own.turn_end is not None:
+        turn_end = own.turn_end
+    else:
+        raise WfldError(g.path, "turn_end", "the model names no end-of-turn token (no eot / eos id, no "
+                        "chat template): pass --turn-end")
+    if not specials:
+        raise WfldError(g.path, "specials", "the model names no special token to hold: pass --special")
+    if turn_end not in specials:
+        if cfg.specials:
+            raise WfldError(g.path, "turn_end", f"the turn end {tail.tokens.tokens[turn_end]!r} is not "
+                            f"one of --special {list(cfg.specials)}")
+        specials = tuple(specials) + (turn_end,)
+    return tuple(int(x) for x in specials), int(turn_end)
+
+
 def _special_ids(table, names) -> tuple[int, ...]:
     """Special tokens by name (or id, as a protocol may give them) -> ids of the model's table."""
     index = {t: i for i, t in enumerate(table.tokens) if table.is_special(i)}
@@ -181,9 +208,7 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
     w0 = editable_weight(tail)
     tensor = tail.spec.names["ffn_down"]
     info = g.tensor(tensor)
-    spec_names = tuple(protocol.tokens.specials) if protocol else cfg.specials
-    specials = _special_ids(tail.tokens, spec_names)
-    turn_end = _special_ids(tail.tokens, [protocol.tokens.turn_end if protocol else cfg.turn_end])[0]
+    specials, turn_end = _resolve_specials(g, tail, protocol, cfg)
     phrases = load_phrases(inputs.phrases)
     unknown = [p for p, _ in cfg.phrase_margins if p not in phrases]
     if unknown:

@@ -25,7 +25,6 @@ from typing import Any
 
 from exactedit.quant.errors import FieldError
 
-DEFAULT_SPECIALS = ("<|im_end|>", "<|im_start|>", "<think>", "</think>", "<|endoftext|>")
 BACKENDS = ("jax", "numpy")
 SHIP_MODES = ("auto", "feedback", "round")
 HELDOUT_ROLES = ("dev", "test")
@@ -62,8 +61,8 @@ class WfldConfig:
     null_tol: float = 1e-6
     ridge: float = 1e-2
     special_rows: int = 256
-    specials: tuple[str, ...] = DEFAULT_SPECIALS
-    turn_end: str = "<|im_end|>"
+    specials: tuple[str, ...] = ()       # () = the model's own guards (quant.specials.ModelSpecials)
+    turn_end: str = ""                   # "" = the model's own end-of-turn token
     gn_iters: int = 4
     gn_tol: float = 0.02
     ship: str = "auto"
@@ -113,10 +112,12 @@ class WfldConfig:
         for name in ("capitalized", "unregistered"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"WfldConfig.{name} must be a bool, got {getattr(self, name)!r}")
-        if not isinstance(self.specials, tuple) or not self.specials or \
-                not all(isinstance(s, str) and s for s in self.specials):
-            raise ValueError(f"WfldConfig.specials must be a non-empty tuple of token strings, got {self.specials!r}")
-        if self.turn_end not in self.specials:
+        if not isinstance(self.specials, tuple) or not all(isinstance(s, str) and s for s in self.specials):
+            raise ValueError(f"WfldConfig.specials must be a tuple of token strings (empty: the model's own), "
+                             f"got {self.specials!r}")
+        if not isinstance(self.turn_end, str):
+            raise ValueError(f"WfldConfig.turn_end must be a token string (empty: the model's own), got {self.turn_end!r}")
+        if self.specials and self.turn_end and self.turn_end not in self.specials:
             raise ValueError(f"WfldConfig.turn_end {self.turn_end!r} must be one of the specials {self.specials}")
         if not isinstance(self.phrase_margins, tuple):
             raise ValueError(f"WfldConfig.phrase_margins must be a tuple of (phrase, nats), got {self.phrase_margins!r}")

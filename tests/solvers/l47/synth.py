@@ -11,7 +11,9 @@ import numpy as np
 
 from exactedit.dumps import DocInfo, write_dump
 from exactedit.dumps.roles import infer_roles
-from exactedit.quant.gguf_write import synthetic_model
+from gguf import GGUFValueType
+
+from exactedit.quant.gguf_write import MetaValue, synthetic_model
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
 WORDS = ("the", "end", "to", "of", "rather", "than", "right", "away", "more", "far", "now", "later",
@@ -21,6 +23,8 @@ WORDS = ("the", "end", "to", "of", "rather", "than", "right", "away", "more", "f
 PIECES = ("End", "Rather", "Right", "end", "rather", "e", "nd", "aw", "ay", ".", ",", "\n", "\n\n", '"',
           ' "', " ", "user", "assistant", "week")
 PHRASES = ("end to end", "rather than", "right away")
+CHATML_TEMPLATE = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+                   "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 N, H, D_LO = 256, 32, 32
 
 
@@ -71,9 +75,14 @@ def chat(ids: Ids, *replies: str) -> list[int]:
 
 def build_model(path) -> Path:
     tokens, types = vocab()
+    u32 = GGUFValueType.UINT32
     synthetic_model(path, tail="hc4", vocab=len(tokens), n=N, h=H, d_lo=D_LO, layers=2, seed=7,
                     metadata={"tokenizer.ggml.tokens": tokens,
-                              "tokenizer.ggml.token_type": np.array(types, np.int32)})
+                              "tokenizer.ggml.token_type": np.array(types, np.int32),
+                              # a chat model's own specials (quant.specials): ChatML turns, eos = turn end
+                              "tokenizer.ggml.eos_token_id": MetaValue(u32, tokens.index("<|im_end|>")),
+                              "tokenizer.ggml.bos_token_id": MetaValue(u32, tokens.index("<|endoftext|>")),
+                              "tokenizer.chat_template": CHATML_TEMPLATE})
     return Path(path)
 
 

@@ -97,7 +97,7 @@ def test_config_validation():
     with pytest.raises(ValueError, match="delta_cho must be > 0"):
         WfldConfig(delta_cho=0.0)
     with pytest.raises(ValueError, match="turn_end"):
-        WfldConfig(turn_end="<x>")
+        WfldConfig(specials=("<|im_end|>",), turn_end="<x>")
     with pytest.raises(ValueError, match="given twice"):
         WfldConfig(phrase_margins=(("a", 1.0), ("a", 2.0)))
     cfg = WfldConfig(phrase_margins=(("right away", 0.5),))
