@@ -124,3 +124,27 @@ def dump_documents(model, inputs: DumpInputs, out, *, settings: EngineSettings |
                           "chat": chat.to_dict()}}
     res = capture_dump(model, docs, out, settings=settings, overwrite=overwrite, progress=progress, extra_meta=meta)
     return summarize(res, docs, chat)
+
+
+def import_dump(src, out, *, model=None, overwrite: bool = False) -> dict:
+    """`exactedit dump import`: a raw engine dump (dumps/import_raw.py) -> a v1 dump; with `model`,
+    the dims are checked against it, its sha256 recorded and the row roles derived from its chat
+    framing. Returns a summary (path, rows, documents, role rows)."""
+    from exactedit.dumps import ROLE_NAMES, read_dump
+    from exactedit.dumps.import_raw import import_raw
+    from exactedit.quant import gguf as _gguf
+    from exactedit.solvers.tail.model import load_tail
+
+    roles = expect = sha = None
+    if model is not None:
+        chat = model_chat(model)
+        roles = chat.roles
+        with _gguf.open(model) as g:
+            expect, sha = load_tail(g).dump_expect(), g.sha256()
+    path = import_raw(src, out, roles=roles, overwrite=overwrite, expect=expect, model_sha256=sha)
+    d = read_dump(path)
+    r = np.asarray(d.roles) if d.roles is not None else np.zeros(0, np.uint8)
+    return {"dump": str(path), "rows": d.rows, "sha256": d.sha256(), "model_sha256": d.manifest.model_sha256,
+            "docs": [{"name": x.name, "rows": x.rows, "source": x.source, "character": x.character,
+                      "tags": list(x.tags)} for x in d.docs],
+            "role_rows": {n: int(np.count_nonzero(r & b)) for n, b in ROLE_NAMES.items()}}
