@@ -148,6 +148,24 @@ def bench_gguf_open(vocab, merges, layers, repeats, gguf_py_repeats, json_out) -
                f"  token table decode      {r.tokens_s * 1e3:10.1f} ms")
 
 
+@bench.command("dump-verify")
+@click.option("--mb", default=1024, show_default=True, type=click.IntRange(1), help="Dump size in MiB.")
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1), help="Best of.")
+@click.option("--workdir", type=click.Path(file_okay=False, exists=True), help="Where the dump is written.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def bench_dump_verify(mb, repeats, workdir, as_json) -> None:
+    """Field-hash verification of a production-width dump at open: GB/s, vs a plain read."""
+    import contextlib
+    import json
+
+    from exactedit.bench.dump_verify import DumpVerifyBenchConfig, render_dump_verify, run_dump_verify_bench
+
+    with contextlib.ExitStack() as stack:
+        r = run_dump_verify_bench(DumpVerifyBenchConfig(mb=mb, repeats=repeats, workdir=workdir),
+                                  progress=_progress(stack, "bench dump-verify"))
+    click.echo(json.dumps(r.to_dict(), indent=1) if as_json else render_dump_verify(r))
+
+
 @bench.command("quant")
 @click.option("--rows", default=4096, show_default=True, type=click.IntRange(1), help="Rows per run.")
 @click.option("--cols", default=2560, show_default=True, type=click.IntRange(1), help="Row width.")
@@ -193,27 +211,6 @@ def dump_inspect(directory: str, as_json: bool, verify_hashes: bool) -> None:
         summary = inspect_dump(directory, verify_hashes=verify_hashes,
                                progress=_progress(stack, "validating"))
     click.echo(json.dumps(summary.to_json(), indent=1) if as_json else format_table(summary))
-
-
-@dump.command("import")
-@click.argument("source", type=click.Path(exists=True, path_type=str))
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="The v1 dump directory to write.")
-@click.option("--model", default=None,
-              help="GGUF path or public model name: check dims, record its sha256, derive row roles from its chat.")
-@click.option("--overwrite", is_flag=True)
-@JSON_FLAG
-def dump_import(source, out, model, overwrite, as_json) -> None:
-    """Raw little-endian field files + SOURCE/dump.toml (dtype, shape per field) -> a v1 dump
-    (docs/dump-format.md, "Importing an engine's raw arrays")."""
-    import json
-
-    from exactedit.native.documents import import_dump
-    from exactedit.native.models import locate
-
-    res = import_dump(source, out, model=None if model is None else locate(model), overwrite=overwrite)
-    click.echo(json.dumps(res, indent=1) if as_json else
-               f"wrote {res['dump']}: {res['rows']} rows, {len(res['docs'])} documents, sha256 {res['sha256']}; "
-               "roles: " + (", ".join(f"{k} {v}" for k, v in res["role_rows"].items() if v) or "none"))
 
 
 @main.command("logits")
