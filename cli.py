@@ -213,6 +213,27 @@ def dump_inspect(directory: str, as_json: bool, verify_hashes: bool) -> None:
     click.echo(json.dumps(summary.to_json(), indent=1) if as_json else format_table(summary))
 
 
+@dump.command("import")
+@click.argument("source", type=click.Path(exists=True, path_type=str))
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="The v1 dump directory to write.")
+@click.option("--model", default=None,
+              help="GGUF path or public model name: check dims, record its sha256, derive row roles from its chat.")
+@click.option("--overwrite", is_flag=True)
+@JSON_FLAG
+def dump_import(source, out, model, overwrite, as_json) -> None:
+    """Raw little-endian field files + SOURCE/dump.toml (dtype, shape per field) -> a v1 dump
+    (docs/dump-format.md, "Importing an engine's raw arrays")."""
+    import json
+
+    from exactedit.native.documents import import_dump
+    from exactedit.native.models import locate
+
+    res = import_dump(source, out, model=None if model is None else locate(model), overwrite=overwrite)
+    click.echo(json.dumps(res, indent=1) if as_json else
+               f"wrote {res['dump']}: {res['rows']} rows, {len(res['docs'])} documents, sha256 {res['sha256']}; "
+               "roles: " + (", ".join(f"{k} {v}" for k, v in res["role_rows"].items() if v) or "none"))
+
+
 @main.command("logits")
 @click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True), help="GGUF model.")
 @click.option("--dump", "dump_dir", required=True, type=click.Path(file_okay=False, exists=True),
