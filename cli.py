@@ -54,6 +54,13 @@ TILE_ROWS = click.option("--tile-rows", default=8192, show_default=True, type=cl
                          help="Head rows per tile.")
 
 
+def emit(obj, text: str, as_json: bool) -> None:
+    """Print a result: its JSON object with --json, else its text (both made by the library)."""
+    import json
+
+    click.echo(json.dumps(obj, indent=1) if as_json else text)
+
+
 def command_line() -> str:
     """The command line as run, shell-quoted (recorded in ledgers, bundles and blind.cmd)."""
     import shlex
@@ -127,7 +134,8 @@ def bench_gguf_open(vocab, merges, layers, repeats, gguf_py_repeats, json_out) -
     import contextlib
     import json
 
-    from exactedit.bench.gguf_open import GGUFOpenBenchConfig, run_gguf_open_bench
+    from exactedit.bench.gguf_open import GGUFOpenBenchConfig, render_gguf_open_bench, run_gguf_open_bench
+    from exactedit.quant.files import atomic_write_text
 
     cfg = GGUFOpenBenchConfig(vocab=vocab, merges=merges, layers=layers, repeats=repeats,
                               gguf_py_repeats=gguf_py_repeats)
@@ -138,14 +146,8 @@ def bench_gguf_open(vocab, merges, layers, repeats, gguf_py_repeats, json_out) -
         click.echo(text)
         return
     if json_out:
-        with open(json_out, "w") as fh:
-            fh.write(text + "\n")
-    click.echo(f"vocab {r.vocab:,}{' + merges' if r.merges else ''}, file {r.file_bytes:,} bytes, "
-               f"{r.tensors_ours} tensors\n"
-               f"  exactedit open + list   {r.ours_s * 1e3:10.1f} ms\n"
-               f"  gguf-py GGUFReader      {r.gguf_py_s * 1e3:10.1f} ms\n"
-               f"  ratio (gguf-py / ours)  {r.ratio:10.1f}x\n"
-               f"  token table decode      {r.tokens_s * 1e3:10.1f} ms")
+        atomic_write_text(json_out, text + "\n")
+    click.echo(render_gguf_open_bench(r))
 
 
 @bench.command("dump-verify")
@@ -261,24 +263,47 @@ def logits_cmd(model, dump_dir, rows, out, tile_rows, match_engine, verify_hashe
 
 
 @main.command("kld")
-@click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True), help="Base GGUF.")
-@click.option("--dump", "dump_dir", required=True, type=click.Path(file_okay=False, exists=True),
-              help="Activation dump directory (of the base model).")
-@click.option("--edited", required=True, type=click.Path(dir_okay=False, exists=True), help="Edited GGUF.")
-@click.option("--rows", default=None, metavar="A:B", help="Row range of the dump (default: all).")
+@click.option("--model", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="Base GGUF (not with --base-file, which holds the base side).")
+@click.option("--dump", "dump_dirs", required=True, multiple=True, type=click.Path(file_okay=False, exists=True),
+              help="Activation dump directory of the base model; repeat to combine dumps into one report.")
+@click.option("--edited", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="Edited GGUF (may be left out with --write-base: then only the base file is written).")
+@click.option("--rows", multiple=True, metavar="A:B",
+              help="Row range of each dump (default: all); once for every dump, or once per --dump.")
+@click.option("--doc-rows", default=None, metavar="A:B",
+              help="Row range within every document instead (e.g. 256:511: what llama-perplexity scores "
+                   "in chunks of 512).")
+@click.option("--match-engine", type=click.Choice(["llamacpp"]), default=None,
+              help="Both models' logits as this engine computes them (needs dumps it captured). "
+                   "Default: exact float arithmetic (the edit's own effect).")
+@click.option("--stats", "stats", type=click.Choice(["exact", "llama-perplexity"]), default=None,
+              help="exact (default): KL over the whole vocabulary in float64; llama-perplexity: the "
+                   "tool's 16-bit base codes and -16-nat cutoff, its report (default with base files).")
+@click.option("--base-file", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="A llama-perplexity --kl-divergence-base file: the base side, as the tool recorded it.")
+@click.option("--write-base", default=None, type=click.Path(dir_okay=False),
+              help="Write the base side as a --kl-divergence-base file llama-perplexity reads.")
+@click.option("--rows-out", default=None, type=click.Path(dir_okay=False),
+              help="Write the per-row KLD as .npy (float64); --json then leaves it out.")
 @TILE_ROWS
 @JSON_FLAG
-def kld_cmd(model, dump_dir, edited, rows, tile_rows, as_json) -> None:
-    """KL divergence of EDITED against MODEL on the dump (llama.cpp perplexity-tool statistics)."""
+def kld_cmd(model, dump_dirs, edited, rows, doc_rows, match_engine, stats, base_file, write_base, rows_out,
+            tile_rows, as_json) -> None:
+    """KL divergence of EDITED against MODEL on the dumps (llama.cpp's perplexity-tool statistics)."""
     import contextlib
     import json
 
-    from exactedit.evals.kld import kld, render_kld
+    from exactedit.evals.kld_compare import KldConfig
+    from exactedit.native.kld_run import KldFiles, render_kld_run, run_kld
 
+    if stats is None:
+        stats = "llama-perplexity" if (base_file or write_base) else "exact"
+    cfg = KldConfig(dumps=dump_dirs, model=model, edited=edited, rows=rows, doc_rows=doc_rows,
+                    match_engine=match_engine, stats=stats, tile_rows=tile_rows)
     with contextlib.ExitStack() as stack:
-        res = kld(model, dump_dir, edited, rows=rows, tile_rows=tile_rows,
-                  progress=_progress(stack, "KL pass"))
-    click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_kld(res))
+        res = run_kld(cfg, KldFiles(base_file, write_base, rows_out), progress=_progress(stack, "KL pass"))
+    click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_kld_run(res))
 
 
 @bench.command("head")
@@ -328,11 +353,8 @@ def demo_cmd(out, fixture, as_json) -> None:
     """The whole workflow on the bundled fixture: register + split, solve head, solve wfld,
     dev score, and the one-shot blind sign-off (its command line in OUT/blind.cmd)."""
     import contextlib
-    import json
 
-    from exactedit.fixtures.demo import DEFAULT_FIXTURE, run_demo
-    from exactedit.evals.head_report import summary_table
-    from exactedit.solvers.l47.report import format_report
+    from exactedit.fixtures.demo import DEFAULT_FIXTURE, demo_report, run_demo
 
     with contextlib.ExitStack() as stack:
         bars: dict = {}
@@ -341,19 +363,7 @@ def demo_cmd(out, fixture, as_json) -> None:
             bars.setdefault(label, _progress(stack, label))(done, total)
 
         r = run_demo(out, fixture=fixture or DEFAULT_FIXTURE, progress=progress)
-    if as_json:
-        click.echo(json.dumps({"out": str(r.out), "head_bundle": str(r.head_bundle.path),
-                               "head_chosen_step": r.head.chosen_step, "wfld_bundle": str(r.wfld.bundle),
-                               "wfld_verdict": r.wfld.verdict, "dev_verdict": r.dev.report.verdict,
-                               "blind": _blind_json(r.blind), "blind_cmd": r.blind_cmd}, indent=1))
-        return
-    click.echo("== solve head (rank 1, the protocol's stopping rule)\n" + summary_table(r.head))
-    click.echo(f"bundle {r.head_bundle.path}\n")
-    click.echo("== solve wfld (anti-slop edit of the last layer's shared-expert down projection)\n"
-               + format_report(r.wfld.report) + f"\nbundle {r.wfld.bundle}\n")
-    click.echo(f"== dev score of the wfld bundle: {r.dev.report.verdict} ({r.dev.files.paths['json']})\n")
-    click.echo("== blind sign-off (one shot)\n" + _blind_text(r.blind))
-    click.echo(f"\nthe blind command is in {r.out / 'blind.cmd'}; running it again is refused.")
+    emit(*demo_report(r), as_json)
 
 # ---- end section: fixture + demo -------------------------------------------------------------
 
@@ -407,18 +417,13 @@ def engine_run(gguf_path, tokens_file, logits_out, as_json, **flags) -> None:
     """The production engine's contract (strata_window_cli), honoured by llama.cpp."""
     import contextlib
     import dataclasses
-    import json
 
-    from exactedit.native.strata import run_llamacpp
+    from exactedit.native.strata import render_contract_run, run_llamacpp
 
     with contextlib.ExitStack() as stack:
         res = run_llamacpp(gguf_path, tokens_file, logits_out, _settings(**flags),
                            progress=_progress(stack, "evaluating"))
-    if as_json:
-        click.echo(json.dumps(dataclasses.asdict(res), indent=1))
-    else:
-        click.echo(f"wrote {res.logits_file}: {res.rows} x {res.vocab} float32 logits "
-                   f"(micro-batches {list(res.ubatch_sizes)})")
+    emit(dataclasses.asdict(res), render_contract_run(res), as_json)
 
 
 @engine.command("model")
@@ -483,16 +488,13 @@ def untie_cmd(model, out, overwrite, as_json) -> None:
     """Add output.weight as a byte copy of token_embd.weight (every other tensor byte-identical)."""
     import contextlib
     import dataclasses
-    import json
 
     from exactedit.native.models import locate
-    from exactedit.native.untie import untie
+    from exactedit.native.untie import render_untie, untie
 
     with contextlib.ExitStack() as stack:
         res = untie(locate(model), out, overwrite=overwrite, progress=_progress(stack, "writing"))
-    click.echo(json.dumps(dataclasses.asdict(res), indent=1) if as_json else
-               f"wrote {res.dst} (sha256 {res.dst_sha256}): output.weight = token_embd.weight, "
-               f"{res.type_name} {list(res.shape)}")
+    emit(dataclasses.asdict(res), render_untie(res), as_json)
 
 
 @verify.command("live")
@@ -617,16 +619,103 @@ def mine_cmd(engine_name, model, prompts, phrases, out, edited, max_new, samples
 
 # ---- end section: native ---------------------------------------------------------------------
 
+# ---- section: sampler-side shaping (shape compile, shape rates, verify shaping) ---------------
+
+@main.group()
+def shape() -> None:
+    """Sampler-side shaping rules: compile for a model, rates in generation (docs/shaping.md)."""
+
+
+def _gen_config(max_new, temperature, top_k):
+    from exactedit.native.shaping_live import GenerateConfig
+
+    return GenerateConfig(max_new=max_new, temperature=temperature, top_k=top_k)
+
+
+def _gen_options(f):
+    for opt in reversed([
+        click.option("--max-new", default=64, show_default=True, type=click.IntRange(1), help="Tokens per reply (cap)."),
+        click.option("--temperature", default=0.8, show_default=True, type=float),
+        click.option("--top-k", default=40, show_default=True, type=click.IntRange(1)),
+        click.option("--seed", "seeds", multiple=True, type=int, help="Sample seed (repeatable; default 0)."),
+    ]):
+        f = opt(f)
+    return f
+
+
+@shape.command("compile")
+@click.argument("rules", type=click.Path(dir_okay=False, exists=True))
+@click.option("--model", required=True, help="GGUF path, or a public model name (qwen, gemma).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="The compiled rules (JSON) to write.")
+@JSON_FLAG
+def shape_compile_cmd(rules, model, out, as_json) -> None:
+    """Resolve a rules file (TOML) against MODEL's tokenizer, specials and chat template."""
+    import json
+
+    from exactedit.native.models import locate
+    from exactedit.native.shape_compile import compile_file, render_compile
+
+    r = compile_file(rules, locate(model), out)
+    click.echo(json.dumps(r.to_dict(), indent=1) if as_json else render_compile(r))
+
+
+@shape.command("rates")
+@click.option("--model", required=True, help="GGUF path, or a public model name (qwen, gemma).")
+@click.option("--rules", required=True, type=click.Path(dir_okay=False, exists=True), help="Compiled rules (JSON).")
+@click.option("--prompts", required=True, type=click.Path(dir_okay=False, exists=True), help="One user prompt per line.")
+@click.option("--edited", type=click.Path(dir_okay=False, exists=True), help="Edited GGUF: adds the weights and both arms.")
+@click.option("--phrases", type=click.Path(dir_okay=False, exists=True), help="Phrases to rate (default: the rules').")
+@_gen_options
+@click.option("--n-boot", default=1000, show_default=True, type=click.IntRange(0), help="Bootstrap resamples.")
+@_engine_settings
+@JSON_FLAG
+def shape_rates_cmd(model, rules, prompts, edited, phrases, max_new, temperature, top_k, seeds, n_boot, as_json,
+                    **flags) -> None:
+    """Phrase rates and KL of base / rules / weights / both on the same prompts and seeds."""
+    import contextlib
+    import json
+
+    from exactedit.native.models import locate
+    from exactedit.native.shape_rates import render_shape_rates, shape_rates
+
+    with contextlib.ExitStack() as stack:
+        r = shape_rates(locate(model), rules, _lines(prompts), _lines(phrases) if phrases else None, edited=edited,
+                        config=_gen_config(max_new, temperature, top_k), seeds=seeds or (0,),
+                        settings=_settings(**flags), n_boot=n_boot, progress=_progress(stack, "sampling"))
+    click.echo(json.dumps(r.to_dict(), indent=1, allow_nan=False) if as_json else render_shape_rates(r))
+
+
+@verify.command("shaping")
+@click.option("--model", required=True, help="GGUF path, or a public model name (qwen, gemma).")
+@click.option("--rules", required=True, type=click.Path(dir_okay=False, exists=True), help="Compiled rules (JSON).")
+@click.option("--prompts", required=True, type=click.Path(dir_okay=False, exists=True), help="One user prompt per line.")
+@_gen_options
+@click.option("--persona/--no-persona", default=None, help="Override the rules' persona gate.")
+@_engine_settings
+@JSON_FLAG
+def verify_shaping_cmd(model, rules, prompts, max_new, temperature, top_k, seeds, persona, as_json, **flags) -> None:
+    """Generate with the rules live; the sampler's logits must equal the offline shaping, bitwise."""
+    import contextlib
+    import json
+
+    from exactedit.native.models import locate
+    from exactedit.native.verify_shaping import render_shaping_verify, verify_shaping
+
+    with contextlib.ExitStack() as stack:
+        r = verify_shaping(locate(model), rules, _lines(prompts), config=_gen_config(max_new, temperature, top_k),
+                           seeds=seeds or (0,), settings=_settings(**flags), persona=persona,
+                           progress=_progress(stack, "generating"))
+    click.echo(json.dumps(r.to_dict(), indent=1) if as_json else render_shaping_verify(r))
+    if not r.passed:
+        sys.exit(1)
+
+# ---- end section: sampler-side shaping ---------------------------------------------------------
+
+
 # ---- section: evals --------------------------------------------------------------------------
 
 _WORKSPACE = click.option("--workspace", type=click.Path(file_okay=False), default=".exactedit", show_default=True,
                           help="Directory holding this project's ledger.")
-
-
-def _eval_print(obj, as_json: bool, text: str) -> None:
-    import json
-
-    click.echo(json.dumps(obj, indent=2, sort_keys=True) if as_json else text)
 
 
 def _eval_config(**kw):
@@ -644,12 +733,9 @@ def _eval_config(**kw):
 @JSON_FLAG
 def eval_register(protocol, workspace, as_json):
     """Record PROTOCOL's sha256 (and its traces' dump hashes) in the ledger."""
-    from exactedit.evals import workflow
+    from exactedit.evals import render, workflow
 
-    r = workflow.register(protocol, workspace, command_line())
-    obj = {"name": r.record.name, "sha256": r.record.sha256, "entry": r.record.seq, "traces": dict(r.trace_sha256)}
-    _eval_print(obj, as_json, f"registered protocol {r.record.name!r} sha256 {r.record.sha256} "
-                f"(ledger entry {r.record.seq}, {len(r.trace_sha256)} traces)")
+    emit(*render.register_report(workflow.register(protocol, workspace, command_line())), as_json)
 
 
 @eval_.command("split")
@@ -659,13 +745,9 @@ def eval_register(protocol, workspace, as_json):
 @JSON_FLAG
 def eval_split(protocol, unregistered, workspace, as_json):
     """Split the traces' documents into train / dev / test by the protocol's rule; record it."""
-    from exactedit.evals import workflow
+    from exactedit.evals import render, workflow
 
-    r = workflow.split(protocol, workspace, command_line(), unregistered)
-    docs = [{"trace": d.trace, "doc": d.doc, "group": d.group, "role": d.role} for d in r.splits.docs]
-    lines = ([r.record.marker] if r.record.marker else []) + [f"split {r.splits.sha256}: {r.splits.counts()}"]
-    lines += [f"  {d['role']:<10} {d['trace']}/{d['doc']}  ({d['group']})" for d in docs]
-    _eval_print({"sha256": r.splits.sha256, "marker": r.record.marker, "docs": docs}, as_json, "\n".join(lines))
+    emit(*render.split_report(workflow.split(protocol, workspace, command_line(), unregistered)), as_json)
 
 
 @eval_.command("score")
@@ -685,16 +767,13 @@ def eval_score(protocol, model, bundle, edited, shapes, bars, persona_tag, out, 
     """Dev bars of MODEL + a bundle / edited GGUF / shaping rules; the report is recorded."""
     import contextlib
 
-    from exactedit.evals import workflow
-    from exactedit.evals.report import format_table, report_to_json
+    from exactedit.evals import render, workflow
 
     config = _eval_config(heldout_role="dev", bars=bars, shapes=tuple(shapes), persona_tag=persona_tag)
     with contextlib.ExitStack() as stack:
         r = workflow.score(protocol, workspace, model, out, command_line(), bundle=bundle, edited=edited,
                            config=config, unregistered=unregistered, progress=_progress(stack, "scoring"))
-    files = {k: str(v) for k, v in r.files.paths.items()}
-    _eval_print({**report_to_json(r.report), "files": files, "entry": r.seq}, as_json,
-                format_table(r.report) + f"\nwrote {files['json']} (ledger entry {r.seq})")
+    emit(*render.score_report(r), as_json)
 
 
 @eval_.command("test")
@@ -710,9 +789,8 @@ def eval_test(protocol, model, bundle, bars, out, unregistered, workspace, as_js
     """Score the test split of BUNDLE, once. A repeat prints the recorded result and fails."""
     import contextlib
 
-    from exactedit.evals import workflow
+    from exactedit.evals import render, workflow
     from exactedit.evals.ledger import LedgerRefusal
-    from exactedit.evals.report import format_table, report_from_json, report_to_json
 
     config = _eval_config(heldout_role="test", bars=bars)
     try:
@@ -721,10 +799,9 @@ def eval_test(protocol, model, bundle, bars, out, unregistered, workspace, as_js
                                     unregistered=unregistered, progress=_progress(stack, "scoring test"))
     except LedgerRefusal as exc:
         if exc.recorded is not None:
-            _eval_print(exc.recorded, as_json, "recorded test result:\n" + format_table(report_from_json(exc.recorded)))
+            emit(*render.recorded_test_report(exc.recorded), as_json)
         raise
-    _eval_print({**report_to_json(r.report), "entry": r.seq}, as_json,
-                format_table(r.report) + f"\nrecorded as ledger entry {r.seq}")
+    emit(*render.test_report(r), as_json)
 
 
 @eval_.command("blind")
@@ -743,32 +820,13 @@ def eval_blind(model, bundle, doc, dev_report, protocol, out, workspace, as_json
     import contextlib
     from pathlib import Path
 
-    from exactedit.evals import workflow
+    from exactedit.evals import render, workflow
 
     out = out or str(Path(workspace) / "blind")
     with contextlib.ExitStack() as stack:
         r = workflow.blind(model, bundle, doc, dev_report, workspace, out, command_line(),
                            protocol_path=protocol, progress=_progress(stack, "blind run"))
-    _eval_print(_blind_json(r), as_json, _blind_text(r))
-
-
-def _blind_json(r) -> dict:
-    from exactedit.evals.blind import comparison_json
-    from exactedit.evals.report import report_to_json
-
-    return {"passed": r.passed, "comparisons": [comparison_json(c) for c in r.comparisons],
-            "report": report_to_json(r.report), "files": {k: str(v) for k, v in r.files.paths.items()}}
-
-
-def _blind_text(r) -> str:
-    from exactedit.evals.blind import fmt
-    from exactedit.evals.report import format_table
-
-    lines = [format_table(r.report), "against the dev report:"]
-    lines += [f"  {c.metric:<36} dev {fmt(c.dev)}  blind {fmt(c.blind)}  bound {c.op} {fmt(c.allowed)}  "
-              f"{'pass' if c.passed else 'FAIL'}" for c in r.comparisons]
-    lines.append(f"SIGN-OFF: {'PASS' if r.passed else 'FAIL'}  (wrote {r.files.paths['md']})")
-    return "\n".join(lines)
+    emit(*render.blind_report(r), as_json)
 
 
 @eval_.command("ledger")
@@ -783,25 +841,24 @@ def _blind_text(r) -> str:
 @JSON_FLAG
 def eval_ledger(check, against, export, workspace, as_json):
     """List the ledger's entries, export its head, or verify its chain against recorded heads."""
+    from exactedit.evals import render
     from exactedit.evals.anchors import export_head, render_verification, verify_ledger
     from exactedit.evals.ledger import Ledger
 
     if against and not check:
         raise click.UsageError("--against is checked by --verify")
     if export:
-        r = export_head(workspace, export)
-        _eval_print(r.to_dict(), as_json, f"wrote {r.path}: head entry {r.seq} {r.hash} of {r.ledger}")
+        emit(*render.export_report(export_head(workspace, export)), as_json)
     if check:
         v = verify_ledger(workspace, against)
-        _eval_print(v.to_dict(), as_json, render_verification(v))
+        emit(v.to_dict(), render_verification(v), as_json)
         if not v.ok:
             sys.exit(1)
     if export or check:
         return
     with Ledger.open(workspace) as ledger:
         entries = ledger.entries()
-    rows = [{"seq": e.seq, "time": e.time, "kind": e.kind, "command": e.command} for e in entries]
-    _eval_print(rows, as_json, "\n".join(f"{e['seq']:>4}  {e['time']}  {e['kind']:<12} {e['command']}" for e in rows))
+    emit(*render.ledger_report(entries), as_json)
 
 # ---- end section: evals ----------------------------------------------------------------------
 
@@ -888,19 +945,12 @@ def solve_head_cmd(model, train, dev, test, protocol, out, workspace, overwrite,
 def apply_cmd(bundle, model, out, overwrite, as_json) -> None:
     """Write BUNDLE's edits into a copy of MODEL (every other byte kept)."""
     import contextlib
-    import json
 
-    from exactedit.solvers.apply import apply_bundle
+    from exactedit.solvers.apply import apply_bundle, apply_json, render_apply
 
     with contextlib.ExitStack() as stack:
         r = apply_bundle(bundle, model, out, overwrite=overwrite, progress=_progress(stack, "apply"))
-    obj = {"bundle": str(r.bundle), "bundle_sha256": r.bundle_sha256, "model": str(r.model), "out": str(r.out),
-           "out_sha256": r.out_sha256, "manifest": str(r.manifest),
-           "edits": [{"tensor": e.tensor, "kind": e.kind, "rows": e.rows_replaced} for e in r.edits]}
-    lines = [f"wrote {r.out} (sha256 {r.out_sha256})", f"  bundle {r.bundle} ({r.bundle_sha256[:12]})"]
-    lines += [f"  {e.tensor}: {e.rows_replaced} rows replaced ({e.kind})" for e in r.edits] or ["  (no edits)"]
-    lines.append(f"  transplant manifest {r.manifest}")
-    click.echo(json.dumps(obj, indent=1) if as_json else "\n".join(lines))
+    emit(apply_json(r), render_apply(r), as_json)
 
 
 @bench.command("solve-head")

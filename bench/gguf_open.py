@@ -108,3 +108,13 @@ def run_gguf_open_bench(cfg: GGUFOpenBenchConfig,
         size = path.stat().st_size
     return GGUFOpenBenchResult(cfg.vocab, cfg.merges, size, n_ours, n_ref, ours_s, tokens_s, ref_s,
                                ref_s / ours_s)
+
+
+def render_gguf_open_bench(r: GGUFOpenBenchResult) -> str:
+    """`exactedit bench gguf-open`'s table."""
+    return (f"vocab {r.vocab:,}{' + merges' if r.merges else ''}, file {r.file_bytes:,} bytes, "
+            f"{r.tensors_ours} tensors\n"
+            f"  exactedit open + list   {r.ours_s * 1e3:10.1f} ms\n"
+            f"  gguf-py GGUFReader      {r.gguf_py_s * 1e3:10.1f} ms\n"
+            f"  ratio (gguf-py / ours)  {r.ratio:10.1f}x\n"
+            f"  token table decode      {r.tokens_s * 1e3:10.1f} ms")

@@ -167,3 +167,9 @@ def run_llamacpp(gguf, tokens_file, logits_out, settings=None,
     write_logits(logits_out, run.logits)
     return ContractRun(str(gguf), str(tokens_file), str(logits_out), int(toks.size), int(run.logits.shape[1]),
                        settings.as_meta(), run.ubatch_sizes)
+
+
+def render_contract_run(res: ContractRun) -> str:
+    """`exactedit engine run`'s line."""
+    return (f"wrote {res.logits_file}: {res.rows} x {res.vocab} float32 logits "
+            f"(micro-batches {list(res.ubatch_sizes)})")

@@ -67,3 +67,9 @@ def untie(model, out, *, overwrite: bool = False, progress: Callable[[int, int],
     added = res.added[0]
     return UntieResult(str(model), res.src_sha256, str(out), res.dst_sha256, str(res.manifest),
                        info.type_name, tuple(info.shape), added.sha256)
+
+
+def render_untie(res: UntieResult) -> str:
+    """`exactedit untie`'s line."""
+    return (f"wrote {res.dst} (sha256 {res.dst_sha256}): output.weight = token_embd.weight, "
+            f"{res.type_name} {list(res.shape)}")

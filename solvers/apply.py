@@ -72,3 +72,18 @@ def apply_bundle(bundle, model, out, *, overwrite: bool = False, check_model: bo
                 applied.append(AppliedEdit(e.tensor, e.kind, e.shape[0]))
     result = transplant(model, out, replace=replace, overwrite=overwrite, progress=progress)
     return ApplyResult(b.path, b.sha256, model, out, result.dst_sha256, result.manifest, tuple(applied), result)
+
+
+def apply_json(r: ApplyResult) -> dict:
+    """`exactedit apply --json`."""
+    return {"bundle": str(r.bundle), "bundle_sha256": r.bundle_sha256, "model": str(r.model), "out": str(r.out),
+            "out_sha256": r.out_sha256, "manifest": str(r.manifest),
+            "edits": [{"tensor": e.tensor, "kind": e.kind, "rows": e.rows_replaced} for e in r.edits]}
+
+
+def render_apply(r: ApplyResult) -> str:
+    """`exactedit apply`'s summary."""
+    lines = [f"wrote {r.out} (sha256 {r.out_sha256})", f"  bundle {r.bundle} ({r.bundle_sha256[:12]})"]
+    lines += [f"  {e.tensor}: {e.rows_replaced} rows replaced ({e.kind})" for e in r.edits] or ["  (no edits)"]
+    lines.append(f"  transplant manifest {r.manifest}")
+    return "\n".join(lines)
