@@ -712,6 +712,99 @@ def verify_shaping_cmd(model, rules, prompts, max_new, temperature, top_k, seeds
 # ---- end section: sampler-side shaping ---------------------------------------------------------
 
 
+# ---- section: sampler-side shaping (shape compile, shape rates, verify shaping) ---------------
+
+@main.group()
+def shape() -> None:
+    """Sampler-side shaping rules: compile for a model, rates in generation (docs/shaping.md)."""
+
+
+def _gen_config(max_new, temperature, top_k):
+    from exactedit.native.shaping_live import GenerateConfig
+
+    return GenerateConfig(max_new=max_new, temperature=temperature, top_k=top_k)
+
+
+def _gen_options(f):
+    for opt in reversed([
+        click.option("--max-new", default=64, show_default=True, type=click.IntRange(1), help="Tokens per reply (cap)."),
+        click.option("--temperature", default=0.8, show_default=True, type=float),
+        click.option("--top-k", default=40, show_default=True, type=click.IntRange(1)),
+        click.option("--seed", "seeds", multiple=True, type=int, help="Sample seed (repeatable; default 0)."),
+    ]):
+        f = opt(f)
+    return f
+
+
+@shape.command("compile")
+@click.argument("rules", type=click.Path(dir_okay=False, exists=True))
+@click.option("--model", required=True, help="GGUF path, or a public model name (qwen, gemma).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="The compiled rules (JSON) to write.")
+@JSON_FLAG
+def shape_compile_cmd(rules, model, out, as_json) -> None:
+    """Resolve a rules file (TOML) against MODEL's tokenizer, specials and chat template."""
+    import json
+
+    from exactedit.native.models import locate
+    from exactedit.native.shape_compile import compile_file, render_compile
+
+    r = compile_file(rules, locate(model), out)
+    click.echo(json.dumps(r.to_dict(), indent=1) if as_json else render_compile(r))
+
+
+@shape.command("rates")
+@click.option("--model", required=True, help="GGUF path, or a public model name (qwen, gemma).")
+@click.option("--rules", required=True, type=click.Path(dir_okay=False, exists=True), help="Compiled rules (JSON).")
+@click.option("--prompts", required=True, type=click.Path(dir_okay=False, exists=True), help="One user prompt per line.")
+@click.option("--edited", type=click.Path(dir_okay=False, exists=True), help="Edited GGUF: adds the weights and both arms.")
+@click.option("--phrases", type=click.Path(dir_okay=False, exists=True), help="Phrases to rate (default: the rules').")
+@_gen_options
+@click.option("--n-boot", default=1000, show_default=True, type=click.IntRange(0), help="Bootstrap resamples.")
+@_engine_settings
+@JSON_FLAG
+def shape_rates_cmd(model, rules, prompts, edited, phrases, max_new, temperature, top_k, seeds, n_boot, as_json,
+                    **flags) -> None:
+    """Phrase rates and KL of base / rules / weights / both on the same prompts and seeds."""
+    import contextlib
+    import json
+
+    from exactedit.native.models import locate
+    from exactedit.native.shape_rates import render_shape_rates, shape_rates
+
+    with contextlib.ExitStack() as stack:
+        r = shape_rates(locate(model), rules, _lines(prompts), _lines(phrases) if phrases else None, edited=edited,
+                        config=_gen_config(max_new, temperature, top_k), seeds=seeds or (0,),
+                        settings=_settings(**flags), n_boot=n_boot, progress=_progress(stack, "sampling"))
+    click.echo(json.dumps(r.to_dict(), indent=1, allow_nan=False) if as_json else render_shape_rates(r))
+
+
+@verify.command("shaping")
+@click.option("--model", required=True, help="GGUF path, or a public model name (qwen, gemma).")
+@click.option("--rules", required=True, type=click.Path(dir_okay=False, exists=True), help="Compiled rules (JSON).")
+@click.option("--prompts", required=True, type=click.Path(dir_okay=False, exists=True), help="One user prompt per line.")
+@_gen_options
+@click.option("--persona/--no-persona", default=None, help="Override the rules' persona gate.")
+@_engine_settings
+@JSON_FLAG
+def verify_shaping_cmd(model, rules, prompts, max_new, temperature, top_k, seeds, persona, as_json, **flags) -> None:
+    """Generate with the rules live; the sampler's logits must equal the offline shaping, bitwise."""
+    import contextlib
+    import json
+
+    from exactedit.native.models import locate
+    from exactedit.native.verify_shaping import render_shaping_verify, verify_shaping
+
+    with contextlib.ExitStack() as stack:
+        r = verify_shaping(locate(model), rules, _lines(prompts), config=_gen_config(max_new, temperature, top_k),
+                           seeds=seeds or (0,), settings=_settings(**flags), persona=persona,
+                           progress=_progress(stack, "generating"))
+    click.echo(json.dumps(r.to_dict(), indent=1) if as_json else render_shaping_verify(r))
+    if not r.passed:
+        sys.exit(1)
+
+# ---- end section: sampler-side shaping ---------------------------------------------------------
+
+
 # ---- section: evals --------------------------------------------------------------------------
 
 _WORKSPACE = click.option("--workspace", type=click.Path(file_okay=False), default=".exactedit", show_default=True,

@@ -19,7 +19,7 @@ step0 rows, which lie outside think, tool calls, code and structured replies.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -28,8 +28,8 @@ from exactedit.evals.triggers import Row, ShapeVocab, TriggerMachine, TriggerSta
 CASE_DROP = 8.0
 
 __all__ = [
-    "CASE_DROP", "PersonaCase", "Phrase", "PrefixPenalty", "Row", "Rule", "ShapeVocab", "Shaper", "Step0Guard",
-    "TriggerMachine", "TriggerState", "case_pairs", "parse_shape", "rule_hits", "shape_logits", "trigger_mask",
+    "CASE_DROP", "PersonaCase", "PhrasePenalty", "PrefixPenalty", "Row", "Rule", "ShapeVocab", "Shaper", "Step0Guard",
+    "TextPhrase", "TriggerMachine", "TriggerState", "case_pairs", "parse_shape", "rule_hits", "shape_logits", "trigger_mask",
     "trigger_state",
 ]
 
@@ -41,80 +41,111 @@ def _f32_exact(x: float, what: str) -> float:
     return x
 
 
-@dataclass(frozen=True)
-class Phrase:
-    """A banned phrase: its final (rejected) token and every token sequence its prefix may have
-    been written as; `boundary[i]`: prefix i must follow a token that may end a word (or start the
-    text), as a form without a leading space must."""
-
-    final: int
-    prefixes: tuple[tuple[int, ...], ...]
-    boundary: tuple[bool, ...] = ()
-    text: str = ""
-
-    def __post_init__(self):
-        prefixes = tuple(tuple(int(t) for t in p) for p in self.prefixes)
-        boundary = tuple(bool(b) for b in self.boundary) or (False,) * len(prefixes)
-        if not prefixes or any(not p for p in prefixes) or len(boundary) != len(prefixes):
-            raise ValueError("a phrase needs >= 1 non-empty prefix and one boundary flag per prefix")
-        object.__setattr__(self, "final", int(self.final))
-        object.__setattr__(self, "prefixes", prefixes)
-        object.__setattr__(self, "boundary", boundary)
-
-
-def _matches(prefix: tuple[int, ...], needs_boundary: bool, tokens, boundary, start: int, t: int, span: int) -> bool:
-    k = len(prefix)
-    if k > span:
-        return False
-    for j in range(k):
-        if int(tokens[t - j]) != prefix[k - 1 - j]:
-            return False
-    return not needs_boundary or t - k < start or bool(boundary[t - k])
+def _fits(k: int, span: int) -> bool:
+    """k tokens ending at the row lie in the current generating stretch (rows >= t - span)."""
+    return 0 < k <= span + 1
 
 
 @dataclass(frozen=True)
 class PrefixPenalty:
-    """When the row's last tokens are a banned phrase's prefix (any of its forms, all read in the
-    current generating stretch), subtract `bias` from the phrase's final token. `phrases` may also
-    be plain token tuples (prefix + final, one form, no boundary)."""
+    """When the row's last tokens are exactly a banned tuple's prefix (token ids, as the bars'
+    prefix-exact positions are defined), subtract `bias` from the tuple's final token."""
 
     bias: float
-    phrases: tuple
-    _by_last: dict = field(init=False, repr=False, compare=False)
+    phrases: tuple[tuple[int, ...], ...]
 
     name = "prefix-penalty"
 
     def __post_init__(self):
         object.__setattr__(self, "bias", _f32_exact(self.bias, "prefix-penalty bias"))
-        phrases = []
-        for p in self.phrases:
-            if not isinstance(p, Phrase):
-                p = tuple(int(t) for t in p)
-                if len(p) < 2:
-                    raise ValueError("prefix-penalty phrases need >= 2 tokens (a prefix and a final token)")
-                p = Phrase(p[-1], (p[:-1],))
-            phrases.append(p)
-        object.__setattr__(self, "phrases", tuple(phrases))
-        by_last: dict[int, list] = {}
-        for i, p in enumerate(phrases):
-            for pre, b in zip(p.prefixes, p.boundary):
-                by_last.setdefault(pre[-1], []).append((i, pre, b))
-        object.__setattr__(self, "_by_last", by_last)
+        phrases = tuple(tuple(int(t) for t in p) for p in self.phrases)
+        if any(len(p) < 2 for p in phrases):
+            raise ValueError("prefix-penalty phrases need >= 2 tokens (a prefix and a final token)")
+        object.__setattr__(self, "phrases", phrases)
 
     def hits(self, tokens, boundary, start: int, t: int, row: Row, active: bool = True) -> tuple[int, ...]:
-        """The final tokens to penalize at row t, one per matching phrase, in phrase order."""
+        """The final tokens to penalize at row t, one per matching tuple, in order."""
         if not row.open_text:
             return ()
-        found = set()
-        for i, pre, b in self._by_last.get(int(tokens[t]), ()):
-            if i not in found and _matches(pre, b, tokens, boundary, start, t, row.span):
-                found.add(i)
-        return tuple(self.phrases[i].final for i in sorted(found))
+        out = []
+        for p in self.phrases:
+            k = len(p) - 1
+            if _fits(k, row.span) and t - k + 1 >= start and all(int(tokens[t - j]) == p[k - 1 - j] for j in range(k)):
+                out.append(p[-1])
+        return tuple(out)
 
     def apply_row(self, logits: np.ndarray, hits) -> None:
         bias = logits.dtype.type(self.bias)
         for tok in hits:
             logits[tok] = logits[tok] - bias
+
+
+@dataclass(frozen=True)
+class TextPhrase:
+    """A banned phrase as text and the token its last word is (the one penalized)."""
+
+    text: str
+    final: int
+
+
+class _WindowBytes:
+    """The token bytes the shared matcher walks over, from a compiled rule: the bytes of every token
+    a match can use (`pieces`); any other token is b"\x00" where it ends in a word boundary, else
+    b"\xff" (neither can take part in a match of UTF-8 text; only the boundary test reads them)."""
+
+    def __init__(self, pieces: Mapping[int, bytes]):
+        self.pieces = pieces
+        self.boundary: dict[int, bool] = {}
+
+    def __call__(self, i: int) -> bytes:
+        b = self.pieces.get(i)
+        if b is not None:
+            return b
+        return b"\x00" if self.boundary.get(i, False) else b"\xff"
+
+
+@dataclass(frozen=True)
+class PhrasePenalty:
+    """Banned phrases as text (compiled for one model): when the text the model has written in
+    the current generating stretch ends with a phrase's prefix ("you can" of "you can use", as
+    written or Capitalized, starting at a word boundary: the shared matcher's definition,
+    solvers.l47.phrases), subtract `bias` from the phrase's final token. `pieces`: token id ->
+    bytes for every token a match can use (tokens spelling part of a prefix, or merging a
+    boundary character with its start); a token outside them only ever serves as the boundary."""
+
+    bias: float
+    phrases: tuple[TextPhrase, ...]
+    pieces: Mapping[int, bytes]
+    _matcher: object = field(init=False, repr=False, compare=False)
+
+    name = "prefix-penalty"
+
+    def __post_init__(self):
+        from exactedit.solvers.l47.phrases import PhraseMatcher, split_last_word
+
+        object.__setattr__(self, "bias", _f32_exact(self.bias, "prefix-penalty bias"))
+        phrases = tuple(self.phrases)
+        if not phrases or any(split_last_word(p.text) is None for p in phrases):
+            raise ValueError("prefix-penalty needs phrases of two or more words")
+        object.__setattr__(self, "phrases", phrases)
+        object.__setattr__(self, "pieces", {int(k): bytes(v) for k, v in self.pieces.items()})
+        object.__setattr__(self, "_matcher", PhraseMatcher([p.text for p in phrases], _WindowBytes(self.pieces)))
+
+    @property
+    def longest(self) -> int:
+        """Most tokens one match can span (each token spells >= 1 byte), the boundary token included."""
+        return max(len(f.prefix) for f in self._matcher.forms if f.prefix) + 1
+
+    def hits(self, tokens, boundary, start: int, t: int, row: Row, active: bool = True) -> tuple[int, ...]:
+        if not row.open_text:
+            return ()
+        first = max(start, t - row.span)
+        tb = self._matcher.tb
+        tb.boundary = {int(tokens[i]): bool(boundary[i]) for i in range(max(first, t - self.longest), t + 1)}
+        found = self._matcher.prefix_at(tokens, t, first)
+        return tuple(self.phrases[i].final for i in sorted(found))
+
+    apply_row = PrefixPenalty.apply_row
 
 
 @dataclass(frozen=True)
@@ -181,28 +212,31 @@ class PersonaCase:
         logits[self._up] = logits[self._up] - logits.dtype.type(self.drop)
 
 
-Rule = PrefixPenalty | Step0Guard | PersonaCase
+Rule = PrefixPenalty | PhrasePenalty | Step0Guard | PersonaCase
 
 
 def case_pairs(texts: Sequence[str], words: Sequence[str] | None = None,
                skip: Sequence[int] = ()) -> tuple[tuple[int, int], ...]:
     """(capitalized id, lowercase id) for every alphabetic token spelled Capitalized (optionally a
     leading space) whose lowercase twin is in the table; `words` restricts to those words, `skip`
-    excludes ids (special tokens). The first id of a duplicated text is used."""
+    excludes ids (special tokens). The first id of a duplicated text, and the first capital
+    of a lowercase twin, are used."""
     index: dict[str, int] = {}
     for i, t in enumerate(texts):
         index.setdefault(t, i)
     keep = None if words is None else {w.lower() for w in words}
     banned = set(int(s) for s in skip)
-    out = []
+    out, taken = [], set()
     for i, t in enumerate(texts):
         word = t[1:] if t.startswith(" ") else t
         if i in banned or index[t] != i or not word.isalpha() or not word[0].isupper() \
                 or (len(word) > 1 and not word[1:].islower()):
             continue
         twin = t[: len(t) - len(word)] + word.lower()
-        if twin in index and index[twin] not in banned and (keep is None or word.lower() in keep):
-            out.append((i, index[twin]))
+        low = index.get(twin) if twin != t and word.lower().islower() else None
+        if low is not None and low not in banned and low not in taken and (keep is None or word.lower() in keep):
+            out.append((i, low))
+            taken.add(low)  # Unicode folds some capitals together (KELVIN SIGN and K): first one wins
     return tuple(out)
 
 

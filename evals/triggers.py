@@ -17,9 +17,11 @@ Per row:
   model without think tags has no think block, and its step0 is the row that ends the header;
 - `reply_start`: step0, or the row that ends the assistant header;
 - `sentence_start`: the row's token text ends in `.`, `!`, `?` or a newline;
-- `span`: how many reply tokens (after the header) this document's current generating stretch has
-  read, this row's token included: a prefix of k tokens fits when k <= span;
-- `boundary`: the row's token may end a word (its text is empty or ends in a non-alphanumeric).
+- `span`: t - first, where `first` is the row that opened the current generating stretch (the
+  assistant header's end, or a plain document's first row); every token of a phrase match lies at
+  rows >= first (-1 where the row is not generating);
+- `boundary`: the row's token ends in a word boundary (its last character is no letter, digit or
+  underscore; solvers.l47.phrases.ends_at_boundary, the shared matcher's rule).
 """
 from __future__ import annotations
 
@@ -28,13 +30,14 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from exactedit.solvers.l47.phrases import ends_at_boundary
 NEWLINE = 1          # text contains "\n": ends a header written as text
 NL_LEAD = 2          # text starts with "\n": the header's newline is the token's first character
 SENTENCE_END = 4     # text ends in . ! ? or a newline
 BLANK = 8            # non-empty and only newlines: the newline after the think close tag
 VISIBLE = 16         # text.strip() is non-empty
 STRUCTURED = 32      # the first visible character is { [ or `
-BOUNDARY = 64        # empty, or the last character is not alphanumeric
+BOUNDARY = 64        # ends in a boundary character (no letter, digit, underscore; complete UTF-8)
 FLAG_NAMES = {"newline": NEWLINE, "nl_lead": NL_LEAD, "sentence_end": SENTENCE_END, "blank": BLANK,
               "visible": VISIBLE, "structured": STRUCTURED, "boundary": BOUNDARY}
 
@@ -54,7 +57,7 @@ def text_flags(text: str) -> tuple[int, int]:
         f |= VISIBLE
         if text.lstrip()[0] in "{[`":
             f |= STRUCTURED
-    if not text or not text[-1].isalnum():
+    if ends_at_boundary(text.encode("utf-8")):
         f |= BOUNDARY
     return f, min(text.count("```"), 255)
 
@@ -164,8 +167,8 @@ class TriggerMachine:
         self.chat = self.in_header = self.body = self.assistant = False
         self.think = self.tool = self.first_seen = self.structured = False
         self.header: list[int] = []
-        self.fences = self.span = 0
-        self.prev = -1
+        self.fences = 0
+        self.span = self.prev = -1
 
     def push(self, tok: int) -> Row:
         v, tok = self.vocab, int(tok)
@@ -209,10 +212,7 @@ class TriggerMachine:
                 if not self.tool:
                     self.fences += int(v.fences[tok])
         generating = (self.body and self.assistant) or not self.chat
-        if not generating or header_done:
-            self.span = 0
-        else:
-            self.span += 1
+        self.span = -1 if not generating else 0 if header_done else self.span + 1
         self.prev = tok
         return Row(generating, self.think, self.tool, self.fences % 2 == 1, self.structured,
                    step0 and generating, (step0 or header_done) and generating,

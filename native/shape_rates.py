@@ -1,0 +1,172 @@
+"""`exactedit shape rates`: weights only, rules only, both, against the base, in free generation.
+
+Four arms answer the same prompts with the same seeds and the same sampler chain
+(native/shaping_live.py): `base` (the model), `rules` (the model with the compiled rules live),
+and with an edited GGUF `weights` (the edited model) and `both` (the edited model with the
+rules). The phrase rates of each arm against `base` come from evals/phrase_rates.py (replies with
+the phrase, per 1,000 tokens, continuation at its prefix, bootstrap intervals over prompts). For
+the arms with rules, the KL of the shaped against the unshaped distribution (temperature 1, full
+vocabulary, each step of the arm's own generation) is reported at each rule's trigger steps and
+over whole replies (the mean over every step, the steps where no rule fired counting 0), as
+SPEC.md section 6 asks of a rule scored like an edit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from exactedit.native.llamacpp import EngineError, EngineSettings, LlamaEngine
+from exactedit.native.shaping_live import GenerateConfig, generate, open_rules, prompt_tokens, render_prompt, shaper_for
+
+ARMS = ("base", "rules", "weights", "both")
+
+
+@dataclass(frozen=True)
+class ArmRun:
+    """One arm's replies (evals.phrase_rates.Reply) and, with rules, its KL and firing counts."""
+
+    name: str
+    model: str
+    replies: tuple
+    kl: dict = field(default_factory=dict)
+    fired: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "replies": len(self.replies),
+                "tokens": int(sum(r.tokens.size for r in self.replies)),
+                "truncated": int(sum(r.truncated for r in self.replies)), "kl": self.kl, "fired": self.fired}
+
+
+@dataclass(frozen=True)
+class ShapeRates:
+    arms: dict                 # name -> ArmRun
+    vs_base: dict              # arm -> evals.phrase_rates.PhraseRates (base vs that arm)
+    config: dict
+    info: dict
+
+    def to_dict(self) -> dict:
+        return {"arms": {k: a.to_dict() for k, a in self.arms.items()},
+                "vs_base": {k: r.to_dict() for k, r in self.vs_base.items()}, "config": self.config, **self.info}
+
+
+def kl_summary(names: Sequence[str], fired: np.ndarray, kl: np.ndarray) -> dict:
+    """KL(unshaped || shaped) at each rule's trigger steps, at any trigger, and over all steps."""
+    out = {}
+    scopes = {f"triggers {n}": fired[:, j] for j, n in enumerate(names)}
+    scopes["triggers any"] = fired.any(axis=1) if fired.size else np.zeros(0, bool)
+    scopes["replies"] = np.ones(kl.size, bool)
+    for key, m in scopes.items():
+        v = kl[m]
+        out[key] = {"steps": int(m.sum()), "mean": float(v.mean()) if v.size else None,
+                    "median": float(np.median(v)) if v.size else None, "max": float(v.max()) if v.size else None}
+    return out
+
+
+def _run_arm(name, path, ptoks, seeds, cfg, compiled, settings, progress) -> ArmRun:
+    from exactedit.evals.phrase_rates import Reply
+
+    shaper = shaper_for(compiled) if name in ("rules", "both") else None
+    stop = tuple(compiled.vocab.turn_end)
+    replies, fired, kls = [], [], []
+    with LlamaEngine(path, settings) as engine:
+        for i, pt in enumerate(ptoks):
+            for seed in seeds:
+                g = generate(engine, pt, GenerateConfig(cfg.max_new, cfg.temperature, cfg.top_k, int(seed)), shaper,
+                             stop_ids=stop)
+                replies.append(Reply(i, int(seed), g.prompt, g.tokens, g.truncated))
+                fired.append(g.fired)
+                kls.append(g.kl)
+                if progress is not None:
+                    progress()
+    if shaper is None:
+        return ArmRun(name, str(path), tuple(replies))
+    names = [r.name for r in compiled.rules]
+    fired_all, kl_all = np.concatenate(fired), np.concatenate(kls)
+    return ArmRun(name, str(path), tuple(replies), kl_summary(names, fired_all, kl_all),
+                  {n: int(fired_all[:, j].sum()) for j, n in enumerate(names)})
+
+
+def shape_rates(model, rules_path, prompts: Sequence[str], phrases: Sequence[str] | None = None, *, edited=None,
+                config: GenerateConfig | None = None, seeds: Sequence[int] = (0,),
+                settings: EngineSettings | None = None, n_boot: int = 1000, level: float = 0.95,
+                progress: Callable[[int, int], None] | None = None) -> ShapeRates:
+    """Generate every arm and compare each with `base`. `phrases`: the rates' phrases (default:
+    the compiled prefix penalty's)."""
+    from exactedit.evals.phrase_rates import phrase_rates
+    from exactedit.quant import gguf
+    from exactedit.solvers.l47.phrases import PhraseMatcher, TokenBytes, parse_phrases
+    from exactedit.solvers.tail.model import load_tokens
+
+    cfg = config or GenerateConfig()
+    if not prompts:
+        raise EngineError(model, "prompts", "no prompts")
+    g = gguf.open(model)
+    compiled, tpl = open_rules(model, rules_path, g)
+    if edited is not None:
+        _same_tokenizer(g, gguf.open(edited), edited)
+    pen = compiled.rule("prefix-penalty")
+    if phrases is None:
+        if pen is None:
+            raise EngineError(rules_path, "phrases", "the rules have no prefix penalty; give the phrases to rate")
+        phrases = [p.text for p in pen.phrases]
+    phrases = parse_phrases(list(phrases), "phrases")
+    with LlamaEngine(model, settings) as engine:
+        ptoks = [prompt_tokens(engine, render_prompt(tpl, p)) for p in prompts]
+    arms = ARMS if edited is not None else ARMS[:2]
+    total, done = len(arms) * len(prompts) * len(seeds), [0]
+
+    def tick():
+        done[0] += 1
+        if progress is not None:
+            progress(done[0], total)
+
+    runs = {a: _run_arm(a, edited if a in ("weights", "both") else model, ptoks, seeds, cfg, compiled, settings, tick)
+            for a in arms}
+    matcher = PhraseMatcher(phrases, TokenBytes(load_tokens(g)))
+    vs = {a: phrase_rates(matcher, list(runs["base"].replies), list(runs[a].replies), n_boot=n_boot, level=level,
+                          seed=int(seeds[0]) if seeds else 0) for a in arms if a != "base"}
+    info = {"model": str(model), "model_sha256": compiled.model["sha256"], "edited": str(edited or ""),
+            "rules": str(rules_path), "phrases": list(phrases), "prompts": len(prompts)}
+    return ShapeRates(runs, vs, {"max_new": cfg.max_new, "temperature": cfg.temperature, "top_k": cfg.top_k,
+                                 "seeds": list(seeds)}, info)
+
+
+def _same_tokenizer(g, e, where) -> None:
+    """An edited model must share the base's token table and chat template (the rules' ids)."""
+    for key in ("tokenizer.ggml.model", "tokenizer.chat_template", "tokenizer.ggml.eos_token_id"):
+        if g.get(key) != e.get(key):
+            raise EngineError(where, key, "differs from the base model's: the compiled rules do not apply to it")
+    if g.tokens() != e.tokens() or not np.array_equal(g.token_types(), e.token_types()):
+        raise EngineError(where, "tokenizer.ggml.tokens", "differs from the base model's token table")
+
+
+def render_shape_rates(r: ShapeRates) -> str:
+    """Per phrase and arm: replies with it, per 1k tokens, continuation at the prefix; then KL."""
+    def f(x, spec="{:.2f}"):
+        return "n/a" if x is None or not np.isfinite(x) else spec.format(x)
+
+    arms = [a for a in ARMS if a in r.arms]
+    head = ["phrase", *[f"{a}: with / per1k / cont" for a in arms]]
+    rows = []
+    first = next(iter(r.vs_base.values()))
+    for pi, p in enumerate(first.phrases):
+        cells = [p.phrase, f"{p.base.replies_with}/{p.base.replies} / {f(p.base.per_1k_tokens)} / {f(p.base.continuation)}"]
+        for a in arms[1:]:
+            e = r.vs_base[a].phrases[pi].edited
+            cells.append(f"{e.replies_with}/{e.replies} / {f(e.per_1k_tokens)} / {f(e.continuation)}")
+        rows.append(cells)
+    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+    out = [f"shape rates: {r.info['prompts']} prompts x seeds {r.config['seeds']}, max_new {r.config['max_new']}, "
+           f"T {r.config['temperature']}, top-k {r.config['top_k']}; tokens "
+           + ", ".join(f"{a} {r.arms[a].to_dict()['tokens']}" for a in arms),
+           "  ".join(h.ljust(w) for h, w in zip(head, widths))]
+    out += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    for a in arms:
+        if r.arms[a].kl:
+            out.append(f"KL(unshaped || shaped), arm {a} (fired: "
+                       + ", ".join(f"{n} {k}" for n, k in r.arms[a].fired.items()) + "):")
+            out += [f"  {k:28} steps {v['steps']:5}  mean {f(v['mean'], '{:.4g}')}  median {f(v['median'], '{:.4g}')}"
+                    f"  max {f(v['max'], '{:.4g}')}" for k, v in r.arms[a].kl.items()]
+    return "\n".join(out)
