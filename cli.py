@@ -617,6 +617,54 @@ def mine_cmd(engine_name, model, prompts, phrases, out, edited, max_new, samples
         plot_phrase_rates(res.phrase_rates, png)
     click.echo(json.dumps(res.to_dict(), indent=1, allow_nan=False) if as_json else render_mine(res))
 
+
+@main.group()
+def dataset() -> None:
+    """Labelled dump sets for the solvers, from a model's own replies."""
+
+
+@dataset.command("build")
+@click.option("--model", required=True, help="GGUF path, or a public model name (qwen).")
+@click.option("--prompts", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="One user prompt per line (the split is by prompt).")
+@click.option("--phrases", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="One banned phrase per line.")
+@click.option("--texts", type=click.Path(file_okay=False, exists=True),
+              help="A directory of plain .txt files: plain anchors and legitimate uses.")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Directory for train/ heldout/ collateral/ anchors/ and dataset.json.")
+@click.option("--samples", default=2, show_default=True, type=click.IntRange(1), help="Replies per prompt.")
+@click.option("--max-new", default=256, show_default=True, type=click.IntRange(1))
+@click.option("--temperature", default=0.8, show_default=True, type=float)
+@click.option("--top-k", default=40, show_default=True, type=click.IntRange(1))
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--heldout", default=0.25, show_default=True, type=float, help="Share of prompts held out.")
+@click.option("--collateral", default=0.15, show_default=True, type=float, help="Share of prompts for collateral.")
+@click.option("--anchor", default=0.15, show_default=True, type=float, help="Share of prompts for chat anchors.")
+@click.option("--chunk", default=256, show_default=True, type=click.IntRange(16), help="Tokens per text document.")
+@click.option("--capitalized/--no-capitalized", default=True, show_default=True)
+@click.option("--overwrite", is_flag=True)
+@_engine_settings
+@JSON_FLAG
+def dataset_build(model, prompts, phrases, texts, out, overwrite, as_json, n_ctx, n_batch, n_ubatch, n_threads,
+                  flash_attn, **flags) -> None:
+    """Sample the model's replies and write the train / heldout / collateral / anchors dumps
+    (tags, roles, split by prompt) with a summary of slop contexts and legitimate uses per set."""
+    import contextlib
+    import json
+    from pathlib import Path
+
+    from exactedit.native.dataset import DatasetConfig, build_dataset, render_dataset
+    from exactedit.native.models import locate
+
+    cfg = DatasetConfig(**flags)
+    files = sorted(Path(texts).glob("*.txt")) if texts else []
+    with contextlib.ExitStack() as stack:
+        res = build_dataset(locate(model), _lines(prompts), _lines(phrases), out, texts=files, config=cfg,
+                            settings=_settings(n_ctx, n_batch, n_ubatch, n_threads, flash_attn), overwrite=overwrite,
+                            progress=_progress(stack, "sampling"))
+    click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_dataset(res))
+
 # ---- end section: native ---------------------------------------------------------------------
 
 # ---- section: sampler-side shaping (shape compile, shape rates, verify shaping) ---------------

@@ -2,8 +2,8 @@
 
 For each prompt the model's own chat template (from its GGUF, rendered in Jinja2's sandbox)
 writes one user turn and the generation prompt; the engine samples `samples` replies (seeds
-`seed`, `seed + 1`, ...) up to the model's turn end or `max_new` tokens (native/generate.py; a
-reply cut at the cap is truncated and counted). Banned phrases are found by the toolkit's one
+`seed`, `seed + 1`, ...) up to the model's turn end (or another end-of-generation token) or
+`max_new` tokens (native/generate.py; a reply cut at the cap is truncated and counted). Banned phrases are found by the toolkit's one
 phrase matcher (solvers/l47/phrases.py, the one `solve wfld` mines with): a *context* is a row
 whose tokens end with a phrase's prefix, prefix-exact, and whose next token is its final token.
 
@@ -133,7 +133,10 @@ def generate(model, prompt_tokens: Sequence[np.ndarray], chat: ModelChat, cfg: M
     """Per prompt, one reply per seed, on `model`, to its turn end (the hook: `processor`)."""
     sp = chat.specials
     with LlamaEngine(model, settings) as engine:
-        return sample_all(engine, prompt_tokens, cfg.sampling(), cfg.seeds(), stop_ids=sp.end_of_generation,
+        # the model's own ends of generation, and any special llama.cpp also ends generation on
+        stops = sorted(set(sp.end_of_generation) | {t for t in sp.specials
+                                                    if engine._lib.llama_vocab_is_eog(engine._vocab, t)})
+        return sample_all(engine, prompt_tokens, cfg.sampling(), cfg.seeds(), stop_ids=stops,
                           turn_end=sp.turn_end, processor=processor, progress=progress)
 
 
