@@ -3,16 +3,18 @@
 The per-row KL comes from the tail's KL pass (`solvers.tail.kl_pass.kl_rows`: one streaming pass
 over both heads, float64 folds, no full logits kept). Statistics follow llama.cpp's report: mean (with
 its standard error), median, percentiles (linear interpolation between order statistics), max,
-min, top-1 agreement ("same top"), PPL of both over rows with a known next token, Delta p.
+min, top-1 agreement ("same top"), PPL of both over rows with a known next token, Delta p. These are
+the exact statistics; llama-perplexity's own conventions (16-bit base codes, a -16-nat cutoff) are
+in `evals.kld_llamacpp`, and `evals.kld_compare` chooses between them (docs/kld.md).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import numpy as np
 
-from exactedit.solvers.tail.kl_pass import KlRows, kl_rows
+from exactedit.solvers.tail.kl_pass import KlRows
 
 Progress = Callable[[int, int], None]
 
@@ -100,53 +102,47 @@ class KldResult:
 
 def kld(model, dump, edited, *, rows: str | tuple[int, int] | None = None, tile_rows: int = 8192,
         matmul: Matmul | None = None, progress: Progress | None = None) -> KldResult:
-    """KL(base || edited) over the dump's rows, both models recomputed from the same dump."""
-    from exactedit.quant import gguf
-    from exactedit.quant.errors import ExacteditError
-    from exactedit.solvers.tail.logits import open_pair, parse_rows, tail_mix
-    from exactedit.solvers.tail.model import load_tail
+    """KL(base || edited) over the dump's rows, both models recomputed from the same dump (one dump,
+    exact statistics; `evals.kld_compare.compare` takes several dumps and the other choices)."""
+    from exactedit.evals.kld_compare import KldConfig, compare
 
-    g, tail, d = open_pair(model, dump)
-    g2 = gguf.open(edited)
-    tail2 = load_tail(g2)
-    for key in ("kind", "n", "vocab", "h", "streams", "layer"):
-        a, b = getattr(tail.spec, key), getattr(tail2.spec, key)
-        if a != b:
-            raise ExacteditError(f"{edited}: tail {key} is {b!r}, the base model's is {a!r}")
-    if tail.softcap != tail2.softcap:
-        raise ExacteditError(f"{edited}: logit softcap {tail2.softcap} differs from the base's {tail.softcap}")
-    span = rows if isinstance(rows, tuple) else parse_rows(rows, d.rows)
-    mix_b, mix_e = tail_mix(tail, d, span), tail_mix(tail2, d, span)
-    r = kl_rows(mix_b, tail.head, mix_e, tail2.head, next_ids=np.asarray(d.next[span[0]:span[1]]),
-                softcap=tail.softcap, tile_rows=tile_rows, matmul=matmul, progress=progress)
-    return KldResult(kld_stats(r), r, str(model), str(edited), str(dump), span,
-                     g.sha256(), g2.sha256(), d.sha256())
+    if isinstance(rows, tuple):
+        rows = f"{rows[0]}:{rows[1]}"
+    r = compare(KldConfig(dumps=(str(dump),), model=str(model), edited=str(edited),
+                          rows=() if rows is None else (rows,), tile_rows=tile_rows),
+                matmul=matmul, progress=progress)
+    (_, a, b), = r.dumps[0].spans
+    return KldResult(r.exact, r.exact_rows, str(model), str(edited), str(dump), (a, b),
+                     r.model_sha256, r.edited_sha256, r.dumps[0].sha256)
+
+
+def render_kld_stats(s: KldStats) -> list[str]:
+    """The statistics lines of the exact report (llama.cpp's order and labels)."""
+    pct = lambda x: f"{100 * x:8.3f} %"  # noqa: E731
+    return ["====== Perplexity statistics ======",
+            f"rows with a next token: {s.ppl_rows}",
+            f"Mean PPL(Q)          : {s.ppl_edited:12.6f}",
+            f"Mean PPL(base)       : {s.ppl_base:12.6f}",
+            f"Mean ln(PPL(Q)/PPL(base)): {s.ln_ppl_ratio:10.6f} ± {s.ln_ppl_ratio_stderr:.6f}",
+            "====== KL divergence statistics ======",
+            f"Mean    KLD: {s.kld_mean:12.6f} ± {s.kld_mean_stderr:.6f}",
+            f"Maximum KLD: {s.kld_max:12.6f}",
+            f"99.9%   KLD: {s.kld_p999:12.6f}",
+            f"99.0%   KLD: {s.kld_p99:12.6f}",
+            f"95.0%   KLD: {s.kld_p95:12.6f}",
+            f"90.0%   KLD: {s.kld_p90:12.6f}",
+            f"Median  KLD: {s.kld_median:12.6f}",
+            f"10.0%   KLD: {s.kld_p10:12.6f}",
+            f"Minimum KLD: {s.kld_min:12.6f}",
+            "====== Token probability statistics ======",
+            f"Mean    Δp: {pct(s.dp_mean)}",
+            f"RMS     Δp: {pct(s.dp_rms)}",
+            f"Same top p: {pct(s.same_top)} ± {100 * s.same_top_stderr:.3f} %  ({s.rows} rows)"]
 
 
 def render_kld(r: KldResult) -> str:
-    """The text table `exactedit kld` prints (llama.cpp's order and labels)."""
-    s = r.stats
-    pct = lambda x: f"{100 * x:8.3f} %"  # noqa: E731
-    lines = [f"base    {r.model}  ({r.model_sha256[:12]})",
-             f"edited  {r.edited}  ({r.edited_sha256[:12]})",
-             f"dump    {r.dump}  rows {r.rows[0]}:{r.rows[1]}  ({r.dump_sha256[:12]})",
-             "====== Perplexity statistics ======",
-             f"rows with a next token: {s.ppl_rows}",
-             f"Mean PPL(Q)          : {s.ppl_edited:12.6f}",
-             f"Mean PPL(base)       : {s.ppl_base:12.6f}",
-             f"Mean ln(PPL(Q)/PPL(base)): {s.ln_ppl_ratio:10.6f} ± {s.ln_ppl_ratio_stderr:.6f}",
-             "====== KL divergence statistics ======",
-             f"Mean    KLD: {s.kld_mean:12.6f} ± {s.kld_mean_stderr:.6f}",
-             f"Maximum KLD: {s.kld_max:12.6f}",
-             f"99.9%   KLD: {s.kld_p999:12.6f}",
-             f"99.0%   KLD: {s.kld_p99:12.6f}",
-             f"95.0%   KLD: {s.kld_p95:12.6f}",
-             f"90.0%   KLD: {s.kld_p90:12.6f}",
-             f"Median  KLD: {s.kld_median:12.6f}",
-             f"10.0%   KLD: {s.kld_p10:12.6f}",
-             f"Minimum KLD: {s.kld_min:12.6f}",
-             "====== Token probability statistics ======",
-             f"Mean    Δp: {pct(s.dp_mean)}",
-             f"RMS     Δp: {pct(s.dp_rms)}",
-             f"Same top p: {pct(s.same_top)} ± {100 * s.same_top_stderr:.3f} %  ({s.rows} rows)"]
-    return "\n".join(lines)
+    """The text table of one `kld` result (inputs, then `render_kld_stats`)."""
+    return "\n".join([f"base    {r.model}  ({r.model_sha256[:12]})",
+                      f"edited  {r.edited}  ({r.edited_sha256[:12]})",
+                      f"dump    {r.dump}  rows {r.rows[0]}:{r.rows[1]}  ({r.dump_sha256[:12]})",
+                      *render_kld_stats(r.stats)])

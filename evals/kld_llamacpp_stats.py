@@ -49,6 +49,16 @@ def mean_and_uncertainty(s: float, s2: float, n: int) -> tuple[float, float]:
     return f, (math.sqrt(df / (n - 1)) if df > 0 and n > 10 else 0.0)
 
 
+def base_ppl(nll) -> tuple[float, float]:
+    """The base pass's "Final estimate: PPL = x +/- u" from its per-row float32 NLLs (float64 sums)."""
+    v = np.asarray(nll, np.float64)
+    n = v.size
+    m = float(v.sum()) / n
+    m2 = float((v * v).sum()) / n - m * m
+    unc = math.sqrt(m2 / (n - 1)) if m2 > 0 and n > 1 else float("nan")
+    return math.exp(m), math.exp(m) * unc
+
+
 def covariance(a: float, b: float, ab: float, n: int) -> float:
     if n < 10:
         return 0.0
