@@ -11,4 +11,16 @@ try:
 except PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "lazy_exports"]
+
+
+def lazy_exports(package: str, exports: dict[str, str]):
+    """(__all__, __getattr__) for a package whose public names live in its submodules and are
+    imported on first use (PEP 562): `exports` maps each name to its submodule."""
+    from importlib import import_module
+
+    def __getattr__(name: str):
+        if name in exports:
+            return getattr(import_module(f"{package}.{exports[name]}"), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+    return sorted(exports), __getattr__

@@ -17,6 +17,9 @@ import numpy as np
 
 from exactedit.quant.errors import QuantError
 
+__all__ = ["CHUNK_ROWS", "SUPPORTED", "QuantError", "dequantize", "quantize", "row_bytes", "runtime_q8_0",
+           "runtime_view"]
+
 SUPPORTED: tuple[str, ...] = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q4_K",
                               "Q5_K")
 

@@ -8,8 +8,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# package -> layer, bottom (0) to top; the root package (cli.py) is the top
+# package -> layer, bottom (0) to top; cli.py is the top; the root package's __init__ (its version
+# and the lazy_exports helper every package's face uses) is below everything
 LAYERS = {
+    "init": -1,
     "quant": 0,
     "dumps": 1,
     "solvers.tail": 2,
@@ -18,18 +20,21 @@ LAYERS = {
     "native": 5,
     "fixtures": 6, "bench": 6, "": 7,
 }
-SOURCES = ["quant", "dumps", "solvers", "evals", "native", "fixtures", "bench", "cli.py", "__init__.py"]
+SOURCES = ["quant", "dumps", "solvers", "evals", "native", "fixtures", "bench", "cli.py"]
 
 
 def _package(module: str) -> str | None:
-    """exactedit.solvers.tail.kl_pass -> 'solvers.tail'; exactedit.cli -> ''; others -> None."""
+    """exactedit.solvers.tail.kl_pass -> 'solvers.tail'; exactedit.cli -> ''; exactedit itself and
+    the names its __init__ defines -> 'init'; modules outside exactedit -> None."""
     parts = module.split(".")
     if parts[0] != "exactedit":
         return None
     rest = parts[1:]
     if rest and rest[0] == "solvers" and len(rest) > 1 and f"solvers.{rest[1]}" in LAYERS:
         return f"solvers.{rest[1]}"
-    return rest[0] if rest and rest[0] in LAYERS else ""
+    if rest and rest[0] in LAYERS:
+        return rest[0]
+    return "" if rest and rest[0] == "cli" else "init"
 
 
 def _edges():

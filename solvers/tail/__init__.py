@@ -7,15 +7,17 @@ reference, `kl_pass_numba`, `kl_pass_jax`), the partition function under a head-
 (`partition`), the engine-faithful path (`engine`), the tail's weights from a GGUF (`model`), the
 per-row scores every bar is a function of (`scores`) and `exactedit logits` (`logits`).
 Imports only quant/ and dumps/.
-"""
-from exactedit.solvers.tail.kl_pass import KlRows, kl_rows
-from exactedit.solvers.tail.logits import head_pass, open_pair, parse_rows, tail_mix, write_logits
-from exactedit.solvers.tail.model import TokenTable, load_tail, load_tokens
-from exactedit.solvers.tail.scores import DocMeta, RowScores, concat, rows_from_logits
-from exactedit.solvers.tail.vocab_pass import ArrayRows, QuantRows, RowSource, VocabPass, gguf_rows, vocab_pass
 
-__all__ = [
-    "ArrayRows", "DocMeta", "KlRows", "QuantRows", "RowScores", "RowSource", "TokenTable", "VocabPass",
-    "concat", "gguf_rows", "head_pass", "kl_rows", "load_tail", "load_tokens", "open_pair", "parse_rows",
-    "rows_from_logits", "tail_mix", "vocab_pass", "write_logits",
-]
+The names below are imported on first use (their modules pull in numba / JAX).
+"""
+from exactedit import lazy_exports
+
+__all__, __getattr__ = lazy_exports(__name__, {
+    "ArrayRows": "vocab_pass", "QuantRows": "vocab_pass", "RowSource": "vocab_pass", "VocabPass": "vocab_pass",
+    "gguf_rows": "vocab_pass",
+    "KlRows": "kl_pass", "kl_rows": "kl_pass",
+    "head_pass": "logits", "open_pair": "logits", "parse_rows": "logits", "tail_mix": "logits",
+    "write_logits": "logits",
+    "TokenTable": "model", "load_tail": "model", "load_tokens": "model",
+    "DocMeta": "scores", "RowScores": "scores", "concat": "scores", "rows_from_logits": "scores",
+})
