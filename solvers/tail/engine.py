@@ -5,10 +5,11 @@ The default forwards compute the model's math exactly (dequantized weights, floa
 engine does not: before every matmul against quantized weights ggml-cpu quantizes the float32
 activation row (Q8_K for K-quant weights, see quant/q8_k.py) and adds per-block integer dot
 products in float32 in its own order. Ignoring that costs KL ~3e-4 against the engine; modelling
-it gives identical logits. The weight x activation dot products (Q6_K x Q8_K, Q8_0 x Q8_0, in
-ggml-cpu's tiled and vec_dot orders) are modelled with the formats, in quant/q6_k_dot.py and
-quant/q8_0_dot.py; this module puts them together into the tail: which kernel each row's micro-batch
-takes, the float32 norms, the softcap, and the `Matmul` strategy the vocab pass plugs in.
+it gives identical logits. The weight x activation dot products (Q6_K x Q8_K, Q8_0 x Q8_0 and
+Q4_1 x Q8_1, in ggml-cpu's tiled and vec_dot orders) are modelled with the formats, in
+quant/q6_k_dot.py, quant/q8_0_dot.py and quant/q4_1_dot.py; this module puts them together into
+the tail: which kernel each row's micro-batch takes, the float32 norms, the softcap, and the
+`Matmul` strategy the vocab pass plugs in.
 
 RMSNorm (ggml_compute_forward_rms_norm_f32): sum of float32 squares in float64, in index order;
 mean = f32(sum / n); scale = 1 / sqrtf(mean + eps); y = (x * scale) * w, all float32.
@@ -29,6 +30,7 @@ import numpy as np
 from numba import prange
 
 from exactedit.quant.errors import QuantError
+from exactedit.quant.q4_1_dot import q4_1_matmul, q4_1_matmul_ref
 from exactedit.quant.q6_k_dot import TILED_MIN_ROWS, q6_k_matmul, q6_k_matmul_ref
 from exactedit.quant.q8_0_dot import q8_0_matmul, q8_0_matmul_ref
 
@@ -107,8 +109,8 @@ def softcap(logits: np.ndarray, cap: float) -> np.ndarray:
 
 def _matmuls(reference: bool) -> dict:
     if reference:
-        return {"Q6_K": q6_k_matmul_ref, "Q8_0": q8_0_matmul_ref}
-    return {"Q6_K": q6_k_matmul, "Q8_0": q8_0_matmul}
+        return {"Q6_K": q6_k_matmul_ref, "Q8_0": q8_0_matmul_ref, "Q4_1": q4_1_matmul_ref}
+    return {"Q6_K": q6_k_matmul, "Q8_0": q8_0_matmul, "Q4_1": q4_1_matmul}
 
 
 def engine_matmul(raw: np.ndarray, type_name: str, cols: int, x: np.ndarray, match: MatchEngine,
