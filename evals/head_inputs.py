@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from exactedit.dumps import read_dump
+from exactedit.dumps import VerifyCache, read_dump
 from exactedit.dumps.reader import load_manifest
 from exactedit.evals.ledger import Ledger
 from exactedit.evals.protocol import Protocol
@@ -70,10 +70,11 @@ def solve_splits(protocol: Protocol, ledger: Ledger, unregistered: bool = False)
     return splits
 
 
-def role_rows(protocol: Protocol, splits: Splits, path, role: str, expect) -> RoleRows:
-    """The documents of dump `path` whose split role is `role`."""
+def role_rows(protocol: Protocol, splits: Splits, path, role: str, expect, cache=None) -> RoleRows:
+    """The documents of dump `path` whose split role is `role` (field hashes verified; `cache`, a
+    dumps.VerifyCache, hashes a dump given for several roles once)."""
     trace = trace_for(protocol, path)
-    dump = read_dump(path, expect=expect)
+    dump = read_dump(path, expect=expect, cache=cache)
     if dump.roles is None:
         raise HeadSolveError(path, "roles", "the dump has no roles field; solve head needs row roles "
                              "(see docs/dump-format.md, dumps.roles.infer_roles)")
@@ -92,11 +93,12 @@ def gather_inputs(protocol: Protocol, splits: Splits, given: Mapping[str, Sequen
                   ) -> dict[str, list[RoleRows]]:
     """RoleRows for each of train / dev / test (the dumps given for it) and the anchors traces."""
     out: dict[str, list[RoleRows]] = {}
+    cache = VerifyCache()
     for role in SOLVE_ROLES:
         paths = list(given.get(role, ()))
         if role != "test" and not paths:
             raise HeadSolveError("solve head", role, f"no {role} dump given")
-        out[role] = [role_rows(protocol, splits, p, role, expect) for p in paths]
-    out["anchors"] = [role_rows(protocol, splits, t.path, "anchors", expect)
+        out[role] = [role_rows(protocol, splits, p, role, expect, cache) for p in paths]
+    out["anchors"] = [role_rows(protocol, splits, t.path, "anchors", expect, cache)
                       for t in protocol.traces if t.role == "anchors"]
     return out
