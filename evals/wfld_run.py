@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 
 from exactedit import quant
-from exactedit.dumps import ROLE_REPLY, read_dump
+from exactedit.dumps import ROLE_REPLY, VerifyCache, read_dump
 from exactedit.evals.bars import BarContext, anti_slop_bars, verdict
 from exactedit.evals.ledger import DEFAULT_WORKSPACE, Ledger, head_json, require_registered
 from exactedit.evals.protocol import Bars, ResolvedTokens, load_protocol
@@ -106,7 +106,8 @@ class _Stages:
 
 
 def _open_traces(inputs: WfldInputs, tail) -> list[Trace]:
-    out, names = [], set()
+    """Every dump, its field hashes verified once (a dump given for several roles is not re-hashed)."""
+    out, names, cache = [], set(), VerifyCache()
     for role in ROLES:
         for path in getattr(inputs, role):
             base = f"{role}:{Path(path).name}"
@@ -115,7 +116,7 @@ def _open_traces(inputs: WfldInputs, tail) -> list[Trace]:
                 i += 1
                 name = f"{base}#{i}"
             names.add(name)
-            out.append(Trace(name, role, str(path), read_dump(path, expect=tail.dump_expect())))
+            out.append(Trace(name, role, str(path), read_dump(path, expect=tail.dump_expect(), cache=cache)))
     return out
 
 
