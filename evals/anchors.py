@@ -186,8 +186,10 @@ def check_anchor(ledger: Ledger, chain: ChainCheck, a: Anchor) -> AnchorStatus:
 
 def registry_anchors(ledger: Ledger, home=None) -> list[Anchor]:
     """The blind claims this ledger made, as the user-level registry recorded them."""
-    from exactedit.evals.registry import BlindRegistry
+    from exactedit.evals.registry import DB_NAME, BlindRegistry, exactedit_home
 
+    if not ((Path(home) if home is not None else exactedit_home()) / DB_NAME).is_file():
+        return []  # no blind run was ever claimed here: nothing to check, nothing created
     with BlindRegistry.open(home) as reg:
         return [Anchor(c.source, REGISTRY, c.seq, c.hash, c.ledger) for c in reg.claims_of(ledger_id(ledger))]
 
