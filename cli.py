@@ -593,11 +593,13 @@ def _lines(path) -> list[str]:
 @click.option("--n-boot", default=1000, show_default=True, type=click.IntRange(0), help="Bootstrap resamples.")
 @_labels
 @click.option("--png", type=click.Path(dir_okay=False), help="Write the phrase rates as a PNG here.")
+@click.option("--shape", "shape_rules", type=click.Path(dir_okay=False, exists=True),
+              help="Compiled shaping rules (exactedit shape compile) to run live on every side.")
 @click.option("--overwrite", is_flag=True)
 @_engine_settings
 @JSON_FLAG
 def mine_cmd(engine_name, model, prompts, phrases, out, edited, max_new, samples, temperature, top_k, seed,
-             capitalized, n_boot, tags, source, character, png, overwrite, as_json, **flags) -> None:
+             capitalized, n_boot, tags, source, character, png, shape_rules, overwrite, as_json, **flags) -> None:
     """Sample replies to the turn end, find prefix-exact slop contexts, dump them; phrase rates
     (base and --edited) and style rates of the generation."""
     import contextlib
@@ -610,9 +612,13 @@ def mine_cmd(engine_name, model, prompts, phrases, out, edited, max_new, samples
     cfg = MineConfig(max_new=max_new, temperature=temperature, top_k=top_k, seed=seed, samples=samples,
                      capitalized=capitalized, n_boot=n_boot, tags=tuple(tags), source=source or "mine",
                      character=character)
+    from exactedit.native.shaping_live import shape_processors
+
+    path = locate(model)
     with contextlib.ExitStack() as stack:
-        res = mine(locate(model), _lines(prompts), _lines(phrases), out, edited=edited, config=cfg,
-                   settings=_settings(**flags), overwrite=overwrite, progress=_progress(stack, "sampling"))
+        res = mine(path, _lines(prompts), _lines(phrases), out, edited=edited, config=cfg,
+                   settings=_settings(**flags), processors=shape_processors(path, shape_rules, edited),
+                   overwrite=overwrite, progress=_progress(stack, "sampling"))
     if png:
         plot_phrase_rates(res.phrase_rates, png)
     click.echo(json.dumps(res.to_dict(), indent=1, allow_nan=False) if as_json else render_mine(res))

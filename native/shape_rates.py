@@ -18,7 +18,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from exactedit.native.llamacpp import EngineError, EngineSettings, LlamaEngine
-from exactedit.native.shaping_live import GenerateConfig, generate, open_rules, prompt_tokens, render_prompt, shaper_for
+from exactedit.native.shaping_live import (GenerateConfig, generate, open_rules, prompt_tokens, render_prompt,
+                                           same_tokenizer, shaper_for)
 
 ARMS = ("base", "rules", "weights", "both")
 
@@ -105,7 +106,7 @@ def shape_rates(model, rules_path, prompts: Sequence[str], phrases: Sequence[str
     g = gguf.open(model)
     compiled, tpl = open_rules(model, rules_path, g)
     if edited is not None:
-        _same_tokenizer(g, gguf.open(edited), edited)
+        same_tokenizer(g, gguf.open(edited), edited)
     pen = compiled.rule("prefix-penalty")
     if phrases is None:
         if pen is None:
@@ -131,15 +132,6 @@ def shape_rates(model, rules_path, prompts: Sequence[str], phrases: Sequence[str
             "rules": str(rules_path), "phrases": list(phrases), "prompts": len(prompts)}
     return ShapeRates(runs, vs, {"max_new": cfg.max_new, "temperature": cfg.temperature, "top_k": cfg.top_k,
                                  "seeds": list(seeds)}, info)
-
-
-def _same_tokenizer(g, e, where) -> None:
-    """An edited model must share the base's token table and chat template (the rules' ids)."""
-    for key in ("tokenizer.ggml.model", "tokenizer.chat_template", "tokenizer.ggml.eos_token_id"):
-        if g.get(key) != e.get(key):
-            raise EngineError(where, key, "differs from the base model's: the compiled rules do not apply to it")
-    if g.tokens() != e.tokens() or not np.array_equal(g.token_types(), e.token_types()):
-        raise EngineError(where, "tokenizer.ggml.tokens", "differs from the base model's token table")
 
 
 def render_shape_rates(r: ShapeRates) -> str:

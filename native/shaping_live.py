@@ -240,3 +240,25 @@ def offline_rules(compiled, persona: bool):
 
     return tuple(dataclasses.replace(r, persona_docs=(persona,)) if isinstance(r, PersonaCase) else r
                  for r in compiled.rules)
+
+
+def shape_processors(model, rules_path, edited=None) -> dict:
+    """`mine`'s logits processors for compiled rules run live on every side (base, and edited:
+    the rules' ids hold for an edited copy with the same tokenizer); {} without rules."""
+    if rules_path is None:
+        return {}
+    from exactedit.quant import gguf
+
+    compiled, _ = open_rules(model, rules_path)
+    if edited is not None:
+        same_tokenizer(gguf.open(model), gguf.open(edited), edited)
+    return {side: shaper_for(compiled) for side in ("base", "edited")[:2 if edited is not None else 1]}
+
+
+def same_tokenizer(g, e, where) -> None:
+    """An edited model must share the base's token table and chat template (the rules' ids)."""
+    for key in ("tokenizer.ggml.model", "tokenizer.chat_template", "tokenizer.ggml.eos_token_id"):
+        if g.get(key) != e.get(key):
+            raise EngineError(where, key, "differs from the base model's: the compiled rules do not apply to it")
+    if g.tokens() != e.tokens() or not np.array_equal(g.token_types(), e.token_types()):
+        raise EngineError(where, "tokenizer.ggml.tokens", "differs from the base model's token table")
