@@ -16,6 +16,7 @@ chunk uses the same formulas on the rows so far. The tool prints the summary onl
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -31,13 +32,16 @@ DP_LEVELS = (("Maximum", None), ("99.9%", 0.999), ("99.0%", 0.990), ("95.0%", 0.
              (" 1.0%", 0.010), (" 0.1%", 0.001), ("Minimum", None))
 
 
+_NAN = -float("nan")   # x86's default NaN (sign bit set), what sqrt(-x) and 0/0 give in the C code
+
+
 def _sqrt(x: float) -> float:
-    return math.sqrt(x) if x >= 0 else float("nan")
+    return math.sqrt(x) if x >= 0 else _NAN
 
 
 def _div(a: float, b: float) -> float:
     if b == 0:
-        return float("nan") if a == 0 else math.copysign(float("inf"), a) * math.copysign(1.0, b)
+        return _NAN if a == 0 or math.isnan(a) else math.copysign(float("inf"), a) * math.copysign(1.0, b)
     return a / b
 
 
@@ -218,9 +222,25 @@ def lp_stats(r: LpRows, chunk_rows: tuple[int, ...] = ()) -> LlamacppStats:
         rms_dp=rms[0], rms_dp_unc=rms[1], same_top=top[0], same_top_unc=top[1], chunks=tuple(lines))
 
 
+_SPEC = re.compile(r"%%|%(\d*)(\.\d+)?([fd])")
+
+
 def _c(fmt: str, *values) -> str:
-    """C printf formatting (Python's % operator rounds the binary value exactly, as glibc does)."""
-    return fmt % values
+    """C printf formatting: Python's % rounds the binary value exactly as glibc does; a NaN is
+    printed as glibc prints it ("-nan" with the sign bit set), right-aligned in its field."""
+    out, i, k = [], 0, 0
+    for m in _SPEC.finditer(fmt):
+        out.append(fmt[i:m.start()])
+        i = m.end()
+        if m.group(0) == "%%":
+            out.append("%")
+            continue
+        v, k = values[k], k + 1
+        if isinstance(v, float) and math.isnan(v):
+            out.append(("-nan" if math.copysign(1.0, v) < 0 else "nan").rjust(int(m.group(1) or 0)))
+        else:
+            out.append(m.group(0) % v)
+    return "".join(out) + fmt[i:]
 
 
 def render_chunk_table(s: LlamacppStats) -> list[str]:
