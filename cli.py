@@ -348,13 +348,29 @@ def bench_head(rows, vocab, n, tile_rows, repeats, seed, device, as_json) -> Non
               help="New directory for the demo's bundles, reports and workspace.")
 @click.option("--fixture", type=click.Path(file_okay=False, exists=True), default=None,
               help="Fixture directory (default: the bundled fixtures/default).")
+@click.option("--model", default=None,
+              help="Run the real-model loop instead, on this public model (qwen) through llama.cpp.")
+@click.option("--phrases", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="With --model: banned phrases, one per line (default: the bundled ones for the model).")
+@click.option("--prompts", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="With --model: prompts whose replies build the solve's data (default: bundled).")
+@click.option("--rate-prompts", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="With --model: held-out prompts for the phrase rates (default: bundled).")
+@click.option("--texts", multiple=True, type=click.Path(dir_okay=False, exists=True),
+              help="With --model: plain texts for collateral and anchors (repeatable; default: bundled).")
+@click.option("--samples", default=2, show_default=True, type=click.IntRange(1), help="With --model: replies per prompt.")
+@click.option("--rate-samples", default=2, show_default=True, type=click.IntRange(1),
+              help="With --model: replies per held-out rate prompt.")
+@click.option("--max-new", default=160, show_default=True, type=click.IntRange(1), help="With --model: reply cap.")
+@click.option("--seed", default=0, show_default=True, type=int, help="With --model: sampling seed.")
 @JSON_FLAG
-def demo_cmd(out, fixture, as_json) -> None:
-    """The whole workflow on the bundled fixture: register + split, solve head, solve wfld,
-    dev score, and the one-shot blind sign-off (its command line in OUT/blind.cmd)."""
+def demo_cmd(out, fixture, model, phrases, prompts, rate_prompts, texts, samples, rate_samples, max_new, seed,
+             as_json) -> None:
+    """The whole workflow on the bundled fixture: register + split, solve head, solve wfld, dev
+    score, and the one-shot blind sign-off (its command line in OUT/blind.cmd). With --model: the
+    anti-slop loop on a real model (data from its own replies, solve, apply, verify live, dev score,
+    phrase rates on held-out prompts; OUT/report.md, report.json and PNGs)."""
     import contextlib
-
-    from exactedit.fixtures.demo import DEFAULT_FIXTURE, demo_report, run_demo
 
     with contextlib.ExitStack() as stack:
         bars: dict = {}
@@ -362,8 +378,21 @@ def demo_cmd(out, fixture, as_json) -> None:
         def progress(label: str, done: int, total: int) -> None:
             bars.setdefault(label, _progress(stack, label))(done, total)
 
-        r = run_demo(out, fixture=fixture or DEFAULT_FIXTURE, progress=progress)
-    emit(*demo_report(r), as_json)
+        if model is not None:
+            from exactedit.native.real_demo import RealDemoConfig, real_demo_report, run_real_demo
+
+            cfg = RealDemoConfig(model=model, prompts=prompts, rate_prompts=rate_prompts, phrases=phrases,
+                                 texts=tuple(texts) or None, samples=samples, rate_samples=rate_samples,
+                                 max_new=max_new, seed=seed)
+            result = run_real_demo(cfg, out, progress=progress)
+            report = real_demo_report(result)
+        else:
+            from exactedit.fixtures.demo import DEFAULT_FIXTURE, demo_report, run_demo
+
+            report = demo_report(run_demo(out, fixture=fixture or DEFAULT_FIXTURE, progress=progress))
+    emit(*report, as_json)
+    if model is not None and not result.verify.passed:
+        sys.exit(1)
 
 # ---- end section: fixture + demo -------------------------------------------------------------
 
@@ -477,6 +506,35 @@ def engine_dump(model, tokens, text, chat_file, tags, source, character, out, ov
         res = dump_documents(locate(model), inputs, out, settings=_settings(**flags), overwrite=overwrite,
                              progress=_progress(stack, "capturing"))
     click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_documents(res))
+
+
+@engine.command("perplexity-chunks")
+@click.option("--model", required=True, help="GGUF path, or a public model name (qwen, gemma).")
+@click.option("--text", "text_file", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="The text llama-perplexity reads (its -f).")
+@click.option("--ctx", "n_ctx", default=512, show_default=True, type=click.IntRange(4), help="Its -c: tokens per chunk.")
+@click.option("--chunks", "n_chunks", default=None, type=click.IntRange(1), help="Its --chunks: at most this many.")
+@click.option("--n-batch", default=512, show_default=True, type=click.IntRange(1), help="Its -b.")
+@click.option("--n-ubatch", default=512, show_default=True, type=click.IntRange(1), help="Its -ub.")
+@click.option("--threads", "n_threads", default=2, show_default=True, type=click.IntRange(1), help="Its -t.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Dump directory to write.")
+@click.option("--overwrite", is_flag=True)
+@JSON_FLAG
+def engine_perplexity_chunks(model, text_file, n_ctx, n_chunks, n_batch, n_ubatch, n_threads, out, overwrite,
+                             as_json) -> None:
+    """Dump the chunks llama-perplexity evaluates in TEXT, one document each, as it evaluates them
+    (for `exactedit kld --stats llama-perplexity`)."""
+    import contextlib
+    import json
+
+    from exactedit.native.models import locate
+    from exactedit.native.perplexity_chunks import dump_text_chunks, render_chunk_dump
+
+    with contextlib.ExitStack() as stack:
+        res = dump_text_chunks(locate(model), text_file, n_ctx, out, n_chunks=n_chunks, n_batch=n_batch,
+                               n_ubatch=n_ubatch, n_threads=n_threads, overwrite=overwrite,
+                               progress=_progress(stack, "capturing"))
+    click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_chunk_dump(res))
 
 
 @main.command("untie")
@@ -967,10 +1025,9 @@ def solve_head_cmd(model, train, dev, test, protocol, out, workspace, overwrite,
                    **flags) -> None:
     """Solve an exact edit of output-head rows under a registered protocol; write a bundle."""
     import contextlib
-    import json
 
     from exactedit.solvers.head.config import HeadSolveConfig
-    from exactedit.evals.head_report import result_json, summary_table
+    from exactedit.evals.head_report import solve_report
     from exactedit.evals.head_run import solve_head, write_head_bundle
 
     try:
@@ -983,11 +1040,7 @@ def solve_head_cmd(model, train, dev, test, protocol, out, workspace, overwrite,
                             workspace=workspace, command=command, device=device,
                             progress=_progress(stack, "solve head"))
     bundle = write_head_bundle(result, out, overwrite=overwrite)
-    if as_json:
-        click.echo(json.dumps({**result_json(result), "bundle": {"path": str(bundle.path), "sha256": bundle.sha256}},
-                              indent=1))
-    else:
-        click.echo(summary_table(result) + f"\nbundle {bundle.path} (sha256 {bundle.sha256})")
+    emit(*solve_report(result, bundle), as_json)
 
 
 @main.command("apply")
@@ -1130,11 +1183,9 @@ def solve_wfld_cmd(model, phrases, train, heldout, collateral, anchors, null_, p
                    specials, workspace, overwrite, as_json, device, **flags) -> None:
     """Solve the anti-slop edit of the last layer's shared-expert down projection; write a bundle."""
     import contextlib
-    import json
 
     from exactedit.solvers.l47.config import WfldConfig, parse_phrase_margin
-    from exactedit.solvers.l47.report import format_report
-    from exactedit.evals.wfld_run import WfldInputs, solve_wfld
+    from exactedit.evals.wfld_run import WfldInputs, solve_report, solve_wfld
 
     try:
         cfg = WfldConfig(phrase_margins=tuple(parse_phrase_margin(p) for p in phrase_margins),
@@ -1147,10 +1198,7 @@ def solve_wfld_cmd(model, phrases, train, heldout, collateral, anchors, null_, p
         r = solve_wfld(cfg, inputs, out, overwrite=overwrite, workspace=workspace, device=device,
                        command=command_line(),
                        progress=_progress(stack, "solve wfld"))
-    if as_json:
-        click.echo(json.dumps({**r.report, "bundle": {"path": str(r.bundle), "sha256": r.bundle_sha256}}, indent=1))
-    else:
-        click.echo(format_report(r.report) + f"\nbundle {r.bundle} (sha256 {r.bundle_sha256})")
+    emit(*solve_report(r), as_json)
 
 
 @bench.command("solve-wfld")

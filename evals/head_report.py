@@ -122,3 +122,9 @@ def trajectory_png(r) -> bytes:
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     return buf.getvalue()
+
+
+def solve_report(r, bundle) -> tuple[dict, str]:
+    """What `solve head` prints: (JSON, text) of the result and the bundle it wrote."""
+    where = {"path": str(bundle.path), "sha256": bundle.sha256}
+    return {**result_json(r), "bundle": where}, summary_table(r) + f"\nbundle {bundle.path} (sha256 {bundle.sha256})"

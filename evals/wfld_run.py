@@ -415,3 +415,11 @@ def solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = Fa
     with scope(DeviceConfig(), device=dev):
         return _solve_wfld(cfg, inputs, out, overwrite=overwrite, workspace=workspace, command=command,
                            device=dev, progress=progress)
+
+
+def solve_report(r: WfldResult) -> tuple[dict, str]:
+    """What `solve wfld` prints: (JSON, text) of the report and the bundle."""
+    from exactedit.solvers.l47.report import format_report
+
+    return ({**r.report, "bundle": {"path": str(r.bundle), "sha256": r.bundle_sha256}},
+            format_report(r.report) + f"\nbundle {r.bundle} (sha256 {r.bundle_sha256})")
