@@ -103,3 +103,44 @@ def capture_chunks(model, plan: ChunkPlan, out, *, settings: EngineSettings | No
             for i in range(plan.n_chunk)]
     return capture_dump(model, docs, out, settings=settings, overwrite=overwrite, progress=progress,
                         extra_meta={META_KEY: plan.meta()})
+
+
+@dataclass(frozen=True)
+class ChunkDump:
+    """What `exactedit engine perplexity-chunks` wrote."""
+
+    path: str
+    n_ctx: int
+    n_chunk: int
+    text_tokens: int
+    bos: int | None
+    settings: dict
+    ubatch_sizes: tuple[int, ...]
+    model_sha256: str
+
+    def to_dict(self) -> dict:
+        return {"dump": self.path, "n_ctx": self.n_ctx, "n_chunk": self.n_chunk, "text_tokens": self.text_tokens,
+                "bos": self.bos, "engine_settings": self.settings, "ubatch_sizes": list(self.ubatch_sizes),
+                "model_sha256": self.model_sha256, "scored_rows": f"{self.n_ctx // 2}:{self.n_ctx - 1}"}
+
+
+def dump_text_chunks(model, text_file, n_ctx: int, out, *, n_chunks: int | None = None, n_batch: int = 512,
+                     n_ubatch: int = 512, n_threads: int = 2, overwrite: bool = False,
+                     progress: Progress | None = None) -> ChunkDump:
+    """Tokenize `text_file` as llama-perplexity does, cut it into its chunks and dump each as it
+    evaluates them (`-c n_ctx -b n_batch -ub n_ubatch -t n_threads -fa off`)."""
+    from pathlib import Path
+
+    text = Path(text_file).read_text(encoding="utf-8")
+    plan = text_plan(model, text, n_ctx, n_chunks)
+    settings = tool_settings(n_ctx, n_batch, n_ubatch, n_threads)
+    res = capture_chunks(model, plan, out, settings=settings, overwrite=overwrite, progress=progress)
+    total = int(np.asarray(plan.tokens).size)
+    return ChunkDump(str(res.path), n_ctx, plan.n_chunk, total, plan.bos, settings.as_meta(),
+                     tuple(res.meta["ubatch_sizes"]), res.model_sha256)
+
+
+def render_chunk_dump(r: ChunkDump) -> str:
+    return (f"wrote {r.path}: {r.n_chunk} chunks of {r.n_ctx} tokens (one document each; micro-batches "
+            f"{list(r.ubatch_sizes)}); llama-perplexity scores rows {r.n_ctx // 2}:{r.n_ctx - 1} of each: "
+            f"exactedit kld --dump {r.path} --doc-rows {r.n_ctx // 2}:{r.n_ctx - 1} ...")
