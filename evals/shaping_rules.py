@@ -204,7 +204,8 @@ def compile_rules(spec: RulesSpec, g, tokenize: Tokenize, *, model_path: str = "
     else:
         raise ShapingRulesError(where, "chat.template", f"{model_path or g.path} carries no chat template; give one "
                                 "in the rules file's [chat] table so the turn framing is known")
-    fmt = ct.probe_format(tpl, [texts[i] for i in sp.specials])
+    # control tokens only: a user-defined token can be plain text (Gemma's "\n"), never a chat tag
+    fmt = ct.probe_format(tpl, [texts[i] for i in sp.control])
     turn_start = special(fmt.turn_start, "chat.template (turn start)")
     turn_end = tuple(dict.fromkeys([special(fmt.turn_end, "chat.template (turn end)"), *sp.end_of_generation]))
     header_end = None if fmt.header_end == "\n" else special(fmt.header_end, "chat.template (header end)")
