@@ -821,6 +821,28 @@ def verify_shaping_cmd(model, rules, prompts, max_new, temperature, top_k, seeds
     if not r.passed:
         sys.exit(1)
 
+
+@main.command("generate")
+@click.option("--model", required=True, help="GGUF path, or a public model name (qwen, gemma).")
+@click.option("--prompt", required=True, help="The user's message.")
+@click.option("--rules", type=click.Path(dir_okay=False, exists=True), help="Compiled shaping rules to run live.")
+@click.option("--persona/--no-persona", default=None, help="Override the rules' persona gate.")
+@_gen_options
+@_engine_settings
+@JSON_FLAG
+def generate_cmd(model, prompt, rules, persona, max_new, temperature, top_k, seeds, as_json, **flags) -> None:
+    """Sample one reply with llama.cpp, the shaping rules (if given) between logits and sampler."""
+    import json
+
+    from exactedit.native.models import locate
+    from exactedit.native.shaping_live import GenerateConfig, generate_text, render_generation
+
+    if len(seeds) > 1:
+        raise click.UsageError("generate takes one --seed")
+    cfg = GenerateConfig(max_new=max_new, temperature=temperature, top_k=top_k, seed=seeds[0] if seeds else 0)
+    r = generate_text(locate(model), prompt, cfg, rules, settings=_settings(**flags), persona=persona)
+    click.echo(json.dumps(r.to_dict(), indent=1) if as_json else render_generation(r))
+
 # ---- end section: sampler-side shaping ---------------------------------------------------------
 
 

@@ -262,3 +262,47 @@ def same_tokenizer(g, e, where) -> None:
             raise EngineError(where, key, "differs from the base model's: the compiled rules do not apply to it")
     if g.tokens() != e.tokens() or not np.array_equal(g.token_types(), e.token_types()):
         raise EngineError(where, "tokenizer.ggml.tokens", "differs from the base model's token table")
+
+
+@dataclass(frozen=True)
+class TextGeneration:
+    """`exactedit generate`: one reply, and where each rule fired."""
+
+    prompt: str
+    text: str
+    tokens: int
+    truncated: bool
+    fired: dict
+    kl: dict
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def generate_text(model, prompt: str, config: GenerateConfig, rules_path=None, settings=None,
+                  persona: bool | None = None) -> TextGeneration:
+    """One reply to `prompt` (the model's chat template; the rules' when given), rules live."""
+    from exactedit.quant import chat_template as ct
+    from exactedit.quant import gguf
+
+    g = gguf.open(model)
+    compiled, tpl = open_rules(model, rules_path, g) if rules_path is not None else (None, ct.from_gguf(g))
+    shaper = shaper_for(compiled, persona=persona) if compiled is not None else None
+    with LlamaEngine(model, settings) as engine:
+        gen = generate(engine, prompt_tokens(engine, render_prompt(tpl, prompt)), config, shaper,
+                       stop_ids=compiled.vocab.turn_end if compiled is not None else None)
+        text = b"".join(engine.piece(int(t)) for t in gen.tokens).decode("utf-8", "replace")
+    names = [r.name for r in compiled.rules] if compiled is not None else []
+    fired = {n: [int(i) for i in np.flatnonzero(gen.fired[:, j])] for j, n in enumerate(names)}
+    kl = {"steps": int(gen.kl.size), "mean": float(gen.kl.mean()) if gen.kl.size else 0.0,
+          "max": float(gen.kl.max()) if gen.kl.size else 0.0}
+    return TextGeneration(prompt, text, int(gen.tokens.size), gen.truncated, fired, kl)
+
+
+def render_generation(r: TextGeneration) -> str:
+    out = [r.text, "", f"({r.tokens} tokens{', cut at --max-new' if r.truncated else ''})"]
+    for name, steps in r.fired.items():
+        out.append(f"  {name}: fired at steps {steps}")
+    if r.fired:
+        out.append(f"  KL(unshaped || shaped) per step: mean {r.kl['mean']:.4g}, max {r.kl['max']:.4g}")
+    return "\n".join(out)
