@@ -1,9 +1,9 @@
 """The distribution installs one top-level package, `exactedit`, and runs from its wheel.
 
 Builds the wheel with pip (build isolation: the pyproject's own build requirements), reads its
-top_level.txt and RECORD, installs it with --no-deps into a throwaway target directory and runs
-`exactedit --version` and `exactedit demo` from there, with the target first on sys.path (the
-check asserts that the package really came from the wheel, not from this checkout).
+top_level.txt and RECORD, installs it with --no-deps into a throwaway venv and runs `exactedit
+--version` and `exactedit demo` through that venv's console script (the check asserts that the
+package really came from the wheel, not from this checkout).
 """
 from __future__ import annotations
 
@@ -42,16 +42,27 @@ def test_wheel_has_one_top_level_package(wheel):
     assert not [n for n in names if n.startswith("exactedit/tests/") or "/fixturegen/" in n]
 
 
-def test_wheel_installs_and_runs_the_demo(wheel, tmp_path):
-    target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+def test_wheel_installs_into_a_fresh_venv_and_runs_the_demo(wheel, tmp_path):
+    """A throwaway venv gets the wheel (--no-deps); its dependencies come from this environment's
+    site-packages through a plain path entry, which does not run that directory's .pth files, so the
+    editable install of this checkout is not seen. The console script runs --version and the demo."""
+    import site
+    import sysconfig
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    purelib = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  check=True, capture_output=True, text=True).stdout.strip())
+    deps = [p for p in site.getsitepackages() + [sysconfig.get_paths()["purelib"]] if Path(p).is_dir()]
+    (purelib / "deps.pth").write_text("\n".join(dict.fromkeys(deps)) + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q", str(wheel)],
                    check=True, capture_output=True, text=True)
-    assert (target / "bin" / "exactedit").is_file()
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import exactedit, pathlib; "
-            "assert pathlib.Path(exactedit.__file__).is_relative_to(sys.argv[1]), exactedit.__file__; "
-            "from exactedit.cli import main; main(sys.argv[2:])")
-    env = {"EXACTEDIT_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"}
-    run = lambda *args: subprocess.run([sys.executable, "-c", code, str(target), *args], capture_output=True,  # noqa: E731
+    where = subprocess.run([str(py), "-c", "import exactedit; print(exactedit.__file__)"], check=True,
+                           capture_output=True, text=True, cwd=tmp_path).stdout.strip()
+    assert Path(where).is_relative_to(purelib), where          # from the wheel, not this checkout
+    env = {"EXACTEDIT_HOME": str(tmp_path / "home"), "PATH": f"{venv / 'bin'}:/usr/bin:/bin"}
+    run = lambda *args: subprocess.run([str(venv / "bin" / "exactedit"), *args], capture_output=True,  # noqa: E731
                                        text=True, cwd=tmp_path, env=env)
     v = run("--version")
     assert v.returncode == 0 and "0.1.0" in v.stdout, v.stderr
