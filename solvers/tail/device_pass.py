@@ -29,7 +29,7 @@ import numpy as np
 from exactedit import quant
 from exactedit.quant import jax_dequant
 from exactedit.solvers.tail.device import dot_nt, round_operand, select
-from exactedit.solvers.tail.vocab_pass import VocabPass
+from exactedit.solvers.tail.vocab_pass import VocabPass, token_ids
 
 Progress = Callable[[int, int], None]
 
@@ -191,18 +191,6 @@ def _merge_topk(vals, ids, k: int):
     return v, jnp.take_along_axis(ids, j, axis=1)
 
 
-def _token_ids(token_sets, rows: int) -> np.ndarray:
-    """Requested ids as [T, m] int64 (a shared list [m] is broadcast), as `vocab_pass` takes them."""
-    if token_sets is None:
-        return np.zeros((rows, 0), dtype=np.int64)
-    ids = np.asarray(token_sets, dtype=np.int64)
-    if ids.ndim == 1:
-        return np.broadcast_to(ids, (rows, ids.size))
-    if ids.ndim != 2 or ids.shape[0] != rows:
-        raise ValueError(f"token_sets must be [m] or [{rows}, m], got shape {ids.shape}")
-    return ids
-
-
 def padded_rows(T: int) -> int:
     """Rows the device kernels are compiled for: T rounded up (to a power of two up to 1024, then
     to a multiple of 1024), so passes over slightly different row counts share one compile."""
@@ -245,7 +233,7 @@ def vocab_pass_jax(mix, rows: DeviceRows, *, token_sets=None, topk: int = 0, til
         raise ValueError(f"tile_rows must be >= 1 and topk >= 0, got {tile_rows}, {topk}")
     T, V = mix.shape[0], rows.rows
     Tp = padded_rows(T)
-    ids = pad_rows(_token_ids(token_sets, T), Tp, -1)
+    ids = pad_rows(token_ids(token_sets, T), Tp, -1)
     dev = rows.device
     tile = device_tile(Tp, V, tile_rows, max_tile_elems)
     k = min(topk, V)

@@ -147,7 +147,7 @@ def _merge_topk(ids, vals, tile, start, k):
     return np.take_along_axis(all_ids, order, axis=1), np.take_along_axis(all_vals, order, axis=1)
 
 
-def _token_ids(token_sets, rows: int) -> np.ndarray:
+def token_ids(token_sets, rows: int) -> np.ndarray:
     """Requested ids as [T, m] int64: a shared list [m] is broadcast, per-row [T, m] kept."""
     if token_sets is None:
         return np.zeros((rows, 0), dtype=np.int64)
@@ -180,7 +180,7 @@ def vocab_pass(mix, source: RowSource, *, token_sets=None, topk: int = 0,
         raise ValueError(f"tile_rows must be >= 1 and topk >= 0, got {tile_rows}, {topk}")
     matmul = Sgemm() if matmul is None else matmul
     T, V = mix.shape[0], source.rows
-    ids = _token_ids(token_sets, T)
+    ids = token_ids(token_sets, T)
     prepared = matmul.prepare(mix)
     state = lse_init(T)
     best = np.full(T, -np.inf, dtype=np.float32)
