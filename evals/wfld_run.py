@@ -284,13 +284,14 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
               for t in by_role["train"] + by_role["null"]]
         groups.append(np.concatenate(hh, axis=0))
     B = wfld.null_basis(groups, cfg.null_rank, cfg.null_tol, w0.shape[1])
-    C = wfld.background_metric(np.concatenate([np.asarray(t.dump.hh) for t in by_role["anchors"]]), cfg.ridge)
+    hh_bg = np.concatenate([np.asarray(t.dump.hh) for t in by_role["anchors"]])
+    C = wfld.background_metric(hh_bg, cfg.ridge)
     M = wfld.restricted_inverse(C, B)
     view = quant.runtime_view if tail.kind == "hc4" else quant.dequantize
     raw0 = g.read_raw(tensor)
     if ship_mod.uses_feedback(cfg.ship, info.type_name):
         kept = np.concatenate(groups + [np.asarray(rs.hh, np.float64)], axis=0)
-        metric = ship_mod.shipping_metric(C, kept, w0, cfg.ship_hold_weight)
+        metric = ship_mod.shipping_metric(hh_bg, cfg.ridge, kept, w0, cfg.ship_hold_weight)
         shipper = ship_mod.FeedbackShipper(raw0, info.type_name, info.cols, view, metric, cfg.ship_sweeps)
     else:
         shipper = wfld.Shipper(raw0, info.type_name, info.cols, view)

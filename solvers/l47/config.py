@@ -67,7 +67,7 @@ class WfldConfig:
     gn_tol: float = 0.02
     ship: str = "auto"
     ship_hold_weight: float = 1e4
-    ship_sweeps: int = 2
+    ship_sweeps: int = 1
     target_eps: float = 1e-6
     hold_eps: float = 1e-9
     same_doc_heldout: float = 0.33

@@ -9,7 +9,9 @@ a row's h coordinates weighs them all:
 
     H = n C / tr(W0 C W0^T)  +  hold_weight * n * mean_j h_j h_j^T / ||W0 h_j||^2
 
-C the solve's background metric (so E stays quiet on the anchors, as dW is), h_j the held uses
+C the solve's background metric (so E stays quiet on the anchors, as dW is; C = mean_a hh_a hh_a^T
++ ridge * mean(diag) * I, given as its anchor rows and ridge so H stays factored: a diagonal plus
+one row per anchor row and per held direction, `quant.feedback.Metric`), h_j the held uses
 and the condition rows' hh (targets and special holds alike). Each term is a relative squared
 error per row, so `hold_weight` says how many times more a held direction counts than the
 background. `quant.feedback.ship_rows` then chooses each edited row's codes within the row's
@@ -41,24 +43,29 @@ def uses_feedback(mode: str, type_name: str) -> bool:
     return mode == "feedback" or (mode == "auto" and type_name in COARSE_TYPES)
 
 
-def shipping_metric(C, held, w0, hold_weight: float) -> Metric:
-    """H of the module docstring. C [h, h] the background metric, held [m, h] the directions
-    to keep (held uses and condition rows; zero rows are ignored), w0 [n, h] the original."""
-    C = np.asarray(C, dtype=np.float64)
+def shipping_metric(hh_bg, ridge: float, held, w0, hold_weight: float) -> Metric:
+    """H of the module docstring, factored. hh_bg [N, h] the anchor rows and `ridge` of the
+    background metric (as `wfld.background_metric`), held [m, h] the directions to keep (held
+    uses and condition rows; zero rows are ignored), w0 [n, h] the original weights."""
+    hh = np.asarray(hh_bg, dtype=np.float64)
     w0 = np.asarray(w0, dtype=np.float64)
-    n = w0.shape[0]
-    bg = float(np.einsum("rh,rh->", w0 @ C, w0))
-    if not bg > 0:
-        raise WfldError("ship", "metric", "the weights carry no background energy (W0 C W0^T = 0)")
-    H = C * (n / bg)
-    held = np.asarray(held, dtype=np.float64).reshape(-1, w0.shape[1])
+    n, h = w0.shape
+    if hh.ndim != 2 or hh.shape[0] == 0 or hh.shape[1] != h:
+        raise WfldError("ship", "metric", f"expected anchor rows [N >= 1, {h}], got {list(hh.shape)}")
+    scale = float(np.sum(hh * hh)) / (hh.shape[0] * h)      # mean(diag(hh^T hh / N))
+    if not scale > 0 or not ridge > 0:
+        raise WfldError("ship", "metric", "feedback shipping needs a background metric with a ridge > 0 "
+                        f"(anchor scale {scale}, ridge {ridge})")
+    bg = float(np.sum((hh @ w0.T) ** 2)) / hh.shape[0] + ridge * scale * float(np.sum(w0 * w0))
+    parts = [hh * np.sqrt(n / (bg * hh.shape[0]))]
+    held = np.asarray(held, dtype=np.float64).reshape(-1, h)
     if hold_weight > 0 and held.shape[0]:
         wh = np.linalg.norm(held @ w0.T, axis=1) ** 2
         keep = wh > 0
         if np.any(keep):
             g = held[keep] / np.sqrt(wh[keep])[:, None]
-            H += (hold_weight * n / int(keep.sum())) * (g.T @ g)
-    return Metric(H)
+            parts.append(g * np.sqrt(hold_weight * n / int(keep.sum())))
+    return Metric(np.full(h, ridge * scale * n / bg), np.concatenate(parts, axis=0))
 
 
 class FeedbackShipper(Shipper):

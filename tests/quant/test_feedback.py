@@ -26,7 +26,7 @@ BLOCKS = {"Q8_0": 32, "Q6_K": 256}
 def _metric(h: int, rank: int, weight: float, seed: int) -> tuple[fb.Metric, np.ndarray]:
     """H = I + weight * V V^T / h with V [h, rank] Gaussian: a ridge plus hard directions."""
     V = np.random.default_rng(seed).standard_normal((h, rank))
-    return fb.Metric(np.eye(h) + weight * V @ V.T / h), V
+    return fb.Metric(np.ones(h), np.sqrt(weight / h) * V.T), V
 
 
 def _edited(qtype: str, rows: int, h: int, edit: float, seed: int):
@@ -50,9 +50,9 @@ class Case(NamedTuple):
 CASES = {
     "q6_k_ridge_only": Case("Q6_K", 512, 0, 0.0, 1e-3, 0, "H = I: no feedback, both round each value"),
     "q6_k_hard_dirs": Case("Q6_K", 768, 12, 1e3, 1e-3, 0,
-                           "float64 sums in different orders (blocked BLAS vs one dot per column) can flip "
-                           "a code only where a corrected target is within ~1e-12 of a half step; "
-                           "Gaussian data never lands there"),
+                           "the reference (H multiplied out, Cholesky of H^-1) and the fast path (Woodbury, "
+                           "one p-vector per row) round the same targets up to ~1e-12 relative: a code can "
+                           "flip only where a target is that close to a half step; Gaussian data never is"),
     "q6_k_clamped": Case("Q6_K", 512, 8, 1e2, 2e-2, 0, "as above; clamped codes are clamped alike"),
     "q8_0_hard_dirs": Case("Q8_0", 512, 12, 1e3, 1e-3, 0, "as q6_k_hard_dirs"),
     "q8_0_clamped": Case("Q8_0", 256, 4, 1e2, 3e-2, 0, "as q6_k_clamped"),
@@ -66,7 +66,7 @@ def test_fast_matches_reference(name):
     metric, _ = _metric(c.h, c.rank, c.weight, seed=7)
     grid = gr.grid_of(raw0, c.qtype, c.h)
     ref = fb.feedback_ref(target, grid, metric)
-    fast = fb.feedback(target, grid, metric, block=64)
+    fast = fb.feedback(target, grid, metric)
     assert int(np.sum(ref != fast)) <= c.tol_codes, c.why
     pref = fb.polish_ref(target, grid, metric, ref)
     pfast = fb.polish(target, grid, metric, fast)
@@ -164,13 +164,35 @@ def test_no_edit_keeps_values(qtype):
     assert np.array_equal(ship.values, w0.astype(np.float32))
 
 
+def test_metric_plan_matches_the_dense_inverse():
+    """The planned S_qq and S_qj (Woodbury, from the last column down) against inverting the
+    principal submatrices of H directly; a factor with more rows than columns is folded."""
+    rng = np.random.default_rng(0)
+    h = 96
+    d, F = rng.uniform(0.5, 2.0, h), rng.standard_normal((20, h)) * 3
+    for m in (fb.Metric(d, F), fb.Metric(d, np.concatenate([F, rng.standard_normal((150, h))]))):
+        H = m.H
+        for q in (0, 1, 50, h - 2):
+            S = np.linalg.inv(H[q:, q:])
+            assert m.c[q] == pytest.approx(S[0, 0], rel=1e-10)
+            pred = -(m.Z[q] @ m.F[:, q + 1:]) / (m.d[q] * m.d[q + 1:])
+            np.testing.assert_allclose(pred, S[0, 1:], rtol=0, atol=1e-10 * np.abs(S[0]).max())
+    H = rng.standard_normal((h, h))
+    H = H @ H.T + np.eye(h)
+    np.testing.assert_allclose(fb.Metric.dense(H).H, H, rtol=1e-12, atol=1e-12 * np.abs(H).max())
+
+
 def test_metric_errors():
     with pytest.raises(QuantError, match="square"):
-        fb.Metric(np.ones((2, 3)))
+        fb.Metric.dense(np.ones((2, 3)))
     with pytest.raises(QuantError, match="symmetric"):
-        fb.Metric(np.array([[1.0, 0.5], [0.0, 1.0]]))
+        fb.Metric.dense(np.array([[1.0, 0.5], [0.0, 1.0]]))
     with pytest.raises(QuantError, match="positive definite"):
-        fb.Metric(np.array([[1.0, 2.0], [2.0, 1.0]]))
+        fb.Metric.dense(np.array([[1.0, 2.0], [2.0, 1.0]]))
+    with pytest.raises(QuantError, match="must be > 0"):
+        fb.Metric(np.zeros(3), np.ones((1, 3)))
+    with pytest.raises(QuantError, match="factor rows"):
+        fb.Metric(np.ones(3), np.ones((1, 4)))
     metric, _ = _metric(256, 2, 1.0, 0)
     with pytest.raises(QuantError, match="target"):
         fb.ship_rows(np.zeros((1, 128)), "Q6_K", metric, {})

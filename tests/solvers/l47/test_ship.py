@@ -29,10 +29,15 @@ def test_metric_terms_are_relative_squared_errors():
     rng = np.random.default_rng(0)
     n, h = 6, 40
     w0 = rng.standard_normal((n, h))
-    C = wfld.background_metric(rng.standard_normal((30, h)), 0.1)
+    hh = rng.standard_normal((30, h))
     held = rng.standard_normal((3, h))
     for weight in (0.0, 10.0):
-        H = ship.shipping_metric(C, np.concatenate([held, np.zeros((1, h))]), w0, weight).H
+        metric = ship.shipping_metric(hh, 0.1, np.concatenate([held, np.zeros((1, h))]), w0, weight)
+        H = metric.H
+        C = wfld.background_metric(hh, 0.1)
+        bg = np.einsum("rh,hk,rk->", w0, C, w0)
+        H_bg = np.diag(metric.d) + metric.F[:30].T @ metric.F[:30]
+        np.testing.assert_allclose(H_bg, C * w0.shape[0] / bg, rtol=1e-10)  # the solve's metric, scaled
         total = np.einsum("rh,hk,rk->", w0, H, w0)
         assert total == pytest.approx(n * (1 + weight), rel=1e-10)
 
@@ -44,13 +49,12 @@ def _q6k_problem(seed=0, rows=24, h=512, held=6):
     hh = rng.standard_normal((held, h))
     P = np.eye(h) - hh.T @ np.linalg.solve(hh @ hh.T, hh)     # an edit with dW hh = 0 exactly
     dW = (rng.standard_normal((rows, h)) * 2e-3) @ P
-    C = wfld.background_metric(rng.standard_normal((200, h)), 0.01)
-    return raw0, w0, dW, hh, C
+    return raw0, w0, dW, hh, rng.standard_normal((200, h))
 
 
 def test_feedback_shipper_keeps_the_held_directions():
-    raw0, w0, dW, hh, C = _q6k_problem()
-    metric = ship.shipping_metric(C, hh, w0, 1e4)
+    raw0, w0, dW, hh, bg = _q6k_problem()
+    metric = ship.shipping_metric(bg, 0.01, hh, w0, 1e4)
     fb = ship.FeedbackShipper(raw0, "Q6_K", 512, quant.dequantize, metric, sweeps=2)
     plain = wfld.Shipper(raw0, "Q6_K", 512, quant.dequantize)
     raw_f, view_f = fb(w0 + dW)
