@@ -1163,7 +1163,7 @@ _DUMP = click.Path(file_okay=False, exists=True)
                    "auto: feedback on coarse types (Q6_K).")
 @click.option("--ship-hold-weight", default=1e4, show_default=True, type=float,
               help="Weight of the held directions against the background when shipping by feedback.")
-@click.option("--ship-sweeps", default=2, show_default=True, type=click.IntRange(0),
+@click.option("--ship-sweeps", default=1, show_default=True, type=click.IntRange(0),
               help="Polish sweeps (single-code moves) after the feedback rounding.")
 @click.option("--capitalized/--no-capitalized", default=True, show_default=True,
               help="Also match each phrase with a capital first letter.")
