@@ -21,7 +21,6 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from exactedit.solvers.l47.config import WfldError
 from exactedit.solvers.l47.phrases import (  # noqa: F401 - re-exported: mining's public names
     MAX_PHRASE_BYTES, PhraseMatcher, TokenBytes, canonical, load_phrases, phrase_forms, text_occurrences,
     tokenizations,
@@ -112,18 +111,3 @@ def mine(dumps: Mapping[str, object], phrases: Sequence[str], table, *, capitali
     return Mining(tuple(phrases), tuples, tuple(tuple_phrase[t] for t in tuples), words,
                   tuple(tuple(sorted(word_phr[w])) for w in words), canon, traces)
 
-
-def natural_alternatives(topk_ids: np.ndarray, rejected: np.ndarray, specials: Sequence[int],
-                         k: int) -> np.ndarray:
-    """int64 [P, k]: per position, the k highest-logit tokens (`topk_ids` [P, m], by decreasing
-    logit) that are neither the rejected token nor a special token."""
-    topk_ids = np.asarray(topk_ids, dtype=np.int64)
-    out = np.empty((topk_ids.shape[0], k), dtype=np.int64)
-    banned = set(int(s) for s in specials)
-    for p, (row, rej) in enumerate(zip(topk_ids, np.asarray(rejected))):
-        keep = [int(x) for x in row if int(x) != int(rej) and int(x) not in banned][:k]
-        if len(keep) < k:
-            raise WfldError("mining", "alternatives", f"position {p}: only {len(keep)} of {k} alternatives "
-                            f"in the top {row.size} tokens")
-        out[p] = keep
-    return out

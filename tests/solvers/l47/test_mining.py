@@ -13,8 +13,7 @@ import pytest
 
 from exactedit.dumps import DocInfo
 from exactedit.solvers.tail.scores import DocMeta, RowScores, slop_positions
-from exactedit.solvers.l47.config import WfldError
-from exactedit.solvers.l47.mining import load_phrases, mine, natural_alternatives
+from exactedit.solvers.l47.mining import load_phrases, mine
 from exactedit.solvers.tail.model import TokenTable
 from tests.solvers.l47 import synth
 
@@ -74,13 +73,6 @@ def test_bars_see_exactly_the_mined_positions(table, ids):
     assert m.phrase_counts() == [{"phrase": "end to end", "occurrences": 2, "contexts": 2},
                                  {"phrase": "rather than", "occurrences": 1, "contexts": 1},
                                  {"phrase": "right away", "occurrences": 1, "contexts": 1}]
-
-
-def test_natural_alternatives():
-    top = np.array([[5, 9, 1, 7, 3], [2, 4, 6, 8, 0]])
-    assert natural_alternatives(top, np.array([9, 4]), specials=[1], k=2).tolist() == [[5, 7], [2, 6]]
-    with pytest.raises(WfldError, match="alternatives"):
-        natural_alternatives(top, np.array([9, 4]), specials=[1, 5, 7, 3], k=2)
 
 
 @pytest.mark.skipif(not (FIXTURE / "planted.json").is_file(),
