@@ -12,7 +12,8 @@ Weights W (Q6_K, rows r) times activations x (float32 rows t), per 256-wide bloc
         result = ((acc_0 + acc_4) + (acc_2 + acc_6)) + ((acc_1 + acc_5) + (acc_3 + acc_7))
 
 `q6_k_matmul_ref` is the numpy reference (integer dots as exact float64 matmuls, an exact float32
-fma); `q6_k_matmul` the numba fast path (LLVM's fma). Both agree bit for bit
+fma); `q6_k_matmul` the fast path: tiled rows through float64 BLAS block sums and a numba fold
+(quant/q6_k_gemm.py), vec_dot rows through the numba lane kernel below (LLVM's fma). Both agree bit for bit
 (tests/quant/test_dot.py); the live tests compare them with the engine.
 """
 from __future__ import annotations
@@ -150,15 +151,28 @@ def _q6_k_matmul_kernel(ql, qh, sc, dw, qL, bsums, dx, tiled, lane_index, out):
                 out[t, r] = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
 
 
-def q6_k_matmul(raw: np.ndarray, cols: int, x: np.ndarray, tiled: np.ndarray) -> np.ndarray:
-    """Fast path of `q6_k_matmul_ref` (numba, rows of W in parallel); identical floats."""
-    blk = q6_k_blocks(raw, cols)
-    xq = q8_k.quantize(np.ascontiguousarray(x, np.float32))
-    out = np.empty((x.shape[0], blk.shape[0]), np.float32)
+def _vec_dot_matmul(blk: np.ndarray, xq: np.ndarray) -> np.ndarray:
+    """The lane-by-lane numba kernel, every activation row on the vec_dot path."""
+    out = np.empty((xq.shape[0], blk.shape[0]), np.float32)
     _q6_k_matmul_kernel(np.ascontiguousarray(blk["ql"]), np.ascontiguousarray(blk["qh"]),
                         np.ascontiguousarray(blk["scales"]), blk["d"].astype(np.float32),
                         np.ascontiguousarray(xq["qs"].astype(np.int16)[:, :, LANE.reshape(-1)]),
-                        np.ascontiguousarray(xq["bsums"]),
-                        np.ascontiguousarray(xq["d"]), np.ascontiguousarray(tiled, dtype=np.bool_),
-                        np.ascontiguousarray(LANE.reshape(-1)), out)
+                        np.ascontiguousarray(xq["bsums"]), np.ascontiguousarray(xq["d"]),
+                        np.zeros(xq.shape[0], np.bool_), np.ascontiguousarray(LANE.reshape(-1)), out)
+    return out
+
+
+def q6_k_matmul(raw: np.ndarray, cols: int, x: np.ndarray, tiled: np.ndarray) -> np.ndarray:
+    """Fast path of `q6_k_matmul_ref`; identical floats. Rows on the tiled path go through exact
+    float64 BLAS block sums (quant/q6_k_gemm.py), vec_dot rows through the numba lane kernel."""
+    from exactedit.quant.q6_k_gemm import tiled_matmul
+
+    blk = q6_k_blocks(raw, cols)
+    xq = q8_k.quantize(np.ascontiguousarray(x, np.float32))
+    tiled = np.asarray(tiled, dtype=np.bool_)
+    out = np.empty((x.shape[0], blk.shape[0]), np.float32)
+    if tiled.any():
+        out[tiled] = tiled_matmul(blk, xq[tiled])
+    if not tiled.all():
+        out[~tiled] = _vec_dot_matmul(blk, xq[~tiled])
     return out
