@@ -193,6 +193,30 @@ def bench_quant(rows, cols, threads, repeats, qtypes, json_out) -> None:
         click.echo(f"wrote {json_out} (sha256 {sha[:16]})")
 
 
+@bench.command("engine")
+@click.option("--rows", default=395, show_default=True, type=click.IntRange(1), help="Activation rows.")
+@click.option("--vocab", default=151936, show_default=True, type=click.IntRange(1), help="Head rows V.")
+@click.option("--n", default=1536, show_default=True, type=click.IntRange(1), help="Model width.")
+@click.option("--qtype", default="Q6_K", show_default=True, type=click.Choice(["Q6_K", "Q8_0"]))
+@click.option("--ubatch", default=0, show_default=True, type=click.IntRange(0),
+              help="Micro-batch size the engine ran with (0: one micro-batch of all rows).")
+@TILE_ROWS
+@click.option("--repeats", default=1, show_default=True, type=click.IntRange(1), help="Alternating repeats; best kept.")
+@JSON_FLAG
+def bench_engine(rows, vocab, n, qtype, ubatch, tile_rows, repeats, as_json) -> None:
+    """Full-vocab pass with --match-engine llamacpp numerics vs the exact path, same head (ratio)."""
+    import contextlib
+    import json
+
+    from exactedit.bench.engine import EngineBenchConfig, render_engine_bench, run_engine_bench
+
+    cfg = EngineBenchConfig(rows=rows, vocab=vocab, n=n, qtype=qtype, ubatch=ubatch,
+                            tile_rows=tile_rows, repeats=repeats)
+    with contextlib.ExitStack() as stack:
+        res = run_engine_bench(cfg, progress=_progress(stack, "bench engine"))
+    click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_engine_bench(res))
+
+
 # ---- end section: quant ----------------------------------------------------------------------
 
 # ---- section: dumps + forwards (dump inspect, logits, kld, bench head) ------------------------
