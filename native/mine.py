@@ -109,11 +109,12 @@ class MineResult:
     edited_replies: tuple[ReplyInfo, ...] = ()
 
     def to_dict(self) -> dict:
+        pr = self.phrase_rates.to_dict()
         return {"dump": self.dump, "contexts": [asdict(c) for c in self.contexts],
                 "replies": [asdict(r) for r in self.replies],
                 "edited_replies": [asdict(r) for r in self.edited_replies],
-                "rates": {k: asdict(v) for k, v in self.rates.items()}, **self.phrase_rates.to_dict(),
-                "chat": self.chat}
+                "rates": {k: asdict(v) for k, v in self.rates.items()},
+                **{k: v for k, v in pr.items() if k != "replies"}, "chat": self.chat}
 
 
 def style_rates(texts: Sequence[str], first_tokens_eog: Sequence[bool], starters: Sequence[str]) -> StyleRates:
