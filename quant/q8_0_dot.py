@@ -15,7 +15,8 @@ W (Q8_0, rows r) times x (float32 rows t), read off ggml/src/ggml-cpu:
     so, unlike Q6_K, the micro-batch layout does not change the numbers.
 
 `q8_0_matmul_ref` is the numpy reference (maddubs' sign trick and saturation written out, exact
-float32 fma), `q8_0_matmul` the numba path; tests/solvers/head/test_engine_numerics_q8_0.py holds
+float32 fma), `q8_0_matmul` the numba path (activations innermost and vectorized where they hold
+no -128 code, the general lane kernel otherwise); tests/solvers/tail/test_engine_q8_0.py holds
 them bit for bit equal to each other and to ggml's own `ggml_vec_dot_q8_0_q8_0`.
 """
 from __future__ import annotations
@@ -131,14 +132,60 @@ def _q8_0_matmul_kernel(wq, wd, xq, xd, x_plain, out):
             out[t, r] = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
 
 
+@numba.njit(parallel=True, error_model="numpy", cache=True)
+def _q8_0_plain_kernel(wq, wd, xq, xdT, out):
+    """The same floats as `_q8_0_matmul_kernel` for activation rows without a -128 code, with the
+    activations innermost so that every step vectorizes: wq [rows, nb*32] int8, wd [rows, nb]
+    float32, xq [nb, 32, T] float32 codes, xdT [nb, T] float32 scales, out [rows, T].
+    A lane is then the plain dot of 4 codes, |.| <= 4 * 128 * 127: its float32 products and sums
+    are exact integers in any order, equal to maddubs + madd."""
+    rows, nb = wd.shape
+    T = xq.shape[2]
+    for r in prange(rows):
+        acc = np.zeros((LANES, T), np.float32)
+        d = np.empty(T, np.float32)
+        for b in range(nb):
+            dw = wd[r, b]
+            xd = xdT[b]
+            for t in range(T):
+                d[t] = dw * xd[t]
+            for L in range(LANES):
+                o = b * QK + 4 * L
+                w0, w1 = np.float32(wq[r, o]), np.float32(wq[r, o + 1])
+                w2, w3 = np.float32(wq[r, o + 2]), np.float32(wq[r, o + 3])
+                x0, x1, x2, x3 = xq[b, 4 * L], xq[b, 4 * L + 1], xq[b, 4 * L + 2], xq[b, 4 * L + 3]
+                a = acc[L]
+                for t in range(T):
+                    lane = (w0 * x0[t] + w1 * x1[t]) + (w2 * x2[t] + w3 * x3[t])
+                    a[t] = _fma32(d[t], lane, a[t])
+        for t in range(T):
+            out[r, t] = (((acc[0, t] + acc[4, t]) + (acc[2, t] + acc[6, t]))
+                         + ((acc[1, t] + acc[5, t]) + (acc[3, t] + acc[7, t])))
+
+
 def q8_0_matmul(raw: np.ndarray, cols: int, x: np.ndarray, tiled: np.ndarray | None = None) -> np.ndarray:
-    """Fast path of `q8_0_matmul_ref` (numba, rows of W in parallel); identical floats."""
+    """Fast path of `q8_0_matmul_ref` (numba, rows of W in parallel); identical floats.
+    Activation rows without a -128 code (all that ggml's activation quantizer makes from finite
+    rows whose blocks are not all below ~3.7e-37) take the vectorized plain kernel, the rest
+    the general one (maddubs' sign wrap written out)."""
     x = _activations(x, cols)
     wb = _blocks(raw, cols, "weights")
     xb = _blocks(q8_0.quantize_x86(x), cols, "activations")
     xqs = np.ascontiguousarray(xb["qs"]).reshape(x.shape[0], -1)
+    wqs = np.ascontiguousarray(wb["qs"]).reshape(wb.shape[0], -1)
+    wd = FP16_TO_FP32[wb["d"].view(np.uint16)]
+    xd = FP16_TO_FP32[xb["d"].view(np.uint16)]
+    plain = (xqs != -128).all(axis=1)
     out = np.empty((x.shape[0], wb.shape[0]), np.float32)
-    _q8_0_matmul_kernel(np.ascontiguousarray(wb["qs"]).reshape(wb.shape[0], -1),
-                        FP16_TO_FP32[wb["d"].view(np.uint16)], xqs,
-                        FP16_TO_FP32[xb["d"].view(np.uint16)], (xqs != -128).all(axis=1), out)
+    if plain.any():
+        nb = cols // QK
+        xq = np.ascontiguousarray(xqs[plain].reshape(-1, nb, QK).astype(np.float32).transpose(1, 2, 0))
+        res = np.empty((wb.shape[0], int(plain.sum())), np.float32)
+        _q8_0_plain_kernel(wqs, wd, xq, np.ascontiguousarray(xd[plain].T), res)
+        out[plain] = res.T
+    if not plain.all():
+        rest = np.empty((int((~plain).sum()), wb.shape[0]), np.float32)
+        _q8_0_matmul_kernel(wqs, wd, np.ascontiguousarray(xqs[~plain]),
+                            np.ascontiguousarray(xd[~plain]), np.zeros(rest.shape[0], np.bool_), rest)
+        out[~plain] = rest
     return out
