@@ -6,10 +6,12 @@ plain top tokens gave "Here's an Example", "Here's anexample" (y's own case and 
 variants) and "Here's an simple" (a word with almost no base probability after the prefix).
 So, per position, from the base distribution's top tokens:
 - variants of y: tokens whose text equals y's up to case and leading whitespace (" example",
-  "example", " Example", "EXAMPLE", and other ids with y's own bytes), or is a proper, non-empty
-  prefix of it so normalized (" ex", "Ex": another tokenization spells y on). They would
-  continue the phrase, so they are never raised: they are held (their logits stay put) and the
-  report counts their mass with the rejected token's;
+  "example", " Example", "EXAMPLE", and other ids with y's own bytes), is a proper, non-empty
+  prefix of it so normalized (" ex", "Ex": another tokenization spells y on), or extends it
+  (" examples": the text still reads the phrase, "Here's an examples"; measured on Qwen as the
+  best sub-floor candidate after "Here's an"). They would continue the phrase, so they are never
+  raised: they are held (their logits stay put) and the report counts their mass with the
+  rejected token's;
 - alternatives: the `k` highest-logit tokens that are neither y, a variant nor special, and have
   base probability >= `floor` there. The best such token is kept even below the floor (the mass
   has to go somewhere: the position is marked), the others are dropped, so a position may raise
@@ -41,10 +43,10 @@ def normalized(text: bytes) -> str:
 
 
 def is_variant(candidate: bytes, rejected: bytes) -> bool:
-    """Same text as the rejected token up to case and leading whitespace, or a proper prefix of
-    it so normalized (a spelling that would continue the phrase)."""
+    """Same text as the rejected token up to case and leading whitespace, a prefix of it, or an
+    extension of it, so normalized (a spelling whose text would still read the phrase)."""
     c, r = normalized(candidate), normalized(rejected)
-    return bool(c) and bool(r) and r.startswith(c)
+    return bool(c) and bool(r) and (r.startswith(c) or c.startswith(r))
 
 
 def choose(topk_ids, topk_logits, lse, rejected, specials: Sequence[int], k: int, floor: float,

@@ -18,7 +18,9 @@ from exactedit.solvers.l47.config import WfldError
     (b" ex", b" example", True),          # a prefix: another tokenization spells it on
     (b"Ex", b" example", True),
     (b" simple", b" example", False),
-    (b" examples", b" example", False),   # another word
+    (b" examples", b" example", True),    # an extension: "Here's an examples" still reads the phrase
+    (b" exam", b" example", True),
+    (b" use", b" used", True),
     (b" ", b" example", False),           # no text after stripping
     (b"", b" example", False),            # a special token
     (b" use", b" utilize", False),
