@@ -106,7 +106,8 @@ def build_report(*, cfg, bars, verdict, scores, ctx, mining, gn, cond, null, w0,
         "iterations": [asdict(it) for it in gn.iterations],
         "phrases": _phrase_table(scores, ctx, mining, cfg, phrases),
         "words": words,
-        "mining": {"counts": mining.counts(), "tuples": [[int(t) for t in tup] for tup in mining.tuples],
+        "mining": {"counts": mining.counts(), "phrases": mining.phrase_counts(),
+                   "tuples": [[int(t) for t in tup] for tup in mining.tuples],
                    "positions": positions, "position_fields": ["trace", "row", "phrase", "tuple", "heldout"]},
         "timings": dict(timings),
         "config": cfg.to_json(),
@@ -134,6 +135,10 @@ def format_report(report: dict) -> str:
              f"null space: {nl['rows']} legitimate uses held, rank {nl['rank']}; max ||dW h||/||W h|| "
              f"{_fmt(nl['solved_max_rel'], 3)} solved, {_fmt(nl['shipped_max_rel'], 3)} as shipped "
              f"({(report.get('shipping') or {}).get('type', 'quantized')})"]
+    mined = report.get("mining", {}).get("phrases")
+    if mined:
+        lines.append("mining: prefix-exact contexts / whole-word occurrences in the text: "
+                     + ", ".join(f"{m['phrase']!r} {m['contexts']}/{m['occurrences']}" for m in mined))
     if report.get("marker"):
         lines.insert(0, report["marker"])
     lines += [f"warning: {w}" for w in report.get("warnings", ())]
