@@ -64,16 +64,18 @@ def build_docs(model, inputs: DumpInputs) -> tuple[list[CaptureDoc], ModelChat]:
     if inputs.tokens is not None:
         toks = strata.read_tokens(inputs.tokens)
         return [labelled(chat, f"tokens-{short_hash(toks.astype('<i4').tobytes())}", toks, **kw)], chat
-    with LlamaEngine(model, EngineSettings()) as engine:
-        if inputs.text is not None:
-            try:
-                text = src_path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                raise EngineError(src_path, "text", f"cannot read as UTF-8 text ({exc})") from None
+    if inputs.text is not None:
+        try:
+            text = src_path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise EngineError(src_path, "text", f"cannot read as UTF-8 text ({exc})") from None
+        with LlamaEngine(model, EngineSettings()) as engine:
             return [labelled(chat, f"text-{short_hash(text)}", engine.tokenize(text), **kw)], chat
-        convs = read_chat_jsonl(src_path)
-        names = unique_names(f"chat-{short_hash(c)}" for c in convs)
-        docs = [labelled(chat, n, engine.tokenize(chat.render(c)), kind="chat", **kw) for n, c in zip(names, convs)]
+    convs = read_chat_jsonl(src_path)
+    names = unique_names(f"chat-{short_hash(c)}" for c in convs)
+    rendered = [chat.render(c) for c in convs]          # the untrusted template runs before the engine loads
+    with LlamaEngine(model, EngineSettings()) as engine:
+        docs = [labelled(chat, n, engine.tokenize(r), kind="chat", **kw) for n, r in zip(names, rendered)]
     return docs, chat
 
 

@@ -129,9 +129,13 @@ def _template_tokens(g, tokens, special_ids) -> tuple[tuple[int, ...], int | Non
     for i in special_ids:
         if tokens[i].strip():
             by_text.setdefault(tokens[i], i)
-    text = tpl.source + tpl.render([{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
-                                    {"role": "assistant", "content": "a"}, {"role": "user", "content": "v"}],
-                                   add_generation_prompt=True)
+    text = tpl.source
+    try:
+        text += tpl.render([{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                            {"role": "assistant", "content": "a"}, {"role": "user", "content": "v"}],
+                           add_generation_prompt=True)
+    except ct.ChatTemplateError:   # a template that fails (or is refused) still names tokens in its source
+        return tuple(sorted({i for s, i in by_text.items() if s in text})), None
     written = sorted({i for s, i in by_text.items() if s in text})
     try:
         fmt = ct.probe_format(tpl, list(by_text))
