@@ -52,14 +52,15 @@ class ShapeRates:
                 "vs_base": {k: r.to_dict() for k, r in self.vs_base.items()}, "config": self.config, **self.info}
 
 
-def kl_summary(names: Sequence[str], fired: np.ndarray, kl: np.ndarray) -> dict:
-    """KL(unshaped || shaped) at each rule's trigger steps, at any trigger, and over all steps."""
+def kl_summary(names: Sequence[str], fired: np.ndarray, kl: np.ndarray, kl_rules: np.ndarray) -> dict:
+    """KL(unshaped || shaped) at each rule's trigger steps (that rule applied alone: rules firing
+    at one row are told apart), at any trigger and over all steps (all rules together)."""
     out = {}
-    scopes = {f"triggers {n}": fired[:, j] for j, n in enumerate(names)}
-    scopes["triggers any"] = fired.any(axis=1) if fired.size else np.zeros(0, bool)
-    scopes["replies"] = np.ones(kl.size, bool)
-    for key, m in scopes.items():
-        v = kl[m]
+    scopes = {f"triggers {n}": (fired[:, j], kl_rules[:, j]) for j, n in enumerate(names)}
+    scopes["triggers any"] = (fired.any(axis=1) if fired.size else np.zeros(kl.size, bool), kl)
+    scopes["replies"] = (np.ones(kl.size, bool), kl)
+    for key, (m, vals) in scopes.items():
+        v = vals[m]
         out[key] = {"steps": int(m.sum()), "mean": float(v.mean()) if v.size else None,
                     "median": float(np.median(v)) if v.size else None, "max": float(v.max()) if v.size else None}
     return out
@@ -70,7 +71,7 @@ def _run_arm(name, path, ptoks, seeds, cfg, compiled, settings, progress) -> Arm
 
     shaper = shaper_for(compiled) if name in ("rules", "both") else None
     stop = tuple(compiled.vocab.turn_end)
-    replies, fired, kls = [], [], []
+    replies, fired, kls, alone = [], [], [], []
     with LlamaEngine(path, settings) as engine:
         for i, pt in enumerate(ptoks):
             for seed in seeds:
@@ -79,13 +80,14 @@ def _run_arm(name, path, ptoks, seeds, cfg, compiled, settings, progress) -> Arm
                 replies.append(Reply(i, int(seed), g.prompt, g.tokens, g.truncated))
                 fired.append(g.fired)
                 kls.append(g.kl)
+                alone.append(g.kl_rules)
                 if progress is not None:
                     progress()
     if shaper is None:
         return ArmRun(name, str(path), tuple(replies))
     names = [r.name for r in compiled.rules]
     fired_all, kl_all = np.concatenate(fired), np.concatenate(kls)
-    return ArmRun(name, str(path), tuple(replies), kl_summary(names, fired_all, kl_all),
+    return ArmRun(name, str(path), tuple(replies), kl_summary(names, fired_all, kl_all, np.concatenate(alone)),
                   {n: int(fired_all[:, j].sum()) for j, n in enumerate(names)})
 
 

@@ -51,6 +51,7 @@ class Generation:
     raw: np.ndarray | None = None        # float32 [steps, V] what llama.cpp handed the chain
     received: np.ndarray | None = None   # float32 [steps, V] what the chain after the rules received
     engine_rows: np.ndarray | None = None  # float32 [steps, V] llama_get_logits_ith(ctx, -1)
+    kl_rules: np.ndarray | None = None     # float64 [steps, rules] KL of each fired rule applied alone
 
     @property
     def sequence(self) -> np.ndarray:
@@ -65,6 +66,12 @@ def step_kl(raw: np.ndarray, shaped: np.ndarray) -> float:
     p = np.exp(la)
     keep = p > 0
     return float(np.sum(p[keep] * (la[keep] - lb[keep])))
+
+
+def _alone_kl(rule, hits, raw: np.ndarray) -> float:
+    one = raw.copy()
+    rule.apply_row(one, hits)
+    return step_kl(raw, one)
 
 
 class _Sampler:
@@ -114,7 +121,8 @@ def generate(engine: LlamaEngine, prompt, config: GenerateConfig, shaper=None, *
         shaper.reset()
         for t in toks:
             shaper.push(int(t))
-    steps = {"raw": [], "received": [], "engine": [], "fired": [], "kl": []}
+    steps = {"raw": [], "received": [], "engine": [], "fired": [], "kl": [], "kl_rules": []}
+    alone = hasattr(shaper, "hits")  # evals.shaping.Shaper: each rule's own effect is measured too
     ids = np.arange(V, dtype=np.int32)
 
     def shape(arr):
@@ -129,6 +137,9 @@ def generate(engine: LlamaEngine, prompt, config: GenerateConfig, shaper=None, *
             cur["logit"] = shaped
         steps["fired"].append(fired)
         steps["kl"].append(step_kl(raw, shaped) if any(fired) else 0.0)
+        if alone:
+            steps["kl_rules"].append([_alone_kl(rule, h, raw) if h else 0.0
+                                      for rule, h in zip(shaper.rules, shaper.hits())])
         if record:
             steps["raw"].append(raw)
 
@@ -184,8 +195,9 @@ def generate(engine: LlamaEngine, prompt, config: GenerateConfig, shaper=None, *
         lib.llama_free(ctx)
     fired = np.array(steps["fired"], dtype=bool).reshape(len(out), n_rules)
     stack = (lambda k: np.stack(steps[k]) if steps[k] else np.zeros((0, V), np.float32)) if record else (lambda k: None)
+    kl_rules = np.array(steps["kl_rules"], dtype=np.float64).reshape(len(out), n_rules) if alone else None
     return Generation(toks, np.array(out, dtype=np.int32), fired, np.array(steps["kl"], dtype=np.float64),
-                      not stopped, stack("raw"), stack("received"), stack("engine"))
+                      not stopped, stack("raw"), stack("received"), stack("engine"), kl_rules)
 
 
 def render_prompt(template, user: str) -> str:
