@@ -108,3 +108,30 @@ def test_phrase_rates_from_a_fixed_seed(mined):
         assert b["share"] == pytest.approx(b["replies_with"] / b["replies"])
         assert b["per_1k_tokens"] == pytest.approx(1000 * b["occurrences"] / b["tokens"])
         assert b["tokens"] == sum(r["tokens"] for r in out["replies"]) and b["replies"] == 2
+
+
+def test_dataset_build_labels_and_splits_by_prompt(tmp_path, qwen):
+    prompts = ["Name a river.", "Name a lake.", "Name a sea.", "Name a mountain."]
+    (tmp_path / "p.txt").write_text("\n".join(prompts) + "\n")
+    (tmp_path / "s.txt").write_text("you can use\n")
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "a.txt").write_text("You can use a map. The use of maps is old. A map has many uses.")
+    out = _run(["dataset", "build", "--model", "qwen", "--prompts", str(tmp_path / "p.txt"), "--phrases",
+                str(tmp_path / "s.txt"), "--texts", str(tmp_path / "texts"), "--out", str(tmp_path / "data"),
+                "--samples", "1", "--max-new", "24", "--json"])
+    groups = out["prompts"]
+    assert sorted(len(v) for v in groups.values()) == [1, 1, 1, 1]     # one prompt per set, none in two
+    sets = {s["name"]: s for s in out["sets"]}
+    assert set(sets) == {"train", "heldout", "collateral", "anchors"}
+    seen = {}
+    for name, s in sets.items():
+        d = read_dump(s["dump"])
+        for doc in d.docs:
+            want = {"train": set(), "heldout": set(), "collateral": {"collateral"}, "anchors": {"anchor"}}[name]
+            assert want <= set(doc.tags) and ({"chat"} <= set(doc.tags)) != ({"plain"} <= set(doc.tags))
+            if "chat" in doc.tags:
+                assert seen.setdefault(doc.character, name) == name                # a prompt's replies stay together
+                assert doc.name.startswith("chat-") and doc.name.endswith("-s0")
+        assert d.roles is not None and (name != "anchors" or np.all(np.asarray(d.roles) & ROLE_ANCHOR))
+    assert sets["anchors"]["tags"].get("plain", 0) + sets["collateral"]["tags"].get("plain", 0) == 1
+    assert json.loads((tmp_path / "data" / "dataset.json").read_text())["prompts"] == groups
