@@ -316,7 +316,7 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
     shipping = ship_mod.shipping_summary(
         gn=gn, cond=cond, Hh=rs.hh[slot], w0=w0, held_by_word=groups, collateral_by_word=coll,
         word_names=[tail.tokens.piece(int(w)) for w in mining.words], raw0=raw0, type_name=info.type_name,
-        cols=info.cols, view=view, mode=cfg.ship, hold_weight=cfg.ship_hold_weight, shipper=shipper)
+        cols=info.cols, view=view, mode=cfg.ship, hold_weight=cfg.ship_hold_weight, shipper=shipper, hh_bg=hh_bg)
     cidx = {(int(a), int(b)): i for i, (a, b) in enumerate(zip(slot, col))}
     offset = {"rejected": 0, "raised": 1, "held": 1 + k + s_n}
     raised = alt_mod.raised_table(alts, where, [phrases[p] for p in phr], rej,

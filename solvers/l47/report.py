@@ -173,8 +173,10 @@ def _shipping_lines(sh) -> list[str]:
     if not sh:
         return []
     how = "error feedback in the held directions" if sh["feedback"] else "ggml's quantizer, each weight on its own"
+    bg = sh.get("background") or {}
     lines = ["", f"shipping ({sh['type']}, {how}): ||shipped - solved|| / ||solved|| = {_fmt(sh['ship_rel'], 3)} "
-             f"(ggml rounding: {_fmt(sh['ship_rel_ggml'], 3)})",
+             f"(ggml rounding: {_fmt(sh['ship_rel_ggml'], 3)}); on the anchors, relative to the edit: "
+             f"{_fmt(bg.get('shipped'), 3)} (ggml rounding: {_fmt(bg.get('ggml'), 3)})",
              f"{'word':<14} {'held':>5} {'max rel: solved':>16} {'shipped':>9} {'ggml':>9}   "
              f"{'collateral':>10} {'mean rel: solved':>16} {'shipped':>9} {'ggml':>9}"]
     for w in sh["words"]:

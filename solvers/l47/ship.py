@@ -115,12 +115,14 @@ def _stats(rel) -> dict:
 
 def shipping_summary(*, gn: GaussNewton, cond, Hh, w0, held_by_word, collateral_by_word, word_names,
                      raw0, type_name: str, cols: int, view, mode: str, hold_weight: float,
-                     shipper: Shipper) -> dict:
+                     shipper: Shipper, hh_bg=None) -> dict:
     """Per word and per hold: the residual as solved (the last float64 solve), as shipped, and as
     ggml's quantizer of the same solve would have shipped it (the comparison this module is for).
 
     held_by_word / collateral_by_word: per word the hh [m, h] of its held uses (the null space)
-    and of its scored legitimate uses (bar (d), never held)."""
+    and of its scored legitimate uses (bar (d), never held). With the anchor rows `hh_bg`,
+    `background` gives the shipping error's energy on them relative to the edit's own,
+    ||(shipped - solved) hh|| / ||solved hh|| over the anchors (shipped and as ggml would ship)."""
     w0 = np.asarray(w0, dtype=np.float64)
     solved = np.asarray(gn.last_solve.dW, dtype=np.float64)
     shipped = np.asarray(gn.dW, dtype=np.float64)
@@ -156,6 +158,11 @@ def shipping_summary(*, gn: GaussNewton, cond, Hh, w0, held_by_word, collateral_
            "ship_rel": float(np.linalg.norm(shipped - solved)) / dn if dn > 0 else 0.0,
            "ship_rel_ggml": float(np.linalg.norm(ggml - solved)) / dn if dn > 0 else 0.0,
            "words": words, "holds": holds}
+    if hh_bg is not None:
+        hb = np.asarray(hh_bg, dtype=np.float64)
+        own = float(np.linalg.norm(hb @ solved.T))
+        out["background"] = {k: float(np.linalg.norm(hb @ (d - solved).T)) / own if own > 0 else None
+                             for k, d in (("shipped", shipped), ("ggml", ggml))}
     if isinstance(shipper, FeedbackShipper) and shipper.last is not None:
         last = shipper.last
         ggml_obj = last.candidate_objective[:, 0]
