@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from exactedit.evals.shaping import (
-    CASE_DROP, PersonaCase, Phrase, PrefixPenalty, Shaper, ShapeVocab, Step0Guard, case_pairs, parse_shape,
+    CASE_DROP, PersonaCase, PrefixPenalty, Shaper, ShapeVocab, Step0Guard, case_pairs, parse_shape,
     shape_logits, trigger_mask, trigger_state,
 )
 
@@ -172,17 +172,6 @@ def test_shaper_step_by_step_equals_the_trace_pass(seed):
         shaped, fired = live.shape(logits[t])
         assert np.array_equal(shaped.view(np.uint32), batch[t].view(np.uint32)), t
         assert fired == tuple(bool(m[t]) for m in masks), t
-
-
-def test_phrase_forms_and_word_boundary():
-    # " to" alone, or "x" + " end"+" to" written without a leading space: the boundary decides
-    ph = Phrase(ID[" end"], ((ID[" end"], ID[" to"]), (ID["x"], ID[" to"])), (False, True))
-    rule = PrefixPenalty(6.0, (ph,))
-    for reply, want in [(("hi", "x", " to"), False), ((".", "x", " to"), True), (("x", " to"), True),
-                        (("hi", " end", " to"), True)]:
-        toks = chat(*reply)
-        st = trigger_state(toks, [0], VOCAB)
-        assert trigger_mask(rule, toks, np.zeros(len(toks), np.int32), st)[-1] == want, reply
 
 
 def test_no_think_tags_step0_is_the_header_end():
