@@ -252,9 +252,9 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
                           TokenBytes(tail.tokens))
     a_blocks = _anchor_rows(tail, by_role["anchors"], specials, cfg.special_rows)
     rs = gather_rows(blocks + a_blocks)
-    P, s_n, k, m = rej.size, len(specials), cfg.alternatives, alts.held.shape[1]
+    P, s_n, k, m = rej.size, len(specials), cfg.alternatives, alts.variants.shape[1]
     tok = np.full((rs.rows, 1 + k + s_n + m), -1, dtype=np.int64)
-    tok[:P, 0], tok[:P, 1:1 + k], tok[:P, 1 + k:1 + k + s_n], tok[:P, 1 + k + s_n:] = rej, alts.ids, specials, alts.held
+    tok[:P, 0], tok[:P, 1:1 + k], tok[:P, 1 + k:1 + k + s_n], tok[:P, 1 + k + s_n:] = rej, alts.ids, specials, alts.variants
     tok[P:, :s_n] = specials
     slot, col = wfld.condition_layout(tok)
     kind = np.where(slot >= P, wfld.SPECIAL_ANCHOR,
@@ -273,6 +273,7 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
     d_rej, d_alt = wfld.ftpo_targets(base_tab[:P, 0], base_tab[:P, 1:1 + k], margins, cfg.delta_cho)
     target_tab = np.zeros(tok.shape)
     target_tab[:P, 0], target_tab[:P, 1:1 + k] = d_rej, d_alt
+    target_tab[:P, 1 + k + s_n:] = d_rej[:, None]      # variants count as rejected: they move with it
     target = target_tab[slot, col]
     eps = np.where(np.isin(kind, wfld.HOLD_KINDS), cfg.hold_eps, cfg.target_eps)
     cond = wfld.Conditions(slot, tok[slot, col], kind.astype(np.int8), target, eps)
@@ -318,7 +319,7 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
         word_names=[tail.tokens.piece(int(w)) for w in mining.words], raw0=raw0, type_name=info.type_name,
         cols=info.cols, view=view, mode=cfg.ship, hold_weight=cfg.ship_hold_weight, shipper=shipper, hh_bg=hh_bg)
     cidx = {(int(a), int(b)): i for i, (a, b) in enumerate(zip(slot, col))}
-    offset = {"rejected": 0, "raised": 1, "held": 1 + k + s_n}
+    offset = {"rejected": 0, "raised": 1, "variants": 1 + k + s_n}
     raised = alt_mod.raised_table(alts, where, [phrases[p] for p in phr], rej,
                                   lambda p, key, j: cidx.get((p, offset[key] + j)), gn.base_logits, gn.logits,
                                   vp.lse, lambda i: tail.tokens.piece(i))
@@ -327,7 +328,9 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
     report = build_report(cfg=cfg, bars=bars, verdict=verdict(bars), scores=scores, ctx=ctx, mining=mining,
                           gn=gn, cond=cond, null=_null_summary(groups, B, w0, gn), w0=w0, tensor=tensor,
                           timings=st.timings, phrases=phrases, heldout=held, marker=marker,
-                          warnings=_warnings(by_role, mining, tail.tokens), shipping=shipping, raised=raised)
+                          warnings=_warnings(by_role, mining, tail.tokens)
+                          + alt_mod.floor_warnings(alts, [phrases[p] for p in phr], cfg.alt_floor),
+                          shipping=shipping, raised=raised)
     refs = [InputRef("model", str(inputs.model), g.sha256()),
             InputRef("phrases", str(inputs.phrases), file_sha256(inputs.phrases))]
     refs += [InputRef(f"dump:{t.name}", t.path, t.dump.sha256()) for t in traces]

@@ -9,9 +9,10 @@ So, per position, from the base distribution's top tokens:
   "example", " Example", "EXAMPLE", and other ids with y's own bytes), is a proper, non-empty
   prefix of it so normalized (" ex", "Ex": another tokenization spells y on), or extends it
   (" examples": the text still reads the phrase, "Here's an examples"; measured on Qwen as the
-  best sub-floor candidate after "Here's an"). They would continue the phrase, so they are never
-  raised: they are held (their logits stay put) and the report counts their mass with the
-  rejected token's;
+  best sub-floor candidate after "Here's an"). They would continue the phrase, so they count as
+  rejected: never raised, and each moves with the rejected token (the same logit change, so it
+  keeps its base ratio to it). Holding their logits still instead would hand them the freed mass
+  in proportion: where p(y) = 0.999, a variant at 5e-5 would rise to ~3%;
 - alternatives: the `k` highest-logit tokens that are neither y, a variant nor special, and have
   base probability >= `floor` there. The best such token is kept even below the floor (the mass
   has to go somewhere: the position is marked), the others are dropped, so a position may raise
@@ -27,12 +28,13 @@ from exactedit.solvers.l47.config import WfldError
 
 
 class Alternatives(NamedTuple):
-    """Per FTPO position (P of them): what is raised and what is held. -1 / NaN pad."""
+    """Per FTPO position (P of them): what is raised and which variants move with the rejected
+    token. -1 / NaN pad."""
 
     ids: np.ndarray          # int64 [P, k] raised alternatives, by decreasing base logit
     p_alt: np.ndarray        # float64 [P, k] their base probabilities
-    held: np.ndarray         # int64 [P, m] variants of the rejected token among the candidates
-    p_held: np.ndarray       # float64 [P, m]
+    variants: np.ndarray     # int64 [P, m] variants of the rejected token among the candidates
+    p_var: np.ndarray        # float64 [P, m]
     below_floor: np.ndarray  # bool [P]: the only alternative is below the floor
 
 
@@ -51,7 +53,7 @@ def is_variant(candidate: bytes, rejected: bytes) -> bool:
 
 def choose(topk_ids, topk_logits, lse, rejected, specials: Sequence[int], k: int, floor: float,
            token_bytes) -> Alternatives:
-    """Alternatives and held variants from a vocab pass's top tokens (`topk_ids` / `topk_logits`
+    """Alternatives and the rejected token's variants from a vocab pass's top tokens (`topk_ids` / `topk_logits`
     [P, m] by decreasing logit, `lse` [P]); `token_bytes(id) -> bytes` (b"" for specials)."""
     ids = np.asarray(topk_ids, dtype=np.int64)
     logits = np.asarray(topk_logits, dtype=np.float64)
@@ -65,7 +67,7 @@ def choose(topk_ids, topk_logits, lse, rejected, specials: Sequence[int], k: int
     banned = {int(s) for s in specials}
     out = np.full((P, k), -1, np.int64)
     p_out = np.full((P, k), np.nan)
-    held, below = [], np.zeros(P, dtype=bool)
+    variants, below = [], np.zeros(P, dtype=bool)
     for p in range(P):
         y = int(rejected[p])
         yb = token_bytes(y)
@@ -85,22 +87,39 @@ def choose(topk_ids, topk_logits, lse, rejected, specials: Sequence[int], k: int
         below[p] = len(alts) == 1 and alts[0][1] < floor
         out[p, :len(alts)] = [a for a, _ in alts]
         p_out[p, :len(alts)] = [q for _, q in alts]
-        held.append(hv)
-    width = max((len(h) for h in held), default=0)
-    held_ids = np.full((P, width), -1, np.int64)
-    held_p = np.full((P, width), np.nan)
-    for p, hv in enumerate(held):
+        variants.append(hv)
+    width = max((len(v) for v in variants), default=0)
+    var_ids = np.full((P, width), -1, np.int64)
+    var_p = np.full((P, width), np.nan)
+    for p, hv in enumerate(variants):
         if hv:
-            held_ids[p, :len(hv)] = [t for t, _ in hv]
-            held_p[p, :len(hv)] = [q for _, q in hv]
-    return Alternatives(out, p_out, held_ids, held_p, below)
+            var_ids[p, :len(hv)] = [t for t, _ in hv]
+            var_p[p, :len(hv)] = [q for _, q in hv]
+    return Alternatives(out, p_out, var_ids, var_p, below)
+
+
+def floor_warnings(alts: Alternatives, phrase_names, floor: float) -> list[str]:
+    """One warning per phrase with positions whose best alternative is below the floor: there the
+    rejected token is near-certain, and whatever takes its mass is a token the model gives < floor
+    (an artefact in generation, e.g. "Here's an simple" where p(" example") = 0.999)."""
+    out = []
+    for name in dict.fromkeys(phrase_names):
+        sel = np.array([n == name for n in phrase_names])
+        bad = int(np.sum(alts.below_floor[sel]))
+        if bad:
+            out.append(f"phrase {name!r}: {bad} of {int(sel.sum())} positions have no alternative with base "
+                       f"probability >= {floor:g} (the rejected token is near-certain there; what replaces it "
+                       "is a token the model barely gives, an artefact risk; consider banning the phrase's "
+                       "prefix instead)")
+    return out
 
 
 def raised_table(alts: Alternatives, where, phrase_names, rejected, cond_index, base_logits, logits,
                  lse, name) -> list[dict]:
-    """What was raised and held where: per FTPO position {trace, row, phrase, rejected, p_rej,
-    raised: [{token, p_base, dlogit}], held: [...], below_floor}. `cond_index(p, kind, j)` gives
-    the condition index of the position's j-th alternative / held variant (or None),
+    """What was raised and moved with the rejected token where: per FTPO position {trace, row,
+    phrase, rejected, p_rej, raised: [{token, p_base, dlogit}], variants: [...], below_floor}.
+    `cond_index(p, kind, j)` gives the condition index of the position's j-th alternative /
+    variant (or None),
     `base_logits` / `logits` the conditions' exact logits before and after, `name(id)` a token's
     text, `lse` [P] the base log-partition (p_rej = exp(base rejected logit - lse))."""
     out = []
@@ -110,7 +129,7 @@ def raised_table(alts: Alternatives, where, phrase_names, rejected, cond_index, 
         k0 = cond_index(p, "rejected", 0)
         item["p_rej"] = float(np.exp(base_logits[k0] - lse[p])) if k0 is not None else None
         item["rej_dlogit"] = float(logits[k0] - base_logits[k0]) if k0 is not None else None
-        for key, ids, probs in (("raised", alts.ids, alts.p_alt), ("held", alts.held, alts.p_held)):
+        for key, ids, probs in (("raised", alts.ids, alts.p_alt), ("variants", alts.variants, alts.p_var)):
             cells = []
             for j, tok in enumerate(ids[p]):
                 if tok < 0:

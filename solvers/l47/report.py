@@ -71,14 +71,14 @@ def _raised_summary(raised) -> list[dict]:
     by: dict[str, dict] = {}
     for item in raised:
         row = by.setdefault(item["phrase"], {"phrase": item["phrase"], "positions": 0, "below_floor": 0,
-                                             "raised": {}, "held": {}})
+                                             "raised": {}, "variants": {}})
         row["positions"] += 1
         row["below_floor"] += int(item["below_floor"])
-        for key in ("raised", "held"):
+        for key in ("raised", "variants"):
             for cell in item[key]:
                 row[key][cell["token"]] = row[key].get(cell["token"], 0) + 1
     return [dict(r, raised=sorted(r["raised"].items(), key=lambda kv: -kv[1]),
-                 held=sorted(r["held"].items(), key=lambda kv: -kv[1])) for r in by.values()]
+                 variants=sorted(r["variants"].items(), key=lambda kv: -kv[1])) for r in by.values()]
 
 
 def build_report(*, cfg, bars, verdict, scores, ctx, mining, gn, cond, null, w0, tensor, timings,
@@ -195,10 +195,10 @@ def _shipping_lines(sh) -> list[str]:
 def _raised_lines(alts) -> list[str]:
     if not alts or not alts.get("summary"):
         return []
-    lines = ["", "raised / held at the FTPO positions (token x positions):"]
+    lines = ["", "raised / moved with the rejected token (variants) at the FTPO positions (token x positions):"]
     for r in alts["summary"]:
         raised = ", ".join(f"{t!r} x{n}" for t, n in r["raised"][:8])
-        held = ", ".join(f"{t!r} x{n}" for t, n in r["held"][:6]) or "none"
+        held = ", ".join(f"{t!r} x{n}" for t, n in r["variants"][:6]) or "none"
         lines.append(f"  {r['phrase']}: {r['positions']} positions ({r['below_floor']} below the floor); "
-                     f"raised {raised}; held {held}")
+                     f"raised {raised}; variants {held}")
     return lines

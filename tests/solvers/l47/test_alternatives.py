@@ -1,11 +1,11 @@
 """Alternatives that read as language: the rejected token's case / spacing / same-text variants are
-held, never raised, and an alternative needs a base-probability floor."""
+never raised (they count as rejected), and an alternative needs a base-probability floor."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from exactedit.solvers.l47.alternatives import choose, is_variant
+from exactedit.solvers.l47.alternatives import choose, floor_warnings, is_variant
 from exactedit.solvers.l47.config import WfldError
 
 
@@ -45,7 +45,7 @@ def test_choose_holds_variants_and_applies_the_floor():
     a = choose(ids, logits, lse, [0], specials=[5], k=3, floor=0.01, token_bytes=tb)
     assert a.ids.tolist() == [[4, 7, -1]]           # " simple" (0.001) is below the floor
     np.testing.assert_allclose(a.p_alt[0, :2], [0.08, 0.02])
-    assert sorted(a.held[0].tolist()) == [1, 2, 6]  # case, spacing, prefix variants: held
+    assert sorted(a.variants[0].tolist()) == [1, 2, 6]  # case, spacing, prefix variants: not raised
     assert not a.below_floor[0]
     b = choose(ids, logits, lse, [0], specials=[5], k=3, floor=0.0, token_bytes=tb)
     assert b.ids.tolist() == [[4, 7, 3]]
@@ -55,5 +55,7 @@ def test_choose_keeps_one_alternative_below_the_floor():
     ids, logits, lse = _case({0: 0.97, 1: 0.02, 3: 0.006, 8: 0.004})
     a = choose(ids, logits, lse, [0], specials=[], k=2, floor=0.01, token_bytes=TEXT.__getitem__)
     assert a.ids.tolist() == [[3, -1]] and a.below_floor[0]
+    (w,) = floor_warnings(a, ["Here's an example"], 0.01)
+    assert "1 of 1 positions" in w and "Here's an example" in w
     with pytest.raises(WfldError, match="no candidate"):
         choose(ids[:, :2], logits[:, :2], lse, [0], specials=[], k=2, floor=0.01, token_bytes=TEXT.__getitem__)

@@ -90,5 +90,8 @@ def test_solve_reports_residuals_as_solved_and_shipped(tmp_path):
     assert len(alts["positions"]) == res.report["conditions"]["rejected"]
     for pos in alts["positions"]:
         assert pos["raised"] and all(c["p_base"] >= 0.01 for c in pos["raised"][1:])
+        for v in pos["variants"]:  # a variant counts as rejected: it moves with the rejected token
+            assert v["dlogit"] == pytest.approx(pos["rej_dlogit"], abs=0.05)
+    assert any(pos["variants"] for pos in alts["positions"])
     text = format_report(res.report)
-    assert "shipping (Q8_0, error feedback" in text and "raised / held" in text
+    assert "shipping (Q8_0, error feedback" in text and "raised / moved with the rejected" in text
