@@ -41,7 +41,7 @@ def _docs(t: ScoredTrace) -> tuple[DocMeta, ...]:
 def score_traces(tail, tail_edit, traces: Sequence[ScoredTrace], specials: Sequence[int], *,
                  tile_rows: int = 8192, device_head=None, progress: Progress | None = None) -> RowScores:
     """RowScores of every row of every trace (documents appended in order, as `concat` does). With
-    `device_head` (the head on a JAX device, `stream_jax.to_device`) the pass is `kl_pass_jax` in
+    `device_head` (the head on a JAX device, `device_pass.to_device`) the pass is `kl_pass_jax` in
     exact mode there (same fields as `kl_rows_numba`); without, the host `kl_rows_numba`."""
     mix_b = np.concatenate([tail_mix(tail, t.dump) for t in traces], axis=0)
     mix_e = np.concatenate([tail_mix(tail_edit, t.dump) for t in traces], axis=0)
