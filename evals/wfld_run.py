@@ -254,7 +254,8 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
     rs = gather_rows(blocks + a_blocks)
     P, s_n, k, m = rej.size, len(specials), cfg.alternatives, alts.variants.shape[1]
     tok = np.full((rs.rows, 1 + k + s_n + m), -1, dtype=np.int64)
-    tok[:P, 0], tok[:P, 1:1 + k], tok[:P, 1 + k:1 + k + s_n], tok[:P, 1 + k + s_n:] = rej, alts.ids, specials, alts.variants
+    tok[:P, 0], tok[:P, 1:1 + k], tok[:P, 1 + k:1 + k + s_n] = rej, alts.ids, specials
+    tok[:P, 1 + k + s_n:] = alts.variants
     tok[P:, :s_n] = specials
     slot, col = wfld.condition_layout(tok)
     kind = np.where(slot >= P, wfld.SPECIAL_ANCHOR,
