@@ -1,17 +1,14 @@
-"""Seeded sampling of replies for `exactedit mine`, with a logits hook.
-
-NOTE: this file was accidentally overwritten by the issue-15 helper (sampler-side shaping) while
-it was still untracked; this is a reconstruction of the API native/mine.py imports
-(`SampleConfig`, `Sample`, `LogitsProcessor`, `sample_all`), built on the live loop of
-native/shaping_live.py (llama.cpp's own sampler chain: top-k, temperature, seeded dist, with a
-hook in front of it). The issue-13 helper may replace it with the original.
+"""Seeded sampling of replies for `exactedit mine` and `dataset build`, with a logits hook.
 
 `sample_all(engine, prompt_tokens, cfg, seeds, stop_ids=..., turn_end=..., processor=...)`
 samples one reply per prompt and seed, up to a stop token (kept) or `cfg.max_new` tokens (then
-the reply is truncated). A `LogitsProcessor` is either a callable `(history, logits) -> logits`
-(history: the prompt and the tokens sampled so far, int32; logits: the raw float32 row; it
-returns the row the sampler chain receives) or an object with the live shaper's interface
-(`rules`, `reset()`, `push(token)`, `shape(logits) -> (logits, fired)`, evals.shaping.Shaper).
+the reply is truncated), with llama.cpp's own sampler chain (top-k, temperature, seeded dist).
+Without a processor the replies decode several at a time (native/batched.py); with one, each
+reply runs through the live loop of native/shaping_live.py, one at a time. A `LogitsProcessor` is
+either a callable `(history, logits) -> logits` (history: the prompt and the tokens sampled so
+far, int32; logits: the raw float32 row; it returns the row the sampler chain receives) or an
+object with the live shaper's interface (`rules`, `reset()`, `push(token)`,
+`shape(logits) -> (logits, fired)`, evals.shaping.Shaper).
 """
 from __future__ import annotations
 
@@ -21,6 +18,7 @@ from typing import Callable, Protocol, Sequence, Union
 import numpy as np
 
 from exactedit.native.llamacpp import EngineError, LlamaEngine
+from exactedit.native.batched import DEFAULT_SLOTS, generate_batched
 from exactedit.native.shaping_live import GenerateConfig, generate
 
 
@@ -94,23 +92,37 @@ def _as_shaper(processor):
     return _Callable(processor)
 
 
+def _sample(g, seed: int, turn_end: int | None, fired) -> Sample:
+    last = int(g.tokens[-1]) if g.tokens.size else -1
+    stop = "max_new" if g.truncated else "turn_end" if last == turn_end else "end_of_generation"
+    return Sample(g.prompt, g.tokens, int(seed), stop, fired)
+
+
 def sample_all(engine: LlamaEngine, prompt_tokens: Sequence[np.ndarray], cfg: SampleConfig, seeds: Sequence[int], *,
                stop_ids: Sequence[int], turn_end: int | None = None, processor: LogitsProcessor | None = None,
+               sequential: bool = False, slots: int = DEFAULT_SLOTS,
                progress: Callable[[int, int], None] | None = None) -> list[list[Sample]]:
-    """Per prompt, one `Sample` per seed (same seeds for every prompt)."""
+    """Per prompt, one `Sample` per seed (same seeds for every prompt). Without a processor the
+    replies decode `slots` at a time (native/batched.py); with one, or `sequential`, one at a time
+    through the live loop (a processor's state is one history)."""
     stops = tuple(int(t) for t in stop_ids)
     if not stops:
         raise EngineError(engine.path, "stop_ids", "no stop token: a reply could only end at max_new")
     shaper = _as_shaper(processor)
+    if shaper is None and not sequential:
+        jobs = [(p, seed) for p in prompt_tokens for seed in seeds]
+        gens = generate_batched(engine, [p for p, _ in jobs],
+                                [GenerateConfig(cfg.max_new, cfg.temperature, cfg.top_k, int(seed)) for _, seed in jobs],
+                                stop_ids=stops, slots=slots, progress=progress)
+        samples = [_sample(g, seed, turn_end, None) for g, (_, seed) in zip(gens, jobs)]
+        return [samples[i:i + len(seeds)] for i in range(0, len(samples), len(seeds))]
     out, done, total = [], 0, len(prompt_tokens) * len(seeds)
     for ptoks in prompt_tokens:
         row = []
         for seed in seeds:
             g = generate(engine, ptoks, GenerateConfig(cfg.max_new, cfg.temperature, cfg.top_k, int(seed)), shaper,
                          stop_ids=stops)
-            last = int(g.tokens[-1]) if g.tokens.size else -1
-            stop = "max_new" if g.truncated else "turn_end" if last == turn_end else "end_of_generation"
-            row.append(Sample(g.prompt, g.tokens, int(seed), stop, g.fired if shaper is not None else None))
+            row.append(_sample(g, seed, turn_end, g.fired))
             done += 1
             if progress is not None:
                 progress(done, total)

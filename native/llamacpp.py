@@ -316,13 +316,17 @@ class LlamaEngine:
             lib.llama_free(ctx)
         return np.array(out, dtype=np.int32)
 
-    def _context(self, callback):
+    def _context(self, callback, *, n_seq: int = 1, n_ctx: int | None = None):
+        """A fresh llama.cpp context with these settings; `n_seq` > 1 gives that many sequences,
+        each its own KV stream of n_ctx / n_seq cells (batched sampling, native/batched.py)."""
         lib, s = self._lib, self.settings
         cparams = lib.llama_context_default_params()
-        cparams.n_ctx = s.n_ctx
+        cparams.n_ctx = s.n_ctx if n_ctx is None else int(n_ctx)
         cparams.n_batch = s.n_batch
         cparams.n_ubatch = s.n_ubatch
-        cparams.n_seq_max = 1
+        cparams.n_seq_max = int(n_seq)
+        if n_seq > 1:
+            cparams.kv_unified = False
         cparams.n_threads = s.n_threads
         cparams.n_threads_batch = s.n_threads
         cparams.flash_attn_type = _FLASH_ATTN[s.flash_attn]

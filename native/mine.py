@@ -130,15 +130,16 @@ def style_rates(texts: Sequence[str], first_tokens_eog: Sequence[bool], starters
 
 def generate(model, prompt_tokens: Sequence[np.ndarray], chat: ModelChat, cfg: MineConfig,
              settings: EngineSettings, processor: LogitsProcessor | None = None,
-             progress: Progress | None = None) -> list[list[Sample]]:
-    """Per prompt, one reply per seed, on `model`, to its turn end (the hook: `processor`)."""
+             progress: Progress | None = None, sequential: bool = False) -> list[list[Sample]]:
+    """Per prompt, one reply per seed, on `model`, to its turn end (the hook: `processor`);
+    batched unless there is a processor or `sequential` (native/generate.py)."""
     sp = chat.specials
     with LlamaEngine(model, settings) as engine:
         # the model's own ends of generation, and any special llama.cpp also ends generation on
         stops = sorted(set(sp.end_of_generation) | {t for t in sp.specials
                                                     if engine._lib.llama_vocab_is_eog(engine._vocab, t)})
         return sample_all(engine, prompt_tokens, cfg.sampling(), cfg.seeds(), stop_ids=stops,
-                          turn_end=sp.turn_end, processor=processor, progress=progress)
+                          turn_end=sp.turn_end, processor=processor, sequential=sequential, progress=progress)
 
 
 def _infos(prompts, samples, chat: ModelChat) -> tuple[ReplyInfo, ...]:
@@ -173,7 +174,9 @@ def mine(model, prompts: Sequence[str], phrases: Sequence[str], out=None, *, edi
         ptoks = [engine.tokenize(t) for t in prompt_texts]
     total = len(prompts) * cfg.samples * (2 if edited is not None else 1)
     tick = None if progress is None else (lambda d, _t: progress(d, total))
-    base = generate(model, ptoks, chat, cfg, settings, processors.get("base"), tick)
+    # every side through the same loop: with a processor on one side, all run one reply at a time
+    one_by_one = any(f is not None for f in processors.values())
+    base = generate(model, ptoks, chat, cfg, settings, processors.get("base"), tick, one_by_one)
     infos = _infos(prompts, base, chat)
     rates = {"base": _style(base, infos, chat, cfg.starters)}
     matcher = PhraseMatcher(phrases, TokenBytes(chat.table), cfg.capitalized)
@@ -181,7 +184,7 @@ def mine(model, prompts: Sequence[str], phrases: Sequence[str], out=None, *, edi
     if edited is not None:
         off = len(prompts) * cfg.samples
         tick2 = None if progress is None else (lambda d, _t: progress(off + d, total))
-        ed = generate(edited, ptoks, chat, cfg, settings, processors.get("edited"), tick2)
+        ed = generate(edited, ptoks, chat, cfg, settings, processors.get("edited"), tick2, one_by_one)
         ed_infos = _infos(prompts, ed, chat)
         rates["edited"] = _style(ed, ed_infos, chat, cfg.starters)
     pr = phrase_rates(matcher, _replies(base), None if ed is None else _replies(ed), capitalized=cfg.capitalized,
