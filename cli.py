@@ -36,6 +36,18 @@ def _progress(stack, label: str):
     """progress(done, total) for the library -> a click progress bar on stderr, opened at the
     first call and closed with `stack`."""
     bar = None
+    if not sys.stderr.isatty():      # a log file: a line per tenth of the work (click draws nothing there)
+        shown = [-1]
+
+        def line(done: int, total: int) -> None:
+            tenth = (10 * done) // max(total, 1)
+            if tenth != shown[0] or done == total:
+                if done == total and shown[0] == 10:
+                    return
+                shown[0] = 10 if done == total else tenth
+                click.echo(f"{label}: {done}/{total}", err=True)
+
+        return line
 
     def update(done: int, total: int) -> None:
         nonlocal bar
@@ -380,16 +392,20 @@ def bench_head(rows, vocab, n, tile_rows, repeats, seed, device, as_json) -> Non
               help="With --model: prompts whose replies build the solve's data (default: bundled).")
 @click.option("--rate-prompts", type=click.Path(dir_okay=False, exists=True), default=None,
               help="With --model: held-out prompts for the phrase rates (default: bundled).")
+@click.option("--watch", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="With --model: phrases measured in generation beside the solved ones, not solved for "
+                   "(default: the bundled watch list, e.g. the whole phrase whose prefix is banned).")
 @click.option("--texts", multiple=True, type=click.Path(dir_okay=False, exists=True),
-              help="With --model: plain texts for collateral and anchors (repeatable; default: bundled).")
+              help="With --model: plain texts for collateral, the null space and anchors (repeatable; "
+                   "default: bundled).")
 @click.option("--samples", default=2, show_default=True, type=click.IntRange(1), help="With --model: replies per prompt.")
 @click.option("--rate-samples", default=2, show_default=True, type=click.IntRange(1),
               help="With --model: replies per held-out rate prompt.")
 @click.option("--max-new", default=160, show_default=True, type=click.IntRange(1), help="With --model: reply cap.")
 @click.option("--seed", default=0, show_default=True, type=int, help="With --model: sampling seed.")
 @JSON_FLAG
-def demo_cmd(out, fixture, model, phrases, prompts, rate_prompts, texts, samples, rate_samples, max_new, seed,
-             as_json) -> None:
+def demo_cmd(out, fixture, model, phrases, prompts, rate_prompts, watch, texts, samples, rate_samples, max_new,
+             seed, as_json) -> None:
     """The whole workflow on the bundled fixture: register + split, solve head, solve wfld, dev
     score, and the one-shot blind sign-off (its command line in OUT/blind.cmd). With --model: the
     anti-slop loop on a real model (data from its own replies, solve, apply, verify live, dev score,
@@ -405,7 +421,7 @@ def demo_cmd(out, fixture, model, phrases, prompts, rate_prompts, texts, samples
         if model is not None:
             from exactedit.native.real_demo import RealDemoConfig, real_demo_report, run_real_demo
 
-            cfg = RealDemoConfig(model=model, prompts=prompts, rate_prompts=rate_prompts, phrases=phrases,
+            cfg = RealDemoConfig(model=model, prompts=prompts, rate_prompts=rate_prompts, phrases=phrases, watch=watch,
                                  texts=tuple(texts) or None, samples=samples, rate_samples=rate_samples,
                                  max_new=max_new, seed=seed)
             result = run_real_demo(cfg, out, progress=progress)

@@ -5,7 +5,8 @@ Traces by role (each one or more dump directories):
   the banned words that the edit must not move (the per-word null space);
 - heldout: separate documents, scored only (bars (c), (f), (g); their split role is `heldout_role`);
 - collateral: legitimate uses of the words, scored only (bar (d)): never in the null space;
-- anchors: plain and chat background: the metric C, the special-token holds, bar (e);
+- anchors: plain and chat background: the metric C (without the anchors' own slop contexts), the
+  special-token holds, bar (e);
 - null (optional): more legitimate uses for the null space, never scored.
 The bundle holds the new bytes of the edited tensor, the report (bars, per phrase, per word, the
 Gauss-Newton log, where the time went) and a manifest with every input's sha256.
@@ -286,7 +287,7 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
               for t in by_role["train"] + by_role["null"]]
         groups.append(np.concatenate(hh, axis=0))
     B = wfld.null_basis(groups, cfg.null_rank, cfg.null_tol, w0.shape[1])
-    hh_bg = np.concatenate([np.asarray(t.dump.hh) for t in by_role["anchors"]])
+    hh_bg = np.concatenate([_background_rows(t, mining) for t in by_role["anchors"]])
     C = wfld.background_metric(hh_bg, cfg.ridge)
     M = wfld.restricted_inverse(C, B)
     view = quant.runtime_view if tail.kind == "hc4" else quant.dequantize
@@ -346,6 +347,16 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
     st.mark("write")
     return WfldResult(bundle.path, bundle.sha256, report, report["verdict"], bars, mining, gn, scores,
                       dict(st.timings))
+
+
+def _background_rows(t: Trace, mining) -> np.ndarray:
+    """An anchor trace's hh rows for the background metric, without its slop contexts (rows where
+    a banned phrase's prefix is followed by its final token): those are where the edit must act, so
+    they are not part of the background it must keep quiet on (bar (e) still scores every row)."""
+    hh = np.asarray(t.dump.hh)
+    keep = np.ones(hh.shape[0], dtype=bool)
+    keep[np.asarray(mining.trace(t.name).rows, dtype=np.int64)] = False
+    return hh[keep]
 
 
 def _null_summary(groups, B, w0, gn: wfld.GaussNewton) -> dict:

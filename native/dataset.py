@@ -6,12 +6,14 @@ From prompts, banned phrases and a few plain texts:
    remainder, each group at least one prompt when there are enough);
 2. the model samples `samples` replies per prompt to its own turn end (native/mine.py: its chat
    template, its specials, the shared phrase matcher);
-3. the plain texts are cut into documents of at most `chunk` tokens; chunks holding a legitimate
-   use of a banned word go to collateral (at most half of them), the rest are plain anchors;
+3. the plain texts are cut into documents of at most `chunk` tokens (one character per chunk);
+   chunks holding a legitimate use of a banned word go in turn to collateral (scored by bar (d)),
+   train (held by the null space) and anchors; the rest are plain anchors;
 4. four dumps are captured, every document labelled (tags, source, one character per prompt or
    text, row roles from the model's chat framing; a reply cut at `max_new` has no reply end):
-   - `train`: replies of the train prompts (`chat`, `slop` where the phrases occur): the FTPO
-     targets and the legitimate uses whose span the edit must not move;
+   - `train`: replies of the train prompts (`chat`, `slop` where the phrases occur) and text
+     chunks with legitimate uses (`plain`): the FTPO targets and the legitimate uses whose span
+     the edit must not move;
    - `heldout`: replies of the held-out prompts (`chat`, `slop`): bars (c), (f), (g);
    - `collateral`: replies of the collateral prompts and text chunks with legitimate uses
      (`collateral`, `chat` / `plain`): bar (d), never solved on;
@@ -160,8 +162,20 @@ def _text_docs(texts: Sequence[Path], engine: LlamaEngine, chat, chunk: int) -> 
             part = toks[a:a + chunk]
             if part.size >= 2:
                 docs.append(labelled(chat, f"text-{short_hash(text)}-{k}", part, source=p.name,
-                                     character=f"t-{short_hash(text)}", tags=(), kind="plain"))
+                                     character=f"t-{short_hash(text)}-{k}", tags=(), kind="plain"))
     return docs
+
+
+def text_sets(text_docs: Sequence, with_uses) -> dict[str, list]:
+    """Where the text chunks go: those with a legitimate use of a banned word (indices in
+    `with_uses`) in turn to collateral (bar (d)), train (the null space) and anchors; the rest to
+    anchors. Order is kept within each set."""
+    out = {"collateral": [], "train": [], "anchors": []}
+    used = [d for k, d in enumerate(text_docs) if k in with_uses]
+    for j, d in enumerate(used):
+        out[("collateral", "train", "anchors")[j % 3]].append(d)
+    out["anchors"] += [d for k, d in enumerate(text_docs) if k not in with_uses]
+    return out
 
 
 def _retag(d: CaptureDoc, *tags: str) -> CaptureDoc:
@@ -198,10 +212,8 @@ def build_dataset(model, prompts: Sequence[str], phrases: Sequence[str], out, *,
     if probe is not None:
         tm = probe.trace("texts")
         with_uses = {int(x) for x in _Mem(text_docs).doc_index()[tm.coll_rows]}
-    coll_texts = [d for k, d in enumerate(text_docs) if k in with_uses][:len(text_docs) // 2]
-    names = {d.name for d in coll_texts}
-    sets["collateral"] += coll_texts
-    sets["anchors"] += [d for d in text_docs if d.name not in names]
+    for name, docs in text_sets(text_docs, with_uses).items():
+        sets[name] += docs
     tags = {"train": ("slop",), "heldout": ("slop",), "collateral": ("collateral",), "anchors": ("anchor",)}
     trunc_of = {reply_name(prompts[i], s.seed): s.truncated for i, row in enumerate(samples) for s in row}
     summaries, warnings = [], []

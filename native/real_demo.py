@@ -10,7 +10,9 @@
    on a held-out reply (bitwise where it passes);
 6. `eval score` of the bundle on dev -> DIR/dev/;
 7. phrase rates in free generation on held-out prompts that built none of the data, base vs
-   edited, same prompts and seeds (`mine --edited`), and the variant artefacts in those replies;
+   edited, same prompts and seeds (`mine --edited`), for the solved phrases and the watched ones
+   (`watch`: e.g. the whole phrase when the solve bans its prefix), and the variant artefacts in
+   those replies;
 8. DIR/report.md, DIR/report.json (`verify`, `bars`, `phrase_rates`, `artefacts`, ...), and PNGs
    (rates before / after per phrase, per-word collateral).
 Each step is the library call behind its CLI command; nothing here prints.
@@ -49,6 +51,7 @@ class RealDemoConfig:
     prompts: str | None = None          # one prompt per line: the solve's data
     rate_prompts: str | None = None     # one prompt per line: held-out, for the phrase rates only
     phrases: str | None = None          # one banned phrase per line
+    watch: str | None = None            # phrases measured in generation too, not solved for (optional)
     texts: tuple[str, ...] | None = None  # plain texts (legitimate uses, plain anchors)
     samples: int = 2                    # replies per data prompt
     rate_samples: int = 2               # replies per rate prompt
@@ -70,6 +73,12 @@ class RealDemoConfig:
             raise RealDemoError(f"no bundled --{name.replace('_', '-')} for model {self.model!r} "
                                 f"(bundled: {sorted(p.name for p in DATA.iterdir())}); give the file")
         return path
+
+    def watched(self) -> tuple[str, ...]:
+        """The extra phrases of the rate measurement: --watch, else the bundled watch.txt, else none."""
+        if self.watch is None and not (DATA / self.model / "watch.txt").is_file():
+            return ()
+        return _lines(self.file("watch"))
 
     def text_files(self) -> tuple[Path, ...]:
         if self.texts is not None:
@@ -188,11 +197,12 @@ def run_real_demo(cfg: RealDemoConfig, out, *, progress: Progress | None = None)
     dev = workflow.score(protocol, ws, model, out / "dev", cmd, bundle=wf.bundle,
                          config=ScoreConfig(heldout_role="dev", bars="anti-slop"), progress=tick("eval score"))
     mark("eval_score")
-    rates = mine(model, _lines(cfg.file("rate_prompts")), phrases, None, edited=applied.out,
+    measured = tuple(dict.fromkeys(phrases + cfg.watched()))
+    rates = mine(model, _lines(cfg.file("rate_prompts")), measured, None, edited=applied.out,
                  config=MineConfig(max_new=cfg.max_new, seed=cfg.seed + 10_000, samples=cfg.rate_samples,
                                    n_boot=cfg.n_boot), progress=tick("phrase rates"))
-    artefacts = {"base": variant_artefacts([r.text for r in rates.replies], phrases),
-                 "edited": variant_artefacts([r.text for r in rates.edited_replies], phrases)}
+    artefacts = {"base": variant_artefacts([r.text for r in rates.replies], measured),
+                 "edited": variant_artefacts([r.text for r in rates.edited_replies], measured)}
     mark("phrase_rates")
     r = RealDemoResult(out, str(model), ds, protocol, wf, applied, report, dev, rates, artefacts, seconds)
     return _write_reports(r)
@@ -250,10 +260,44 @@ def _rate_line(p: dict) -> str:
     return line + (f"  | edited {side(p['edited'])}" if p.get("edited") else "")
 
 
+CONTINUATION_CUT = 0.70      # issue 14's target: continuation at the prefix down >= 70% per solved phrase
+
+
+def demo_targets(rates: Sequence[dict], solved: Sequence[str], bars: Sequence[dict], verify_passed: bool,
+                 artefacts: dict, replies: dict) -> list[dict]:
+    """The real-model targets, each {name, value, target, pass}: per solved phrase the continuation
+    cut at its prefix (1 - edited / base, held-out prompts), every bar, verify live, the edited
+    replies' variant artefacts, and the turn-end rate (replies that reached the model's turn end,
+    base vs edited: unchanged means within one reply)."""
+    out = []
+    for p in rates:
+        if p["phrase"] not in solved or not p.get("edited"):
+            continue
+        b, e = p["base"].get("continuation"), p["edited"].get("continuation")
+        cut = None if not b or e is None else 1.0 - e / b
+        out.append({"name": f"continuation cut {p['phrase']!r}", "value": cut, "target": f">= {CONTINUATION_CUT}",
+                    "pass": cut is not None and cut >= CONTINUATION_CUT})
+    failed = [f"{x['bar']} {x.get('label', x['name'])}" for x in bars if not x["pass"]]
+    out.append({"name": "bars (a)-(g)", "value": f"{len(bars) - len(failed)}/{len(bars)} pass",
+                "target": "all pass", "pass": not failed, "failed": failed})
+    out.append({"name": "verify live (bitwise)", "value": verify_passed, "target": True, "pass": bool(verify_passed)})
+    n_art = len(artefacts.get("edited", ()))
+    out.append({"name": "variant artefacts, edited replies", "value": n_art, "target": 0, "pass": n_art == 0})
+    ends = {k: sum(r.stop == "turn_end" for r in v) for k, v in replies.items()}
+    n = max(len(replies.get("base", ())), 1)
+    out.append({"name": "turn-end rate (replies ending at the turn end)",
+                "value": f"{ends.get('base', 0)}/{n} -> {ends.get('edited', 0)}/{n}", "target": "within 1 reply",
+                "pass": abs(ends.get("base", 0) - ends.get("edited", 0)) <= 1})
+    return out
+
+
 def real_demo_report(r: RealDemoResult) -> tuple[dict, str]:
     """(report.json's object, report.md's text) of a real-model demo."""
     rates = r.rates.phrase_rates.to_dict()["phrase_rates"]
     bars = r.wfld.report["bars"]
+    solved = [p["phrase"] for p in r.wfld.report.get("phrases", []) if isinstance(p, dict) and "phrase" in p]
+    targets = demo_targets(rates, solved, bars, r.verify.passed, r.artefacts,
+                           {"base": r.rates.replies, "edited": r.rates.edited_replies})
     obj = {"model": r.model, "out": str(r.out), "protocol": str(r.protocol),
            "dataset": r.dataset.to_dict(), "wfld_bundle": str(r.wfld.bundle), "wfld_verdict": r.wfld.verdict,
            "bars": bars, "shipping": r.wfld.report.get("shipping"), "alternatives": r.wfld.report.get("alternatives"),
@@ -262,6 +306,7 @@ def real_demo_report(r: RealDemoResult) -> tuple[dict, str]:
            "dev_report": str(r.dev.files.paths["json"]),
            "phrase_rates": rates, "rates_run": r.rates.phrase_rates.to_dict(),
            "artefacts": {k: [a.__dict__ for a in v] for k, v in r.artefacts.items()},
+           "targets": targets,
            "seconds": {k: round(v, 2) for k, v in r.seconds.items()}}
     lines = [f"# exactedit demo --model: {Path(r.model).name}", "",
              f"data: {sum(s.docs for s in r.dataset.sets)} documents in {len(r.dataset.sets)} sets "
@@ -279,5 +324,8 @@ def real_demo_report(r: RealDemoResult) -> tuple[dict, str]:
     lines += [_rate_line(p) for p in rates]
     lines += ["", f"variant artefacts: base {len(r.artefacts['base'])}, edited {len(r.artefacts['edited'])}"]
     lines += [f"  {a.found!r} (reply {a.reply})" for a in r.artefacts["edited"]]
+    lines += ["", "## targets (issue 14)"]
+    lines += [f"  {t['name']:<52} {t['value']!s:>14}  target {t['target']!s:<12} {'pass' if t['pass'] else 'FAIL'}"
+              for t in targets]
     lines += ["", "time: " + ", ".join(f"{k} {v:.0f} s" for k, v in r.seconds.items())]
     return obj, "\n".join(lines)

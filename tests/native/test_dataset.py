@@ -32,3 +32,12 @@ def test_warnings_name_the_bar():
     assert any("no 'plain'" in w for w in _warn(a)) and any("special-token holds" in w for w in _warn(a))
     h = SetSummary("heldout", "d", 2, 300, {"chat": 2}, {"you can use": 3}, {"you can use": 3}, {}, 1, 1)
     assert len(_warn(h)) == 2 and "(c)" in _warn(h)[0] and "(f)" in _warn(h)[1]
+
+
+def test_text_chunks_with_uses_go_in_turn_to_collateral_train_and_anchors():
+    from exactedit.native.dataset import text_sets
+
+    docs = [f"c{k}" for k in range(8)]
+    got = text_sets(docs, {0, 1, 2, 3, 5, 7})
+    assert got == {"collateral": ["c0", "c3"], "train": ["c1", "c5"], "anchors": ["c2", "c7", "c4", "c6"]}
+    assert text_sets(docs[:2], set()) == {"collateral": [], "train": [], "anchors": ["c0", "c1"]}

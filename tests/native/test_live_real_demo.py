@@ -38,7 +38,9 @@ def test_report_carries_verify_bars_and_phrase_rates(demo):
     assert report["verify"]["passed"] is True
     assert report["bars"] and all("pass" in b and b["bar"] for b in report["bars"])
     rates = report["phrase_rates"]
-    assert [p["phrase"] for p in rates] == ["Here's an example", "you can use"]
+    assert [p["phrase"] for p in rates] == ["Here's an", "you can use", "Here's an example"]   # solved, then watched
+    assert {t["name"] for t in report["targets"]} >= {"bars (a)-(g)", "verify live (bitwise)",
+                                                      "variant artefacts, edited replies"}
     assert all(p["base"]["replies"] == 3 and p["edited"]["replies"] == 3 for p in rates)
     assert set(report["artefacts"]) == {"base", "edited"}
     for key in ("md", "rates_png", "collateral_png"):

@@ -36,3 +36,28 @@ def test_config_refuses_unknown_models_and_bad_sizes(tmp_path):
         RealDemoConfig(samples=0)
     assert RealDemoConfig(phrases=str(tmp_path / "p.txt")).file("phrases") == tmp_path / "p.txt"
     assert (DATA / "qwen" / "phrases.txt").is_file()
+
+
+def test_demo_targets_judge_each_issue_target():
+    from types import SimpleNamespace as NS
+
+    from exactedit.native.real_demo import demo_targets
+
+    rates = [{"phrase": "you can use", "base": {"continuation": 0.5}, "edited": {"continuation": 0.1}},
+             {"phrase": "Here's an", "base": {"continuation": 0.8}, "edited": {"continuation": 0.4}},
+             {"phrase": "Here's an example", "base": {"continuation": 1.0}, "edited": {"continuation": 0.0}}]
+    bars = [{"bar": "(a)", "name": "a", "pass": True}, {"bar": "(d)", "name": "d", "label": "' use'", "pass": False}]
+    replies = {"base": [NS(stop="turn_end"), NS(stop="max_new"), NS(stop="max_new")],
+               "edited": [NS(stop="max_new")] * 3}
+    got = {t["name"]: t for t in demo_targets(rates, ["you can use", "Here's an"], bars, True,
+                                              {"edited": [object()]}, replies)}
+    assert got["continuation cut 'you can use'"]["pass"] and abs(got["continuation cut 'you can use'"]["value"] - 0.8) < 1e-12
+    assert not got["continuation cut \"Here's an\""]["pass"]                     # 0.5 < 0.7
+    assert "continuation cut \"Here's an example\"" not in got                   # watched, not solved
+    assert not got["bars (a)-(g)"]["pass"] and got["bars (a)-(g)"]["failed"] == ["(d) ' use'"]
+    assert got["verify live (bitwise)"]["pass"]
+    assert not got["variant artefacts, edited replies"]["pass"]
+    assert got["turn-end rate (replies ending at the turn end)"]["pass"]        # 1 -> 0: within one reply
+    none = demo_targets([{"phrase": "x", "base": {"continuation": None}, "edited": {"continuation": 0.0}}],
+                        ["x"], [], False, {}, {"base": [], "edited": []})
+    assert not none[0]["pass"] and none[0]["value"] is None
