@@ -131,6 +131,42 @@ def _full_logits(tail, mix: np.ndarray, tile_rows: int) -> np.ndarray:
     return out
 
 
+def same_head(tail, tail2) -> bool:
+    """Whether two tails' heads are the same bytes (read tile by tile: a head is never loaded whole)."""
+    h1, h2 = tail.head, tail2.head
+    if h1 is h2:
+        return True
+    if (h1.qtype, h1.rows, h1.cols, h1.runtime) != (h2.qtype, h2.rows, h2.cols, h2.runtime):
+        return False
+    step = 8192
+    return all(np.array_equal(h1.read_raw(a, min(a + step, h1.rows)), h2.read_raw(a, min(a + step, h1.rows)))
+               for a in range(0, h1.rows, step))
+
+
+def rows_fast(tail, mix_b, mix_e, tokens, next_tokens, roles, doc, special_ids, docs, tile_rows: int) -> RowScores:
+    """`rows_from_logits` of one chunk through the numba KL pass over the one head both sides
+    share (solvers/tail/kl_pass_numba.py, checked against the numpy reference in
+    tests/solvers/tail/test_kl_pass.py); never a [rows, V] logits array."""
+    from exactedit.solvers.tail.head_ref import apply_softcap
+    from exactedit.solvers.tail.kl_pass_numba import kl_rows_numba
+    from exactedit.solvers.l47.jacobian import token_rows
+
+    nxt = np.asarray(next_tokens, dtype=np.int32)
+    r = kl_rows_numba(mix_b, mix_e, tail.head, next_ids=nxt, softcap=tail.softcap, tile_rows=tile_rows)
+    sp = [int(x) for x in special_ids]
+    w_sp = token_rows(tail.head, sp)
+    l_b = apply_softcap(np.asarray(mix_b, np.float64) @ w_sp.T, tail.softcap)
+    l_e = apply_softcap(np.asarray(mix_e, np.float64) @ w_sp.T, tail.softcap)
+    nan = np.where(nxt >= 0, 0.0, np.nan)
+    return RowScores(
+        tokens=np.asarray(tokens, np.int32), next=nxt, roles=np.asarray(roles, np.uint8), doc=np.asarray(doc, np.int32),
+        logp_base=np.asarray(r.logp_next_base, np.float64) + nan, logp_edit=np.asarray(r.logp_next_edited, np.float64) + nan,
+        kl=np.maximum(r.kl, 0.0), argmax_base=r.argmax_base.astype(np.int32), argmax_edit=r.argmax_edited.astype(np.int32),
+        special_ids=tuple(sp), p_special_base=np.exp(l_b - r.lse_base[:, None]),
+        p_special_edit=np.exp(l_e - r.lse_edited[:, None]), selected_ids=(),
+        logp_sel_base=np.zeros((nxt.size, 0)), logp_sel_edit=np.zeros((nxt.size, 0)), docs=tuple(docs))
+
+
 def score_traces(protocol: Protocol, model, traces: Sequence[TraceInput], config: ScoreConfig, *,
                  edited=None, splits: Splits | None = None, meta: Mapping | None = None, marker: str = "",
                  kind: str = "score", cache=None, progress: Progress | None = None) -> Scored:
@@ -150,6 +186,8 @@ def score_traces(protocol: Protocol, model, traces: Sequence[TraceInput], config
         raise EvalError(f"{edited}: the edited model's vocabulary or width differs from {model}'s")
     texts = token_texts(tail)
     tokens = resolve_tokens(protocol, texts)
+    # no shaping and the same head bytes (a last-layer edit, or no edit): the numba KL pass
+    fast = not config.shapes and same_head(tail, tail2)
     dumps = [(t, read_dump(t.path, expect=tail.dump_expect(), cache=cache)) for t in traces]
     total = sum(doc.rows for t, d in dumps for doc in d.docs if doc.name in t.roles)
     done, parts, triggers = 0, [], {}
@@ -169,12 +207,17 @@ def score_traces(protocol: Protocol, model, traces: Sequence[TraceInput], config
             for a in range(doc.first_row, doc.stop, config.chunk_rows):
                 b = min(a + config.chunk_rows, doc.stop)
                 mix_b = tail_mix(tail, d, (a, b))
-                lb = _full_logits(tail, mix_b, config.tile_rows)
-                le = lb if tail2 is tail else _full_logits(tail2, tail_mix(tail2, d, (a, b)), config.tile_rows)
-                if rules:
-                    le = shaping.shape_logits(rules, le, np.arange(a, b), all_tokens, doc_of_row, state)
-                chunks.append(rows_from_logits(lb, le, all_tokens[a:b], np.asarray(d.next[a:b]), roles[a:b],
-                                               np.full(b - a, di), tokens.specials, (), metas))
+                if fast:
+                    mix_e = mix_b if tail2 is tail else tail_mix(tail2, d, (a, b))
+                    chunks.append(rows_fast(tail, mix_b, mix_e, all_tokens[a:b], np.asarray(d.next[a:b]), roles[a:b],
+                                            np.full(b - a, di), tokens.specials, metas, config.tile_rows))
+                else:
+                    lb = _full_logits(tail, mix_b, config.tile_rows)
+                    le = lb if tail2 is tail else _full_logits(tail2, tail_mix(tail2, d, (a, b)), config.tile_rows)
+                    if rules:
+                        le = shaping.shape_logits(rules, le, np.arange(a, b), all_tokens, doc_of_row, state)
+                    chunks.append(rows_from_logits(lb, le, all_tokens[a:b], np.asarray(d.next[a:b]), roles[a:b],
+                                                   np.full(b - a, di), tokens.specials, (), metas))
                 done += b - a
                 if progress is not None:
                     progress(done, total)

@@ -44,11 +44,20 @@ def normalized(text: bytes) -> str:
     return text.decode("utf-8", errors="surrogateescape").lstrip().casefold()
 
 
+MIN_PREFIX = 2       # a one-letter prefix (" a" of " an") is a word of its own, not a spelling on
+MIN_EXTENDED = 3     # extensions of a word this short (" an" -> " and", " another") are other words
+
+
 def is_variant(candidate: bytes, rejected: bytes) -> bool:
-    """Same text as the rejected token up to case and leading whitespace, a prefix of it, or an
-    extension of it, so normalized (a spelling whose text would still read the phrase)."""
+    """Same text as the rejected token up to case and leading whitespace, a prefix of it (at least
+    MIN_PREFIX characters), or an extension of it (when it has at least MIN_EXTENDED), so
+    normalized: a spelling whose text would still read the phrase."""
     c, r = normalized(candidate), normalized(rejected)
-    return bool(c) and bool(r) and (r.startswith(c) or c.startswith(r))
+    if not c or not r:
+        return False
+    if c == r:
+        return True
+    return (r.startswith(c) and len(c) >= MIN_PREFIX) or (c.startswith(r) and len(r) >= MIN_EXTENDED)
 
 
 def choose(topk_ids, topk_logits, lse, rejected, specials: Sequence[int], k: int, floor: float,

@@ -24,6 +24,11 @@ from exactedit.solvers.l47.config import WfldError
     (b" ", b" example", False),           # no text after stripping
     (b"", b" example", False),            # a special token
     (b" use", b" utilize", False),
+    (b" An", b" an", True),               # case of a short word
+    (b" a", b" an", False),               # a one-letter prefix is its own word ("Here's a ...")
+    (b" another", b" an", False),         # extensions of a two-letter word are other words
+    (b" and", b" an", False),
+    (b" e", b" example", False),
 ])
 def test_is_variant(cand, rej, want):
     assert is_variant(cand, rej) is want
