@@ -403,9 +403,11 @@ def bench_head(rows, vocab, n, tile_rows, repeats, seed, device, as_json) -> Non
               help="With --model: replies per held-out rate prompt.")
 @click.option("--max-new", default=160, show_default=True, type=click.IntRange(1), help="With --model: reply cap.")
 @click.option("--seed", default=0, show_default=True, type=int, help="With --model: sampling seed.")
+@click.option("--ridge", default=0.1, show_default=True, type=float,
+              help="With --model: solve wfld's background ridge (chosen on dev: docs/real-model.md).")
 @JSON_FLAG
 def demo_cmd(out, fixture, model, phrases, prompts, rate_prompts, watch, texts, samples, rate_samples, max_new,
-             seed, as_json) -> None:
+             seed, ridge, as_json) -> None:
     """The whole workflow on the bundled fixture: register + split, solve head, solve wfld, dev
     score, and the one-shot blind sign-off (its command line in OUT/blind.cmd). With --model: the
     anti-slop loop on a real model (data from its own replies, solve, apply, verify live, dev score,
@@ -423,7 +425,7 @@ def demo_cmd(out, fixture, model, phrases, prompts, rate_prompts, watch, texts, 
 
             cfg = RealDemoConfig(model=model, prompts=prompts, rate_prompts=rate_prompts, phrases=phrases, watch=watch,
                                  texts=tuple(texts) or None, samples=samples, rate_samples=rate_samples,
-                                 max_new=max_new, seed=seed)
+                                 max_new=max_new, seed=seed, ridge=ridge)
             result = run_real_demo(cfg, out, progress=progress)
             report = real_demo_report(result)
         else:
@@ -1213,6 +1215,9 @@ _DUMP = click.Path(file_okay=False, exists=True)
               help="Singular values below this share of a word's largest are dropped.")
 @click.option("--ridge", default=1e-2, show_default=True, type=float,
               help="Ridge of the background metric, relative to its mean diagonal.")
+@click.option("--background", type=click.Choice(["anchors", "anchors+train"]), default="anchors", show_default=True,
+              help="Rows of the background metric: the anchors, or the anchors and the train dumps (less "
+                   "every slop context).")
 @click.option("--special-rows", default=256, show_default=True, type=click.IntRange(0),
               help="Anchor rows whose special-token logits are held.")
 @click.option("--special", "specials", multiple=True,

@@ -287,7 +287,8 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
               for t in by_role["train"] + by_role["null"]]
         groups.append(np.concatenate(hh, axis=0))
     B = wfld.null_basis(groups, cfg.null_rank, cfg.null_tol, w0.shape[1])
-    hh_bg = np.concatenate([_background_rows(t, mining) for t in by_role["anchors"]])
+    bg_roles = ("anchors", "train") if cfg.background == "anchors+train" else ("anchors",)
+    hh_bg = np.concatenate([_background_rows(t, mining) for r in bg_roles for t in by_role[r]])
     C = wfld.background_metric(hh_bg, cfg.ridge)
     M = wfld.restricted_inverse(C, B)
     view = quant.runtime_view if tail.kind == "hc4" else quant.dequantize

@@ -27,6 +27,7 @@ from exactedit.quant.errors import FieldError
 
 BACKENDS = ("jax", "numpy")
 SHIP_MODES = ("auto", "feedback", "round")
+BACKGROUNDS = ("anchors", "anchors+train")
 HELDOUT_ROLES = ("dev", "test")
 
 
@@ -60,6 +61,7 @@ class WfldConfig:
     null_rank: int = 8
     null_tol: float = 1e-6
     ridge: float = 1e-2
+    background: str = "anchors"          # rows of the metric C: "anchors", or "anchors+train" (less their slop contexts)
     special_rows: int = 256
     specials: tuple[str, ...] = ()       # () = the model's own guards (quant.specials.ModelSpecials)
     turn_end: str = ""                   # "" = the model's own end-of-turn token
@@ -98,6 +100,8 @@ class WfldConfig:
             raise ValueError(f"WfldConfig.alt_floor must be a probability in [0, 1), got {self.alt_floor}")
         if self.alt_pool < self.alternatives:
             raise ValueError(f"WfldConfig.alt_pool ({self.alt_pool}) must be >= alternatives ({self.alternatives})")
+        if self.background not in BACKGROUNDS:
+            raise ValueError(f"WfldConfig.background must be one of {BACKGROUNDS}, got {self.background!r}")
         if self.ship not in SHIP_MODES:
             raise ValueError(f"WfldConfig.ship must be one of {SHIP_MODES}, got {self.ship!r}")
         for name in ("null_tol", "ridge", "target_eps", "hold_eps", "gn_tol", "ship_hold_weight"):

@@ -3,6 +3,7 @@ the solve (null anchors, special-token holds), and the re-score against `exacted
 GGUF that `exactedit apply` writes from the bundle."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -165,3 +166,17 @@ def test_device_path_matches_the_host_path(solved, tmp_path):
     assert np.allclose(b.logp_edit[known], a.logp_edit[known], atol=1e-4)
     assert np.mean(a.argmax_edit == b.argmax_edit) >= 0.99
     assert [bar["name"] for bar in dev.report["bars"]] == [bar["name"] for bar in res.report["bars"]]
+
+
+def test_train_background_changes_the_metric_and_keeps_the_holds(solved, tmp_path):
+    """background="anchors+train": the metric also sees the train rows (less their slop contexts);
+    the edit differs from the anchors-only one and still holds the null space and the specials."""
+    w, inputs, res, _, _ = solved
+    cfg = dataclasses.replace(CFG, background="anchors+train")
+    res2 = solve_wfld(cfg, inputs, tmp_path / "bundle")
+    assert res2.report["config"]["background"] == "anchors+train"
+    assert not np.allclose(res.gn.w_new, res2.gn.w_new)
+    held = [w["held"]["solved"]["max_rel"] for w in res2.report["shipping"]["words"] if w["held_uses"]]
+    assert held and max(held) < 1e-9
+    with pytest.raises(ValueError, match="background must be one of"):
+        WfldConfig(background="everything")
