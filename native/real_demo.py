@@ -13,8 +13,9 @@
    edited, same prompts and seeds (`mine --edited`), for the solved phrases and the watched ones
    (`watch`: e.g. the whole phrase when the solve bans its prefix), and the variant artefacts in
    those replies;
-8. DIR/report.md, DIR/report.json (`verify`, `bars`, `phrase_rates`, `artefacts`, ...), and PNGs
-   (rates before / after per phrase, per-word collateral).
+8. DIR/report.md, DIR/report.json (`verify`, `bars`, `phrase_rates`, `artefacts`, `targets`, ...),
+   DIR/replies.json (every rate reply's text, base and edited), and PNGs (rates before / after per
+   phrase, per-word collateral).
 Each step is the library call behind its CLI command; nothing here prints.
 """
 from __future__ import annotations
@@ -244,7 +245,10 @@ def _write_reports(r: RealDemoResult) -> RealDemoResult:
 
     obj, text = real_demo_report(r)
     files = {"json": r.out / "report.json", "md": r.out / "report.md", "rates_png": r.out / "phrase-rates.png",
-             "collateral_png": r.out / "collateral.png"}
+             "collateral_png": r.out / "collateral.png", "replies": r.out / "replies.json"}
+    replies = [{"side": side, "name": x.name, "prompt": x.prompt, "seed": x.seed, "tokens": x.tokens, "stop": x.stop,
+                "text": x.text} for side, xs in (("base", r.rates.replies), ("edited", r.rates.edited_replies)) for x in xs]
+    atomic_write_text(files["replies"], json.dumps(replies, indent=1, ensure_ascii=False) + "\n")
     plot_phrase_rates(r.rates.phrase_rates, files["rates_png"], title=f"{Path(r.model).name}: held-out prompts")
     _collateral_png(r.wfld.report["bars"], files["collateral_png"])
     atomic_write_text(files["json"], json.dumps({**obj, "files": {k: str(v) for k, v in files.items()}},

@@ -43,6 +43,8 @@ def test_report_carries_verify_bars_and_phrase_rates(demo):
                                                       "variant artefacts, edited replies"}
     assert all(p["base"]["replies"] == 3 and p["edited"]["replies"] == 3 for p in rates)
     assert set(report["artefacts"]) == {"base", "edited"}
+    replies = json.loads(demo.files["replies"].read_text())
+    assert [x["side"] for x in replies] == ["base"] * 3 + ["edited"] * 3 and all(x["text"] for x in replies)
     for key in ("md", "rates_png", "collateral_png"):
         assert demo.files[key].stat().st_size > 0
 
