@@ -37,14 +37,12 @@ def _progress(stack, label: str):
     first call and closed with `stack`."""
     bar = None
     if not sys.stderr.isatty():      # a log file: a line per tenth of the work (click draws nothing there)
-        shown = [-1]
+        shown = [None]           # the last tenth printed
 
         def line(done: int, total: int) -> None:
             tenth = (10 * done) // max(total, 1)
-            if tenth != shown[0] or done == total:
-                if done == total and shown[0] == 10:
-                    return
-                shown[0] = 10 if done == total else tenth
+            if tenth != shown[0]:
+                shown[0] = tenth
                 click.echo(f"{label}: {done}/{total}", err=True)
 
         return line

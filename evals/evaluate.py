@@ -147,23 +147,19 @@ def rows_fast(tail, mix_b, mix_e, tokens, next_tokens, roles, doc, special_ids, 
     """`rows_from_logits` of one chunk through the numba KL pass over the one head both sides
     share (solvers/tail/kl_pass_numba.py, checked against the numpy reference in
     tests/solvers/tail/test_kl_pass.py); never a [rows, V] logits array."""
-    from exactedit.solvers.tail.head_ref import apply_softcap
+    from exactedit.solvers.l47.rescore import special_probs
     from exactedit.solvers.tail.kl_pass_numba import kl_rows_numba
-    from exactedit.solvers.l47.jacobian import token_rows
 
     nxt = np.asarray(next_tokens, dtype=np.int32)
     r = kl_rows_numba(mix_b, mix_e, tail.head, next_ids=nxt, softcap=tail.softcap, tile_rows=tile_rows)
     sp = [int(x) for x in special_ids]
-    w_sp = token_rows(tail.head, sp)
-    l_b = apply_softcap(np.asarray(mix_b, np.float64) @ w_sp.T, tail.softcap)
-    l_e = apply_softcap(np.asarray(mix_e, np.float64) @ w_sp.T, tail.softcap)
+    p_b, p_e = special_probs(tail, mix_b, mix_e, r, sp)
     nan = np.where(nxt >= 0, 0.0, np.nan)
     return RowScores(
         tokens=np.asarray(tokens, np.int32), next=nxt, roles=np.asarray(roles, np.uint8), doc=np.asarray(doc, np.int32),
         logp_base=np.asarray(r.logp_next_base, np.float64) + nan, logp_edit=np.asarray(r.logp_next_edited, np.float64) + nan,
         kl=np.maximum(r.kl, 0.0), argmax_base=r.argmax_base.astype(np.int32), argmax_edit=r.argmax_edited.astype(np.int32),
-        special_ids=tuple(sp), p_special_base=np.exp(l_b - r.lse_base[:, None]),
-        p_special_edit=np.exp(l_e - r.lse_edited[:, None]), selected_ids=(),
+        special_ids=tuple(sp), p_special_base=p_b, p_special_edit=p_e, selected_ids=(),
         logp_sel_base=np.zeros((nxt.size, 0)), logp_sel_edit=np.zeros((nxt.size, 0)), docs=tuple(docs))
 
 

@@ -351,9 +351,10 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
 
 
 def _background_rows(t: Trace, mining) -> np.ndarray:
-    """An anchor trace's hh rows for the background metric, without its slop contexts (rows where
-    a banned phrase's prefix is followed by its final token): those are where the edit must act, so
-    they are not part of the background it must keep quiet on (bar (e) still scores every row)."""
+    """A trace's hh rows for the background metric (anchors, and train with --background
+    anchors+train), without its slop contexts (rows where a banned phrase's prefix is followed by
+    its final token): those are where the edit must act, so they are not part of the background it
+    must keep quiet on (bar (e) still scores every row)."""
     hh = np.asarray(t.dump.hh)
     keep = np.ones(hh.shape[0], dtype=bool)
     keep[np.asarray(mining.trace(t.name).rows, dtype=np.int64)] = False

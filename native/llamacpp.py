@@ -284,10 +284,7 @@ class LlamaEngine:
         if toks.ndim != 1 or toks.size == 0 or toks.size + max_new > s.n_ctx:
             raise EngineError(self.path, "prompt", f"needs 1..{s.n_ctx - max_new} tokens, got {toks.size}")
         ctx = self._context(None)
-        chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
-        lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_top_k(top_k))
-        lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_temp(temperature))
-        lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_dist(seed))
+        chain = sampler_chain(lib, top_k, temperature, seed)
         batch = lib.llama_batch_init(max(s.n_batch, 1), 0, 1)
         out: list[int] = []
         try:
@@ -338,6 +335,18 @@ class LlamaEngine:
         if not ctx:
             raise EngineError(self.path, "context", f"llama.cpp refused the context settings {s}")
         return ctx
+
+
+def sampler_chain(lib, top_k: int, temperature: float, seed: int, first=()):
+    """llama.cpp's sampler chain of every generation loop here: `first` (samplers of ours, in
+    order), then top-k, temperature and the seeded `dist` sampler."""
+    chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+    for smp in first:
+        lib.llama_sampler_chain_add(chain, smp)
+    lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_top_k(top_k))
+    lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_temp(temperature))
+    lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_dist(seed))
+    return chain
 
 
 def _ubatch_sizes(cap: _Capture | None, T: int, s: EngineSettings) -> tuple[int, ...]:

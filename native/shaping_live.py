@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from exactedit.native.llamacpp import EngineError, LlamaEngine
+from exactedit.native.llamacpp import EngineError, LlamaEngine, sampler_chain
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 
@@ -149,12 +149,7 @@ def generate(engine: LlamaEngine, prompt, config: GenerateConfig, shaper=None, *
 
     ours = [_Sampler(lib, shape), _Sampler(lib, probe)]
     ctx = engine._context(None)
-    chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
-    for smp in ours:
-        lib.llama_sampler_chain_add(chain, smp.sampler)
-    lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_top_k(config.top_k))
-    lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_temp(config.temperature))
-    lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_dist(config.seed))
+    chain = sampler_chain(lib, config.top_k, config.temperature, config.seed, [smp.sampler for smp in ours])
     batch = lib.llama_batch_init(max(s.n_batch, 1), 0, 1)
     out: list[int] = []
     stopped = False

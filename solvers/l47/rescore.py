@@ -38,6 +38,14 @@ def _docs(t: ScoredTrace) -> tuple[DocMeta, ...]:
                  for d, role in zip(t.dump.docs, t.roles))
 
 
+def special_probs(tail, mix_b, mix_e, r, special_ids) -> tuple[np.ndarray, np.ndarray]:
+    """p(special) [T, s] on both sides of a KL pass `r` over `tail.head` (its LSEs), float64."""
+    w_sp = token_rows(tail.head, [int(x) for x in special_ids])              # [s, n] float64
+    l_b = apply_softcap(np.asarray(mix_b, np.float64) @ w_sp.T, tail.softcap)
+    l_e = apply_softcap(np.asarray(mix_e, np.float64) @ w_sp.T, tail.softcap)
+    return np.exp(l_b - r.lse_base[:, None]), np.exp(l_e - r.lse_edited[:, None])
+
+
 def score_traces(tail, tail_edit, traces: Sequence[ScoredTrace], specials: Sequence[int], *,
                  tile_rows: int = 8192, device_head=None, progress: Progress | None = None) -> RowScores:
     """RowScores of every row of every trace (documents appended in order, as `concat` does). With
@@ -55,11 +63,7 @@ def score_traces(tail, tail_edit, traces: Sequence[ScoredTrace], specials: Seque
         r = kl_pass_jax(mix_b, mix_e, device_head, next_ids=nxt, softcap=tail.softcap, tile_rows=tile_rows,
                         progress=progress)
     sp = list(int(s) for s in specials)
-    w_sp = token_rows(tail.head, sp)                                         # [s, n] float64
-    l_sp_b = apply_softcap(np.asarray(mix_b, np.float64) @ w_sp.T, tail.softcap)
-    l_sp_e = apply_softcap(np.asarray(mix_e, np.float64) @ w_sp.T, tail.softcap)
-    p_b = np.exp(l_sp_b - r.lse_base[:, None])
-    p_e = np.exp(l_sp_e - r.lse_edited[:, None])
+    p_b, p_e = special_probs(tail, mix_b, mix_e, r, sp)
     parts, a = [], 0
     for t in traces:
         d = t.dump
