@@ -227,6 +227,31 @@ def bench_engine(rows, vocab, n, qtype, ubatch, tile_rows, repeats, as_json) -> 
     click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_engine_bench(res))
 
 
+@bench.command("generate")
+@click.option("--model", default="gemma", show_default=True, help="GGUF path, or a public model name (qwen, gemma).")
+@click.option("--prompts", default=8, show_default=True, type=click.IntRange(1, 12), help="The bench's own prompts.")
+@click.option("--seeds", default=1, show_default=True, type=click.IntRange(1), help="Replies per prompt.")
+@click.option("--max-new", default=64, show_default=True, type=click.IntRange(1), help="Tokens per reply (cap).")
+@click.option("--slots", default=8, show_default=True, type=click.IntRange(1), help="Replies decoded together.")
+@click.option("--rules", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Compiled shaping rules run live on both sides.")
+@click.option("--repeats", default=1, show_default=True, type=click.IntRange(1), help="Alternating repeats; best kept.")
+@JSON_FLAG
+def bench_generate(model, prompts, seeds, max_new, slots, rules, repeats, as_json) -> None:
+    """Batched sampling vs the one-at-a-time loop on a real model, same replies (tokens/s ratio)."""
+    import contextlib
+    import json
+
+    from exactedit.bench.generate import GenerateBenchConfig, render_generate_bench, run_generate_bench
+    from exactedit.native.models import locate
+
+    cfg = GenerateBenchConfig(str(locate(model)), prompts=prompts, seeds=seeds, max_new=max_new, slots=slots,
+                              rules=rules, repeats=repeats)
+    with contextlib.ExitStack() as stack:
+        res = run_generate_bench(cfg, progress=_progress(stack, "bench generate"))
+    click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_generate_bench(res))
+
+
 # ---- end section: quant ----------------------------------------------------------------------
 
 # ---- section: dumps + forwards (dump inspect, logits, kld, bench head) ------------------------
@@ -819,10 +844,12 @@ def shape_compile_cmd(rules, model, out, as_json) -> None:
 @click.option("--phrases", type=click.Path(dir_okay=False, exists=True), help="Phrases to rate (default: the rules').")
 @_gen_options
 @click.option("--n-boot", default=1000, show_default=True, type=click.IntRange(0), help="Bootstrap resamples.")
+@click.option("--slots", default=8, show_default=True, type=click.IntRange(1),
+              help="Replies decoded together (1: one at a time; up to 3: bitwise the one-at-a-time loop).")
 @_engine_settings
 @JSON_FLAG
-def shape_rates_cmd(model, rules, prompts, edited, phrases, max_new, temperature, top_k, seeds, n_boot, as_json,
-                    **flags) -> None:
+def shape_rates_cmd(model, rules, prompts, edited, phrases, max_new, temperature, top_k, seeds, n_boot, slots,
+                    as_json, **flags) -> None:
     """Phrase rates and KL of base / rules / weights / both on the same prompts and seeds."""
     import contextlib
     import json
@@ -833,7 +860,8 @@ def shape_rates_cmd(model, rules, prompts, edited, phrases, max_new, temperature
     with contextlib.ExitStack() as stack:
         r = shape_rates(locate(model), rules, _lines(prompts), _lines(phrases) if phrases else None, edited=edited,
                         config=_gen_config(max_new, temperature, top_k), seeds=seeds or (0,),
-                        settings=_settings(**flags), n_boot=n_boot, progress=_progress(stack, "sampling"))
+                        settings=_settings(**flags), n_boot=n_boot, slots=slots,
+                        progress=_progress(stack, "sampling"))
     click.echo(json.dumps(r.to_dict(), indent=1, allow_nan=False) if as_json else render_shape_rates(r))
 
 

@@ -1,10 +1,11 @@
 """Batched sampling: many replies decoded together, one `llama_decode` per step for all of them.
 
 On a CPU a one-token decode is bound by reading the weights; decoding the next token of `slots`
-replies in one batch reads them once, so replies come faster than one at a time (measured on Qwen
-on 2 cores: 21.3 against 12.6 tokens/s, docs/real-model.md). Each reply keeps its own llama.cpp sampler chain
-(top-k, temperature, seeded `dist`: the chain `shaping_live.generate` runs without rules) and its
-own KV stream (a sequence id per slot, `kv_unified` off), so what one reply attends to is its own
+replies in one batch reads them once, so replies come faster than one at a time (`exactedit bench
+generate`, Qwen on 2 cores: 20.1 against 12.2 tokens/s, docs/performance.md). Each reply keeps
+its own llama.cpp sampler chain (top-k, temperature, seeded `dist`: the chain of
+`shaping_live.generate`, with the rules' samplers first when `shapers` is given) and its own
+KV stream (a sequence id per slot, `kv_unified` off), so what one reply attends to is its own
 history only. When a reply stops (a stop token, kept, or `max_new` tokens) its slot is cleared and
 the next (prompt, seed) job starts there.
 
@@ -26,7 +27,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from exactedit.native.llamacpp import EngineError, LlamaEngine, sampler_chain
-from exactedit.native.shaping_live import GenerateConfig, Generation
+from exactedit.native.shaping_live import GenerateConfig, Generation, StepShaping
 
 __all__ = ["DEFAULT_SLOTS", "generate_batched"]
 
@@ -41,14 +42,19 @@ class _Slot:
     chain: object
     pending: list            # tokens still to decode (the prompt, then each sampled token)
     out: list
+    steps: StepShaping | None = None
     pos: int = 0
     stopped: bool = False
 
 
 def generate_batched(engine: LlamaEngine, prompts: Sequence[np.ndarray], configs: Sequence[GenerateConfig], *,
                      stop_ids: Sequence[int] | None = None, slots: int = DEFAULT_SLOTS,
+                     shapers: Callable[[], object] | None = None,
                      progress: Callable[[int, int], None] | None = None) -> list[Generation]:
-    """One `Generation` per (prompt, config) job, in job order; `slots` replies decode at once."""
+    """One `Generation` per (prompt, config) job, in job order; `slots` replies decode at once.
+    `shapers`: makes a shaper (evals.shaping.Shaper) for each slot, reset for each of its jobs;
+    the rules then run live in every reply as in `shaping_live.generate` (its `shape` and
+    `probe` samplers first in the reply's chain, the same per-step record)."""
     lib, s, V = engine._lib, engine.settings, engine.n_vocab
     jobs = [(np.asarray(p, dtype=np.int32), c) for p, c in zip(prompts, configs, strict=True)]
     if not jobs:
@@ -68,23 +74,37 @@ def generate_batched(engine: LlamaEngine, prompts: Sequence[np.ndarray], configs
     batch = lib.llama_batch_init(cap, 0, 1)
     results: list[Generation | None] = [None] * len(jobs)
     active: dict[int, _Slot] = {}
+    slot_shapers = [shapers() for _ in range(n_slots)] if shapers is not None else None
     next_job, done = 0, 0
+
+    def free(st: _Slot) -> None:
+        if st.steps is not None:
+            st.steps.detach(st.chain)
+        lib.llama_sampler_free(st.chain)
 
     def start(slot: int) -> None:
         nonlocal next_job
         p, c = jobs[next_job]
         lib.llama_memory_seq_rm(mem, slot, -1, -1)
-        active[slot] = _Slot(next_job, p, c, sampler_chain(lib, c.top_k, c.temperature, c.seed),
-                             list(int(t) for t in p), [])
+        steps = None
+        if slot_shapers is not None:
+            steps = StepShaping(lib, V, slot_shapers[slot])
+            steps.start(p)
+        first = [smp.sampler for smp in steps.samplers] if steps is not None else ()
+        active[slot] = _Slot(next_job, p, c, sampler_chain(lib, c.top_k, c.temperature, c.seed, first),
+                             list(int(t) for t in p), [], steps)
         next_job += 1
 
     def finish(slot: int) -> None:
         nonlocal done
         st = active.pop(slot)
-        lib.llama_sampler_free(st.chain)
+        free(st)
         n = len(st.out)
-        results[st.job] = Generation(st.prompt, np.array(st.out, dtype=np.int32), np.zeros((n, 0), bool),
-                                     np.zeros(n, np.float64), not st.stopped)
+        if st.steps is not None:
+            results[st.job] = st.steps.generation(st.prompt, st.out, st.stopped)
+        else:
+            results[st.job] = Generation(st.prompt, np.array(st.out, dtype=np.int32), np.zeros((n, 0), bool),
+                                         np.zeros(n, np.float64), not st.stopped)
         done += 1
         if progress is not None:
             progress(done, len(jobs))
@@ -111,6 +131,8 @@ def generate_batched(engine: LlamaEngine, prompts: Sequence[np.ndarray], configs
     def sample(slot: int, idx: int) -> None:
         st = active[slot]
         tok = int(lib.llama_sampler_sample(st.chain, ctx, idx))
+        if st.steps is not None:
+            st.steps.accept(tok)
         st.out.append(tok)
         st.stopped = (tok in stops) if stops is not None else bool(lib.llama_vocab_is_eog(engine._vocab, tok))
         if st.stopped or len(st.out) >= st.config.max_new:
@@ -137,7 +159,7 @@ def generate_batched(engine: LlamaEngine, prompts: Sequence[np.ndarray], configs
                     sample(slot, idx)
     finally:
         for st in active.values():
-            lib.llama_sampler_free(st.chain)
+            free(st)
         lib.llama_batch_free(batch)
         lib.llama_free(ctx)
     return results

@@ -17,8 +17,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from exactedit.native.batched import DEFAULT_SLOTS, generate_batched
 from exactedit.native.llamacpp import EngineError, EngineSettings, LlamaEngine
-from exactedit.native.shaping_live import (GenerateConfig, generate, open_rules, prompt_tokens, render_prompt,
+from exactedit.native.shaping_live import (GenerateConfig, open_rules, prompt_tokens, render_prompt,
                                            same_tokenizer, shaper_for)
 
 ARMS = ("base", "rules", "weights", "both")
@@ -66,37 +67,34 @@ def kl_summary(names: Sequence[str], fired: np.ndarray, kl: np.ndarray, kl_rules
     return out
 
 
-def _run_arm(name, path, ptoks, seeds, cfg, compiled, settings, progress) -> ArmRun:
+def _run_arm(name, path, ptoks, seeds, cfg, compiled, settings, slots, progress) -> ArmRun:
     from exactedit.evals.phrase_rates import Reply
 
-    shaper = shaper_for(compiled) if name in ("rules", "both") else None
-    stop = tuple(compiled.vocab.turn_end)
-    replies, fired, kls, alone = [], [], [], []
+    shapers = (lambda: shaper_for(compiled)) if name in ("rules", "both") else None
+    jobs = [(i, int(seed)) for i in range(len(ptoks)) for seed in seeds]
     with LlamaEngine(path, settings) as engine:
-        for i, pt in enumerate(ptoks):
-            for seed in seeds:
-                g = generate(engine, pt, GenerateConfig(cfg.max_new, cfg.temperature, cfg.top_k, int(seed)), shaper,
-                             stop_ids=stop)
-                replies.append(Reply(i, int(seed), g.prompt, g.tokens, g.truncated))
-                fired.append(g.fired)
-                kls.append(g.kl)
-                alone.append(g.kl_rules)
-                if progress is not None:
-                    progress()
-    if shaper is None:
-        return ArmRun(name, str(path), tuple(replies))
+        gens = generate_batched(engine, [ptoks[i] for i, _ in jobs],
+                                [GenerateConfig(cfg.max_new, cfg.temperature, cfg.top_k, seed) for _, seed in jobs],
+                                stop_ids=tuple(compiled.vocab.turn_end), slots=slots, shapers=shapers,
+                                progress=None if progress is None else lambda *_: progress())
+    replies = tuple(Reply(i, seed, g.prompt, g.tokens, g.truncated) for g, (i, seed) in zip(gens, jobs))
+    if shapers is None:
+        return ArmRun(name, str(path), replies)
     names = [r.name for r in compiled.rules]
-    fired_all, kl_all = np.concatenate(fired), np.concatenate(kls)
-    return ArmRun(name, str(path), tuple(replies), kl_summary(names, fired_all, kl_all, np.concatenate(alone)),
+    fired_all = np.concatenate([g.fired for g in gens])
+    kl_all = np.concatenate([g.kl for g in gens])
+    kl_alone = np.concatenate([g.kl_rules for g in gens])
+    return ArmRun(name, str(path), replies, kl_summary(names, fired_all, kl_all, kl_alone),
                   {n: int(fired_all[:, j].sum()) for j, n in enumerate(names)})
 
 
 def shape_rates(model, rules_path, prompts: Sequence[str], phrases: Sequence[str] | None = None, *, edited=None,
                 config: GenerateConfig | None = None, seeds: Sequence[int] = (0,),
                 settings: EngineSettings | None = None, n_boot: int = 1000, level: float = 0.95,
-                progress: Callable[[int, int], None] | None = None) -> ShapeRates:
+                slots: int = DEFAULT_SLOTS, progress: Callable[[int, int], None] | None = None) -> ShapeRates:
     """Generate every arm and compare each with `base`. `phrases`: the rates' phrases (default:
-    the compiled prefix penalty's)."""
+    the compiled prefix penalty's). Every arm decodes `slots` replies at a time through the same
+    loop (native/batched.py; 1: one at a time, the loop of `exactedit generate`)."""
     from exactedit.evals.phrase_rates import phrase_rates
     from exactedit.quant import gguf
     from exactedit.solvers.l47.phrases import PhraseMatcher, TokenBytes, parse_phrases
@@ -125,7 +123,7 @@ def shape_rates(model, rules_path, prompts: Sequence[str], phrases: Sequence[str
         if progress is not None:
             progress(done[0], total)
 
-    runs = {a: _run_arm(a, edited if a in ("weights", "both") else model, ptoks, seeds, cfg, compiled, settings, tick)
+    runs = {a: _run_arm(a, edited if a in ("weights", "both") else model, ptoks, seeds, cfg, compiled, settings, slots, tick)
             for a in arms}
     matcher = PhraseMatcher(phrases, TokenBytes(load_tokens(g)))
     vs = {a: phrase_rates(matcher, list(runs["base"].replies), list(runs[a].replies), n_boot=n_boot, level=level,
@@ -133,7 +131,7 @@ def shape_rates(model, rules_path, prompts: Sequence[str], phrases: Sequence[str
     info = {"model": str(model), "model_sha256": compiled.model["sha256"], "edited": str(edited or ""),
             "rules": str(rules_path), "phrases": list(phrases), "prompts": len(prompts)}
     return ShapeRates(runs, vs, {"max_new": cfg.max_new, "temperature": cfg.temperature, "top_k": cfg.top_k,
-                                 "seeds": list(seeds)}, info)
+                                 "seeds": list(seeds), "slots": slots}, info)
 
 
 def render_shape_rates(r: ShapeRates) -> str:

@@ -106,6 +106,71 @@ def _cur(arr, n_vocab: int) -> np.ndarray:
     return np.frombuffer(buf, dtype=_TOKEN_DATA)
 
 
+class StepShaping:
+    """One reply's `shape` and `probe` samplers (module doc) and what they saw at each step:
+    which rules fired, KL(unshaped || shaped), each fired rule's KL alone, and with `record`
+    the raw and received rows. `start(prompt)` pushes the prompt into the shaper, `accept(tok)`
+    each sampled token; `samplers` go first in the reply's chain (`sampler_chain(first=...)`)
+    and come out of it with `detach(chain)` before the chain is freed (their memory is Python's)."""
+
+    def __init__(self, lib, n_vocab: int, shaper=None, *, record: bool = False):
+        self.lib, self.V, self.shaper, self.record = lib, n_vocab, shaper, record
+        self.n_rules = len(shaper.rules) if shaper is not None else 0
+        self.alone = hasattr(shaper, "hits")  # evals.shaping.Shaper: each rule's own effect is measured too
+        self.ids = np.arange(n_vocab, dtype=np.int32)
+        self.steps = {"raw": [], "received": [], "engine": [], "fired": [], "kl": [], "kl_rules": []}
+        self.samplers = [_Sampler(lib, self._shape), _Sampler(lib, self._probe)]
+
+    def start(self, prompt) -> None:
+        if self.shaper is not None:
+            self.shaper.reset()
+            for t in prompt:
+                self.shaper.push(int(t))
+
+    def _shape(self, arr) -> None:
+        cur = _cur(arr, self.V)
+        if not np.array_equal(cur["id"], self.ids):
+            raise EngineError("llama_sampler", "cur_p", "candidates are not in token-id order")
+        raw = cur["logit"].copy()
+        if self.shaper is None:
+            shaped, fired = raw, ()
+        else:
+            shaped, fired = self.shaper.shape(raw)
+            cur["logit"] = shaped
+        self.steps["fired"].append(fired)
+        self.steps["kl"].append(step_kl(raw, shaped) if any(fired) else 0.0)
+        if self.alone:
+            self.steps["kl_rules"].append([_alone_kl(rule, h, raw) if h else 0.0
+                                           for rule, h in zip(self.shaper.rules, self.shaper.hits())])
+        if self.record:
+            self.steps["raw"].append(raw)
+
+    def _probe(self, arr) -> None:
+        if self.record:
+            self.steps["received"].append(_cur(arr, self.V)["logit"].copy())
+
+    def accept(self, tok: int) -> None:
+        """After `llama_sampler_sample`: re-raise what a sampler caught, push the token."""
+        for smp in self.samplers:
+            if smp.error is not None:
+                raise smp.error
+        if self.shaper is not None:
+            self.shaper.push(tok)
+
+    def detach(self, chain) -> None:
+        for _ in self.samplers:
+            self.lib.llama_sampler_chain_remove(chain, 0)
+
+    def generation(self, prompt: np.ndarray, out: list, stopped: bool) -> Generation:
+        st, V, n = self.steps, self.V, len(out)
+        fired = np.array(st["fired"], dtype=bool).reshape(n, self.n_rules)
+        stack = (lambda k: np.stack(st[k]) if st[k] else np.zeros((0, V), np.float32)) if self.record \
+            else (lambda k: None)
+        kl_rules = np.array(st["kl_rules"], dtype=np.float64).reshape(n, self.n_rules) if self.alone else None
+        return Generation(prompt, np.array(out, dtype=np.int32), fired, np.array(st["kl"], dtype=np.float64),
+                          not stopped, stack("raw"), stack("received"), stack("engine"), kl_rules)
+
+
 def generate(engine: LlamaEngine, prompt, config: GenerateConfig, shaper=None, *, record: bool = False,
              stop_ids=None) -> Generation:
     """Sample up to `config.max_new` tokens after `prompt`, `shaper` (evals.shaping.Shaper, or
@@ -115,41 +180,11 @@ def generate(engine: LlamaEngine, prompt, config: GenerateConfig, shaper=None, *
     toks = np.asarray(prompt, dtype=np.int32)
     if toks.ndim != 1 or toks.size == 0 or toks.size + config.max_new > s.n_ctx:
         raise EngineError(engine.path, "prompt", f"needs 1..{s.n_ctx - config.max_new} tokens, got {toks.size}")
-    n_rules = len(shaper.rules) if shaper is not None else 0
     stop_ids = None if stop_ids is None else frozenset(int(t) for t in stop_ids)
-    if shaper is not None:
-        shaper.reset()
-        for t in toks:
-            shaper.push(int(t))
-    steps = {"raw": [], "received": [], "engine": [], "fired": [], "kl": [], "kl_rules": []}
-    alone = hasattr(shaper, "hits")  # evals.shaping.Shaper: each rule's own effect is measured too
-    ids = np.arange(V, dtype=np.int32)
-
-    def shape(arr):
-        cur = _cur(arr, V)
-        if not np.array_equal(cur["id"], ids):
-            raise EngineError("llama_sampler", "cur_p", "candidates are not in token-id order")
-        raw = cur["logit"].copy()
-        if shaper is None:
-            shaped, fired = raw, ()
-        else:
-            shaped, fired = shaper.shape(raw)
-            cur["logit"] = shaped
-        steps["fired"].append(fired)
-        steps["kl"].append(step_kl(raw, shaped) if any(fired) else 0.0)
-        if alone:
-            steps["kl_rules"].append([_alone_kl(rule, h, raw) if h else 0.0
-                                      for rule, h in zip(shaper.rules, shaper.hits())])
-        if record:
-            steps["raw"].append(raw)
-
-    def probe(arr):
-        if record:
-            steps["received"].append(_cur(arr, V)["logit"].copy())
-
-    ours = [_Sampler(lib, shape), _Sampler(lib, probe)]
+    steps = StepShaping(lib, V, shaper, record=record)
+    steps.start(toks)
     ctx = engine._context(None)
-    chain = sampler_chain(lib, config.top_k, config.temperature, config.seed, [smp.sampler for smp in ours])
+    chain = sampler_chain(lib, config.top_k, config.temperature, config.seed, [smp.sampler for smp in steps.samplers])
     batch = lib.llama_batch_init(max(s.n_batch, 1), 0, 1)
     out: list[int] = []
     stopped = False
@@ -170,29 +205,20 @@ def generate(engine: LlamaEngine, prompt, config: GenerateConfig, shaper=None, *
                 break
             if record:
                 row = lib.llama_get_logits_ith(ctx, -1)
-                steps["engine"].append(np.ctypeslib.as_array(row, shape=(V,)).copy())
+                steps.steps["engine"].append(np.ctypeslib.as_array(row, shape=(V,)).copy())
             tok = int(lib.llama_sampler_sample(chain, ctx, -1))
-            for smp in ours:
-                if smp.error is not None:
-                    raise smp.error
+            steps.accept(tok)
             out.append(tok)
-            if shaper is not None:
-                shaper.push(tok)
             if (tok in stop_ids) if stop_ids is not None else lib.llama_vocab_is_eog(engine._vocab, tok):
                 stopped = True
                 break
             pending = [tok]
     finally:
-        for _ in ours:  # take ours out of the chain before it is freed (their memory is Python's)
-            lib.llama_sampler_chain_remove(chain, 0)
+        steps.detach(chain)
         lib.llama_batch_free(batch)
         lib.llama_sampler_free(chain)
         lib.llama_free(ctx)
-    fired = np.array(steps["fired"], dtype=bool).reshape(len(out), n_rules)
-    stack = (lambda k: np.stack(steps[k]) if steps[k] else np.zeros((0, V), np.float32)) if record else (lambda k: None)
-    kl_rules = np.array(steps["kl_rules"], dtype=np.float64).reshape(len(out), n_rules) if alone else None
-    return Generation(toks, np.array(out, dtype=np.int32), fired, np.array(steps["kl"], dtype=np.float64),
-                      not stopped, stack("raw"), stack("received"), stack("engine"), kl_rules)
+    return steps.generation(toks, out, stopped)
 
 
 def render_prompt(template, user: str) -> str:

@@ -202,3 +202,35 @@ def test_qwen_mine_with_shape(qwen, work):
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert len(out["replies"]) == 1 and out["rates"]["base"]["lowercase_start"] == 1.0, out["replies"]
+
+
+def test_gemma_rules_in_batched_replies_are_the_live_loops(gemma):
+    """The rules live in batched sampling (shape rates' loop): with up to 3 slots, every reply, each
+    rule's firing steps and each step's KL are those of the one-at-a-time loop with the same rules."""
+    from exactedit.native.batched import generate_batched
+    from exactedit.native.llamacpp import LlamaEngine
+    from exactedit.native.shaping_live import GenerateConfig, generate, open_rules, prompt_tokens, render_prompt, shaper_for
+
+    path, rules = gemma
+    c, tpl = open_rules(path, rules)
+    made = []
+
+    def shapers():
+        made.append(shaper_for(c))
+        return made[-1]
+
+    with LlamaEngine(path) as e:
+        ptoks = [prompt_tokens(e, render_prompt(tpl, p)) for p in PROMPTS]
+        jobs = [(p, GenerateConfig(12, 0.8, 40, seed)) for p in ptoks for seed in (0, 1)]
+        got = generate_batched(e, [p for p, _ in jobs], [g for _, g in jobs], stop_ids=c.vocab.turn_end, slots=3,
+                               shapers=shapers)
+        want = [generate(e, p, g, shaper_for(c), stop_ids=c.vocab.turn_end) for p, g in jobs]
+        plain = generate_batched(e, [p for p, _ in jobs], [g for _, g in jobs], stop_ids=c.vocab.turn_end, slots=3)
+    assert len(made) == 3                               # one shaper per slot, reset for each of its jobs
+    for x, y, z in zip(got, want, plain):
+        np.testing.assert_array_equal(x.tokens, y.tokens)
+        np.testing.assert_array_equal(x.fired, y.fired)
+        np.testing.assert_array_equal(x.kl, y.kl)
+        np.testing.assert_array_equal(x.kl_rules, y.kl_rules)
+        assert x.fired[0, [r.name for r in c.rules].index("step0-guard")] and z.fired.shape[1] == 0
+    assert any(x.kl[0] > 0 for x in got)
