@@ -426,7 +426,7 @@ def bench_head(rows, vocab, n, tile_rows, repeats, seed, device, as_json) -> Non
               help="With --model: replies per held-out rate prompt.")
 @click.option("--max-new", default=160, show_default=True, type=click.IntRange(1), help="With --model: reply cap.")
 @click.option("--seed", default=0, show_default=True, type=int, help="With --model: sampling seed.")
-@click.option("--ridge", default=0.1, show_default=True, type=float,
+@click.option("--ridge", default=0.01, show_default=True, type=float,
               help="With --model: solve wfld's background ridge (chosen on dev: docs/real-model.md).")
 @JSON_FLAG
 def demo_cmd(out, fixture, model, phrases, prompts, rate_prompts, watch, texts, samples, rate_samples, max_new,
