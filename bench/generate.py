@@ -83,7 +83,7 @@ def run_generate_bench(cfg: GenerateBenchConfig, progress: Progress | None = Non
     compiled = tpl = None
     if cfg.rules is not None:
         compiled, tpl = open_rules(path, cfg.rules)
-    chat = model_chat(path)
+    chat = model_chat(path) if tpl is None else None
     stop = tuple(compiled.vocab.turn_end) if compiled is not None else None
     shapers = (lambda: shaper_for(compiled)) if compiled is not None else None
     total, done = 2 * cfg.repeats, [0]
@@ -96,7 +96,7 @@ def run_generate_bench(cfg: GenerateBenchConfig, progress: Progress | None = Non
     with LlamaEngine(path) as engine:
         if tpl is not None:
             ptoks = [prompt_tokens(engine, render_prompt(tpl, p)) for p in PROMPTS[:cfg.prompts]]
-        elif chat.template is not None:
+        elif chat.template is not None:     # the rules' template wins; else the GGUF's own
             ptoks = [engine.tokenize(chat.prompt(p)) for p in PROMPTS[:cfg.prompts]]
         else:                               # no chat template in the GGUF: the questions as plain text
             ptoks = [engine.tokenize(f"Question: {p}\nAnswer:") for p in PROMPTS[:cfg.prompts]]
