@@ -119,11 +119,14 @@ def same_doc_mask(s: RowScores, splits: Splits, phrases) -> np.ndarray:
     """bool [T]: the slop positions of train documents that the split holds out for bar (b)."""
     slop = slop_positions(s, phrases)
     out = np.zeros(s.rows, dtype=bool)
-    for i, d in enumerate(s.docs):
-        if d.role != "train":
-            continue
-        rows = np.flatnonzero((s.doc == i) & (slop >= 0))
-        out[rows[same_doc_heldout(splits, d.trace, d.name, rows)]] = True
+    train = [i for i, d in enumerate(s.docs) if d.role == "train"]
+    for trace in dict.fromkeys(s.docs[i].trace for i in train):
+        in_trace = [i for i in train if s.docs[i].trace == trace]
+        rows = np.flatnonzero(np.isin(s.doc, in_trace) & (slop >= 0))
+        starts = {i: int(np.flatnonzero(s.doc == i)[0]) for i in in_trace}
+        docs = [s.docs[int(s.doc[r])].name for r in rows]
+        within = [int(r) - starts[int(s.doc[r])] for r in rows]
+        out[rows[same_doc_heldout(splits, trace, docs, within, slop[rows])]] = True
     return out
 
 

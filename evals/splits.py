@@ -4,7 +4,10 @@ Documents of `pool` traces are grouped by the protocol's keys (source and charac
 go to train, dev or test, in a seeded permutation of the sorted group keys with largest-remainder
 shares, so reruns give the same split. Documents of traces with a fixed role keep it. A group may
 never sit in two of train / dev / test / blind. Bar (b)'s same-document held-out positions are
-chosen per document by a seeded permutation of that document's slop positions.
+drawn per trace, stratified twice: each train document gives at most round(share x its slop
+positions) (so a document with one position keeps it for train) and each phrase at most round(share
+x its positions), in a seeded order; a per-document draw alone can leave a phrase almost nothing to
+train on (docs/real-model.md: 7 of 10 positions of one phrase held out by one draw).
 """
 from __future__ import annotations
 
@@ -131,17 +134,37 @@ def build_splits(protocol: Protocol, docs_by_trace: Mapping[str, Sequence[DocLik
     return Splits(protocol.sha256, rule.seed, rule.same_doc_heldout, docs)
 
 
-def same_doc_heldout(splits: Splits, trace: str, doc: str, positions: np.ndarray) -> np.ndarray:
-    """Boolean mask over `positions` (row numbers of one train document's slop positions): the
-    ones held out for bar (b). round(share * n) of them, by a permutation seeded from the split
-    seed and the document, so the choice never depends on other documents."""
-    positions = np.asarray(positions)
-    k = int(np.floor(splits.same_doc_heldout * len(positions) + 0.5))
-    digest = hashlib.sha256(f"{splits.seed}\0{trace}\0{doc}".encode("utf-8")).digest()
+def _share_of(share: float, n: int) -> int:
+    return int(np.floor(share * n + 0.5))
+
+
+def same_doc_heldout(splits: Splits, trace: str, docs: Sequence[str], positions: np.ndarray,
+                     phrases: Sequence[int]) -> np.ndarray:
+    """Boolean mask over one trace's train slop positions (`docs[i]`: the document of position i,
+    `positions[i]`: its row in that document's dump, `phrases[i]`: its phrase): the ones held out for
+    bar (b). A position is held out when, in a seeded order of all of them, its document has not yet
+    given round(share x its positions) and its phrase has not yet given round(share x its
+    positions). The order is a permutation seeded from the split seed and the trace over the
+    positions sorted by (document, row), so it does not depend on the order they are given in."""
+    docs = np.asarray([str(d) for d in docs], dtype=object)
+    positions, phrases = np.asarray(positions, dtype=np.int64), np.asarray(phrases, dtype=np.int64)
+    if not len(docs) == len(positions) == len(phrases):
+        raise ValueError(f"same_doc_heldout: {len(docs)} documents, {len(positions)} positions and "
+                         f"{len(phrases)} phrases given; one of each per position")
+    share = splits.same_doc_heldout
+    doc_left = {d: _share_of(share, int(c)) for d, c in zip(*np.unique(docs, return_counts=True))}
+    phrase_left = {int(p): _share_of(share, int(c)) for p, c in zip(*np.unique(phrases, return_counts=True))}
+    canonical_order = sorted(range(len(docs)), key=lambda i: (docs[i], int(positions[i])))
+    digest = hashlib.sha256(f"{splits.seed}\0{trace}".encode("utf-8")).digest()
     rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
-    mask = np.zeros(len(positions), dtype=bool)
-    order = np.argsort(positions, kind="stable")
-    mask[order[rng.permutation(len(positions))[:k]]] = True
+    mask = np.zeros(len(docs), dtype=bool)
+    for k in rng.permutation(len(docs)):
+        i = canonical_order[int(k)]
+        d, p = docs[i], int(phrases[i])
+        if doc_left[d] > 0 and phrase_left[p] > 0:
+            mask[i] = True
+            doc_left[d] -= 1
+            phrase_left[p] -= 1
     return mask
 
 

@@ -158,14 +158,12 @@ def _special_ids(table, names) -> tuple[int, ...]:
 
 
 def _heldout_mask(trace: Trace, tm, cfg: WfldConfig) -> np.ndarray:
-    """bool [P]: the FTPO positions of a train trace held out for bar (b) (per document, seeded)."""
+    """bool [P]: the FTPO positions of a train trace held out for bar (b) (per document and per
+    phrase, seeded: evals/splits.same_doc_heldout)."""
     splits = Splits("", cfg.seed, cfg.same_doc_heldout, ())
     key = trace.dump.sha256()  # the dump's identity, not where it lies: a moved dump splits the same
-    mask = np.zeros(tm.rows.size, dtype=bool)
-    for di, d in enumerate(trace.dump.docs):
-        at = np.flatnonzero(tm.doc == di)
-        mask[at[same_doc_heldout(splits, key, d.name, tm.rows[at])]] = True
-    return mask
+    names = [trace.dump.docs[int(di)].name for di in tm.doc]
+    return same_doc_heldout(splits, key, names, tm.rows, tm.phrase)
 
 
 def _anchor_rows(tail, anchors: list[Trace], specials, count: int) -> list[tuple[object, np.ndarray]]:

@@ -63,14 +63,33 @@ def test_allocate(n, shares, want):
     assert got == want and sum(got) == n
 
 
-def test_same_doc_heldout_is_seeded_per_document(protocol_file):
+def test_same_doc_heldout_is_seeded_and_order_free(protocol_file):
     splits = build_splits(load_protocol(protocol_file), _docs(_pool()))
     pos = np.array([40, 3, 17, 99, 8, 61])
-    m = same_doc_heldout(splits, "chat", "d0-0", pos)
+    docs = ["d0-0"] * 6
+    phr = [0, 0, 0, 0, 0, 0]
+    m = same_doc_heldout(splits, "chat", docs, pos, phr)
     assert m.sum() == 2  # round(0.34 * 6)
-    assert np.array_equal(m, same_doc_heldout(splits, "chat", "d0-0", pos))
+    assert np.array_equal(m, same_doc_heldout(splits, "chat", docs, pos, phr))
     perm = np.array([3, 0, 5, 1, 4, 2])  # the held-out rows do not depend on the order given
-    assert set(pos[perm][same_doc_heldout(splits, "chat", "d0-0", pos[perm])]) == set(pos[m])
+    assert set(pos[perm][same_doc_heldout(splits, "chat", docs, pos[perm], phr)]) == set(pos[m])
+
+
+def test_same_doc_heldout_is_capped_per_document_and_per_phrase(protocol_file):
+    """Seven documents with one position of each of two phrases, and six single-position documents
+    of phrase 0: a per-document draw alone may hold out all seven phrase-1 positions (what one real
+    draw did); stratified, phrase 1 gives round(0.34 * 7) = 2 and a single position is never held."""
+    splits = build_splits(load_protocol(protocol_file), _docs(_pool()))
+    docs = [f"pair{i}" for i in range(7) for _ in range(2)] + [f"one{i}" for i in range(6)]
+    pos = np.array([r for _ in range(7) for r in (10, 50)] + [20] * 6)
+    phr = np.array([p for _ in range(7) for p in (0, 1)] + [0] * 6)
+    for seed_trace in ("chat", "other", "third"):
+        m = same_doc_heldout(splits, seed_trace, docs, pos, phr)
+        assert not m[14:].any()  # single-position documents keep theirs
+        held_per_doc = np.bincount(np.repeat(np.arange(7), 2), weights=m[:14])
+        assert held_per_doc.max() <= 1  # round(0.34 * 2)
+        assert m[phr == 1].sum() <= 2 and m[phr == 0].sum() <= 4  # round(0.34 * 7), round(0.34 * 13)
+        assert m.sum() == 6  # both quotas met: the pairs have room for 2 + 4
 
 
 def test_record_splits_once(tmp_path, protocol_file):
