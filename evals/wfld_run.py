@@ -24,6 +24,7 @@ import numpy as np
 from exactedit import quant
 from exactedit.dumps import ROLE_REPLY, VerifyCache, read_dump
 from exactedit.evals.bars import BarContext, anti_slop_bars, verdict
+from exactedit.evals.collateral import collateral_lines, collateral_uses
 from exactedit.evals.ledger import DEFAULT_WORKSPACE, Ledger, head_json, require_registered
 from exactedit.evals.protocol import Bars, ResolvedTokens, load_protocol
 from exactedit.evals.splits import Splits, same_doc_heldout
@@ -332,6 +333,8 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
                           warnings=_warnings(by_role, mining, tail.tokens)
                           + alt_mod.floor_warnings(alts, [phrases[p] for p in phr], cfg.alt_floor),
                           shipping=shipping, raised=raised)
+    report["collateral"] = collateral_uses(scores, mining.tuples, mining.words, ctx.name, ctx.vocab,
+                                           low=ctx.bars.collateral_low)
     refs = [InputRef("model", str(inputs.model), g.sha256()),
             InputRef("phrases", str(inputs.phrases), file_sha256(inputs.phrases))]
     refs += [InputRef(f"dump:{t.name}", t.path, t.dump.sha256()) for t in traces]
@@ -438,4 +441,10 @@ def solve_report(r: WfldResult) -> tuple[dict, str]:
     from exactedit.solvers.l47.report import format_report
 
     return ({**r.report, "bundle": {"path": str(r.bundle), "sha256": r.bundle_sha256}},
-            format_report(r.report) + f"\nbundle {r.bundle} (sha256 {r.bundle_sha256})")
+            format_report(r.report) + _collateral_text(r.report)
+            + f"\nbundle {r.bundle} (sha256 {r.bundle_sha256})")
+
+
+def _collateral_text(report: dict) -> str:
+    lines = collateral_lines(report.get("collateral") or ())
+    return "\nbar (d) use by use (collateral documents, worst first):\n" + "\n".join(lines) if lines else ""

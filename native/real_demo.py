@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 
 from exactedit.quant.errors import ExacteditError
 from exactedit.quant.files import atomic_write_text
+from exactedit.evals.collateral import collateral_lines
 
 DATA = Path(__file__).resolve().parent / "data"
 Progress = Callable[[str, int, int], None]
@@ -306,7 +307,7 @@ def real_demo_report(r: RealDemoResult) -> tuple[dict, str]:
                            {"base": r.rates.replies, "edited": r.rates.edited_replies})
     obj = {"model": r.model, "out": str(r.out), "protocol": str(r.protocol),
            "dataset": r.dataset.to_dict(), "wfld_bundle": str(r.wfld.bundle), "wfld_verdict": r.wfld.verdict,
-           "bars": bars, "shipping": r.wfld.report.get("shipping"), "alternatives": r.wfld.report.get("alternatives"),
+           "bars": bars, "collateral": r.wfld.report.get("collateral"), "shipping": r.wfld.report.get("shipping"), "alternatives": r.wfld.report.get("alternatives"),
            "edited": str(r.applied.out), "edited_sha256": r.applied.out_sha256,
            "verify": r.verify.to_json(), "dev_verdict": r.dev.report.verdict,
            "dev_report": str(r.dev.files.paths["json"]),
@@ -321,6 +322,9 @@ def real_demo_report(r: RealDemoResult) -> tuple[dict, str]:
     lines += ["", f"## solve wfld: {r.wfld.verdict}", ""]
     lines += [f"  {b['bar']:<4} {b.get('label', b['name'])[:60]:<60} {b['value'] if b['value'] is None else round(b['value'], 5)!s:>10}"
               f"  {b['op']} {b['threshold']}  {'pass' if b['pass'] else 'FAIL'}" for b in bars]
+    coll = collateral_lines(r.wfld.report.get("collateral") or ())
+    if coll:
+        lines += ["", "bar (d) use by use (collateral documents, worst first):"] + coll
     v = r.verify
     lines += ["", f"## verify live: {'PASS' if v.passed else 'FAIL'} ({v.tokens} tokens)"]
     lines += [f"  {c.name}: bitwise {c.stats.bitwise}, max |diff| {c.stats.max_abs:.3g}, KL mean "
