@@ -421,6 +421,9 @@ def bench_head(rows, vocab, n, tile_rows, repeats, seed, device, as_json) -> Non
 @click.option("--texts", multiple=True, type=click.Path(dir_okay=False, exists=True),
               help="With --model: plain texts for collateral, the null space and anchors (repeatable; "
                    "default: bundled).")
+@click.option("--same-sense", "same_sense", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="With --model: PHRASE=WORD[,WORD] per line, paraphrases of a phrase's final token that the "
+                   "solve holds with it (default: the bundled list, if any).")
 @click.option("--samples", default=2, show_default=True, type=click.IntRange(1), help="With --model: replies per prompt.")
 @click.option("--rate-samples", default=2, show_default=True, type=click.IntRange(1),
               help="With --model: replies per held-out rate prompt.")
@@ -429,8 +432,8 @@ def bench_head(rows, vocab, n, tile_rows, repeats, seed, device, as_json) -> Non
 @click.option("--ridge", default=0.01, show_default=True, type=float,
               help="With --model: solve wfld's background ridge (chosen on dev: docs/real-model.md).")
 @JSON_FLAG
-def demo_cmd(out, fixture, model, phrases, prompts, rate_prompts, watch, texts, samples, rate_samples, max_new,
-             seed, ridge, as_json) -> None:
+def demo_cmd(out, fixture, model, phrases, prompts, rate_prompts, watch, texts, same_sense, samples, rate_samples,
+             max_new, seed, ridge, as_json) -> None:
     """The whole workflow on the bundled fixture: register + split, solve head, solve wfld, dev
     score, and the one-shot blind sign-off (its command line in OUT/blind.cmd). With --model: the
     anti-slop loop on a real model (data from its own replies, solve, apply, verify live, dev score,
@@ -447,7 +450,7 @@ def demo_cmd(out, fixture, model, phrases, prompts, rate_prompts, watch, texts, 
             from exactedit.native.real_demo import RealDemoConfig, real_demo_report, run_real_demo
 
             cfg = RealDemoConfig(model=model, prompts=prompts, rate_prompts=rate_prompts, phrases=phrases, watch=watch,
-                                 texts=tuple(texts) or None, samples=samples, rate_samples=rate_samples,
+                                 texts=tuple(texts) or None, same_sense=same_sense, samples=samples, rate_samples=rate_samples,
                                  max_new=max_new, seed=seed, ridge=ridge)
             result = run_real_demo(cfg, out, progress=progress)
             report = real_demo_report(result)
@@ -1218,6 +1221,8 @@ _DUMP = click.Path(file_okay=False, exists=True)
               help="Nats the rejected token must end below its best alternative.")
 @click.option("--phrase-margin", "phrase_margins", multiple=True, metavar="PHRASE=NATS",
               help="Margin of one phrase (repeatable).")
+@click.option("--same-sense", "same_sense", multiple=True, metavar="PHRASE=WORD[,WORD]",
+              help="Paraphrases of a phrase's final token, held with it and never raised (repeatable).")
 @click.option("--delta-cho", default=0.5, show_default=True, type=float,
               help="Raise of the natural alternatives (> 0: the freed mass goes to real words).")
 @click.option("--alternatives", default=3, show_default=True, type=click.IntRange(1),
@@ -1273,15 +1278,16 @@ _DUMP = click.Path(file_okay=False, exists=True)
 @click.option("--overwrite", is_flag=True, help="Replace an existing bundle directory.")
 @JSON_FLAG
 def solve_wfld_cmd(model, phrases, train, heldout, collateral, anchors, null_, protocol, out, phrase_margins,
-                   specials, workspace, overwrite, as_json, device, **flags) -> None:
+                   same_sense, specials, workspace, overwrite, as_json, device, **flags) -> None:
     """Solve the anti-slop edit of the last layer's shared-expert down projection; write a bundle."""
     import contextlib
 
-    from exactedit.solvers.l47.config import WfldConfig, parse_phrase_margin
+    from exactedit.solvers.l47.config import WfldConfig, parse_phrase_margin, parse_same_sense
     from exactedit.evals.wfld_run import WfldInputs, solve_report, solve_wfld
 
     try:
         cfg = WfldConfig(phrase_margins=tuple(parse_phrase_margin(p) for p in phrase_margins),
+                         same_sense=tuple(parse_same_sense(p) for p in same_sense),
                          specials=tuple(specials), **flags)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None

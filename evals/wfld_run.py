@@ -211,6 +211,9 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
     info = g.tensor(tensor)
     specials, turn_end = _resolve_specials(g, tail, protocol, cfg)
     phrases = load_phrases(inputs.phrases)
+    unknown = [p for p, _ in cfg.same_sense if p not in phrases]
+    if unknown:
+        raise WfldError(inputs.phrases, "same_sense", f"{unknown} are not phrases of the file")
     unknown = [p for p, _ in cfg.phrase_margins if p not in phrases]
     if unknown:
         raise WfldError(inputs.phrases, "phrase_margins", f"{unknown} are not phrases of the file")
@@ -248,8 +251,10 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
         from exactedit.solvers.tail.device_pass import vocab_pass_jax
 
         vp = vocab_pass_jax(mix_t, dhead, topk=pool, softcap=tail.softcap, tile_rows=cfg.tile_rows)
+    tb = TokenBytes(tail.tokens)
+    sense = {ph: alt_mod.same_sense_ids(ws, tb, tail.spec.vocab) for ph, ws in cfg.same_sense}
     alts = alt_mod.choose(vp.topk_ids, vp.topk_logits, vp.lse, rej, specials, cfg.alternatives, cfg.alt_floor,
-                          TokenBytes(tail.tokens))
+                          tb, [sense.get(phrases[p], frozenset()) for p in phr] if sense else None)
     a_blocks = _anchor_rows(tail, by_role["anchors"], specials, cfg.special_rows)
     rs = gather_rows(blocks + a_blocks)
     P, s_n, k, m = rej.size, len(specials), cfg.alternatives, alts.variants.shape[1]

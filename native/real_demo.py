@@ -54,6 +54,7 @@ class RealDemoConfig:
     rate_prompts: str | None = None     # one prompt per line: held-out, for the phrase rates only
     phrases: str | None = None          # one banned phrase per line
     watch: str | None = None            # phrases measured in generation too, not solved for (optional)
+    same_sense: str | None = None       # PHRASE=WORD[,WORD] per line: paraphrases held, never raised (optional)
     texts: tuple[str, ...] | None = None  # plain texts (legitimate uses, plain anchors)
     samples: int = 2                    # replies per data prompt
     rate_samples: int = 2               # replies per rate prompt
@@ -83,6 +84,18 @@ class RealDemoConfig:
         if self.watch is None and not (DATA / self.model / "watch.txt").is_file():
             return ()
         return _lines(self.file("watch"))
+
+    def same_sense_words(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """solve wfld's same-sense words: --same-sense, else the bundled same_sense.txt, else none."""
+        if self.same_sense is None and not (DATA / self.model / "same_sense.txt").is_file():
+            return ()
+        from exactedit.solvers.l47.config import parse_same_sense
+
+        path = self.file("same_sense")
+        try:
+            return tuple(parse_same_sense(line) for line in _lines(path))
+        except ValueError as exc:
+            raise RealDemoError(f"{path}: {exc}") from None
 
     def text_files(self) -> tuple[Path, ...]:
         if self.texts is not None:
@@ -191,7 +204,7 @@ def run_real_demo(cfg: RealDemoConfig, out, *, progress: Progress | None = None)
     inputs = WfldInputs(model=str(model), phrases=str(phrases_file), train=(str(out / "data" / "train"),),
                         heldout=(str(out / "data" / "heldout"),), collateral=(str(out / "data" / "collateral"),),
                         anchors=(str(out / "data" / "anchors"),), protocol=str(protocol))
-    wf = solve_wfld(WfldConfig(ridge=cfg.ridge, background=cfg.background), inputs, out / "wfld", workspace=ws, command=cmd, progress=tick("solve wfld"))
+    wf = solve_wfld(WfldConfig(ridge=cfg.ridge, background=cfg.background, same_sense=cfg.same_sense_words()), inputs, out / "wfld", workspace=ws, command=cmd, progress=tick("solve wfld"))
     mark("solve_wfld")
     applied = apply_bundle(wf.bundle, model, out / "edited.gguf", progress=tick("apply"))
     mark("apply")

@@ -47,12 +47,23 @@ def parse_phrase_margin(text: str) -> tuple[str, float]:
     return phrase.strip(), nats
 
 
+def parse_same_sense(text: str) -> tuple[str, tuple[str, ...]]:
+    """'you can use=utilize,employ' -> ('you can use', ('utilize', 'employ')): words of the same
+    sense as a phrase's final token (CLI --same-sense)."""
+    phrase, sep, value = text.rpartition("=")
+    words = tuple(w.strip() for w in value.split(",") if w.strip())
+    if not sep or not phrase.strip() or not words:
+        raise ValueError(f"same-sense words {text!r}: expected PHRASE=WORD[,WORD...]")
+    return phrase.strip(), words
+
+
 @dataclass(frozen=True)
 class WfldConfig:
     """A WFLD solve of blk.L.ffn_down_shexp (or the last ffn_down of an rmsnorm tail)."""
 
     margin: float = 1.0
     phrase_margins: tuple[tuple[str, float], ...] = ()
+    same_sense: tuple[tuple[str, tuple[str, ...]], ...] = ()   # per phrase: words held with its final token
     delta_cho: float = 0.5
     alternatives: int = 3
     alt_floor: float = 0.01
@@ -135,6 +146,14 @@ class WfldConfig:
                 raise ValueError(f"WfldConfig.phrase_margins: {item[0]!r} given twice")
             seen.add(item[0])
 
+        if not isinstance(self.same_sense, tuple) or not all(
+                isinstance(i, tuple) and len(i) == 2 and isinstance(i[0], str) and i[0].strip()
+                and isinstance(i[1], tuple) and i[1] and all(isinstance(w, str) and w.strip() for w in i[1])
+                for i in self.same_sense):
+            raise ValueError(f"WfldConfig.same_sense must be a tuple of (phrase, (word, ...)), got {self.same_sense!r}")
+        if len({p for p, _ in self.same_sense}) != len(self.same_sense):
+            raise ValueError("WfldConfig.same_sense: a phrase given twice")
+
     def margin_for(self, phrase: str) -> float:
         """The margin of one banned phrase: its override, else `margin`."""
         return float(dict(self.phrase_margins).get(phrase, self.margin))
@@ -142,6 +161,7 @@ class WfldConfig:
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["phrase_margins"] = [[p, float(m)] for p, m in self.phrase_margins]
+        out["same_sense"] = [[p, list(ws)] for p, ws in self.same_sense]
         out["specials"] = list(self.specials)
         return out
 
@@ -154,6 +174,8 @@ class WfldConfig:
         kwargs = dict(obj)
         if "phrase_margins" in kwargs:
             kwargs["phrase_margins"] = tuple((str(p), float(m)) for p, m in kwargs["phrase_margins"])
+        if "same_sense" in kwargs:
+            kwargs["same_sense"] = tuple((str(p), tuple(str(w) for w in ws)) for p, ws in kwargs["same_sense"])
         if "specials" in kwargs:
             kwargs["specials"] = tuple(kwargs["specials"])
         return cls(**kwargs)

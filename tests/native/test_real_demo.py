@@ -61,3 +61,13 @@ def test_demo_targets_judge_each_issue_target():
     none = demo_targets([{"phrase": "x", "base": {"continuation": None}, "edited": {"continuation": 0.0}}],
                         ["x"], [], False, {}, {"base": [], "edited": []})
     assert not none[0]["pass"] and none[0]["value"] is None
+
+
+def test_same_sense_file_parses_and_names_its_bad_line(tmp_path):
+    good = tmp_path / "ss.txt"
+    good.write_text("# paraphrases\nyou can use = utilize, employ\n", encoding="utf-8")
+    assert RealDemoConfig(same_sense=str(good)).same_sense_words() == (("you can use", ("utilize", "employ")),)
+    bad = tmp_path / "bad.txt"
+    bad.write_text("you can use utilize\n", encoding="utf-8")
+    with pytest.raises(RealDemoError, match=r"bad\.txt.*PHRASE=WORD"):
+        RealDemoConfig(same_sense=str(bad)).same_sense_words()

@@ -64,3 +64,31 @@ def test_choose_keeps_one_alternative_below_the_floor():
     assert "1 of 1 positions" in w and "Here's an example" in w
     with pytest.raises(WfldError, match="no candidate"):
         choose(ids[:, :2], logits[:, :2], lse, [0], specials=[], k=2, floor=0.01, token_bytes=TEXT.__getitem__)
+
+
+def test_same_sense_words_are_held_at_their_phrase_only():
+    """" instance" named as a paraphrase of " example" for the first position's phrase: held with the
+    rejected token there (as a variant, never raised); the second position's phrase names none."""
+    from exactedit.solvers.l47.alternatives import same_sense_ids
+
+    ids, logits, lse = _case({0: 0.6, 4: 0.1, 7: 0.08, 8: 0.05, 3: 0.04})
+    ids, logits, lse = np.repeat(ids, 2, 0), np.repeat(logits, 2, 0), np.zeros(2)
+    tb = TEXT.__getitem__
+    held = same_sense_ids(["Instance"], tb, len(TEXT))
+    assert held == {4}                                # up to case and leading whitespace
+    a = choose(ids, logits, lse, [0, 0], specials=[5], k=2, floor=0.01, token_bytes=tb, same_sense=[held, frozenset()])
+    assert a.ids.tolist() == [[7, 8], [4, 7]]
+    assert a.variants[0].tolist() == [4] and a.variants[1].tolist() == [-1]
+
+
+def test_same_sense_config_parses_and_refuses_bad_input():
+    from exactedit.solvers.l47.config import WfldConfig, parse_same_sense
+
+    assert parse_same_sense("you can use = utilize, employ") == ("you can use", ("utilize", "employ"))
+    for bad in ("you can use", "=utilize", "you can use=,"):
+        with pytest.raises(ValueError, match="PHRASE=WORD"):
+            parse_same_sense(bad)
+    cfg = WfldConfig(same_sense=(("you can use", ("utilize",)),))
+    assert WfldConfig.from_json(cfg.to_json()) == cfg
+    with pytest.raises(ValueError, match="given twice"):
+        WfldConfig(same_sense=(("a b", ("c",)), ("a b", ("d",))))
