@@ -1262,7 +1262,7 @@ _DUMP = click.Path(file_okay=False, exists=True)
 @click.option("--hold-eps", default=1e-9, show_default=True, type=float,
               help="Relative Tikhonov weight of the special-token holds.")
 @click.option("--same-doc-heldout", default=0.33, show_default=True, type=float,
-              help="Share of the FTPO positions held out (bar (b)), at most that share of each train document's and of each phrase's.")
+              help="Share of the FTPO positions held out (bar (b)), at most that share of each train document's and of each banned word's.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the same-document hold-out.")
 @click.option("--heldout-role", type=click.Choice(["dev", "test"]), default="dev", show_default=True,
               help="Split role of the --heldout documents in the bars.")

@@ -115,8 +115,11 @@ def _reduction_bar(s: RowScores, ctx: BarContext, key, bar, label, mask, scope) 
     return _row(key, bar, label, red, b.slop_min_reduction, ">=", cnt, ci, base, edit, scope)
 
 
-def same_doc_mask(s: RowScores, splits: Splits, phrases) -> np.ndarray:
-    """bool [T]: the slop positions of train documents that the split holds out for bar (b)."""
+def same_doc_mask(s: RowScores, splits: Splits, phrases, keys=None) -> np.ndarray:
+    """bool [T]: the slop positions of train documents that the split holds out for bar (b), per
+    document and per banned word (a phrase's final token). `keys` maps a trace name to the key its
+    draw is seeded with (`eval score` gives each dump's sha256, as `solve wfld` does; default: the
+    name)."""
     slop = slop_positions(s, phrases)
     out = np.zeros(s.rows, dtype=bool)
     train = [i for i, d in enumerate(s.docs) if d.role == "train"]
@@ -126,7 +129,9 @@ def same_doc_mask(s: RowScores, splits: Splits, phrases) -> np.ndarray:
         starts = {i: int(np.flatnonzero(s.doc == i)[0]) for i in in_trace}
         docs = [s.docs[int(s.doc[r])].name for r in rows]
         within = [int(r) - starts[int(s.doc[r])] for r in rows]
-        out[rows[same_doc_heldout(splits, trace, docs, within, slop[rows])]] = True
+        words = [int(phrases[int(k)][-1]) for k in slop[rows]]
+        key = (keys or {}).get(trace, trace)
+        out[rows[same_doc_heldout(splits, key, docs, within, words)]] = True
     return out
 
 

@@ -43,7 +43,8 @@ class ScoreConfig:
     bars: str = "anti-slop"
     shapes: tuple[str, ...] = ()
     persona_tag: str = "style"
-    chunk_rows: int = 128
+    chunk_rows: int = 128       # rows per chunk where full [rows, V] logits are formed (shaping)
+    fast_rows: int = 2048       # rows per head pass on the numba KL path (no [rows, V] array)
     tile_rows: int = 8192
 
     def __post_init__(self):
@@ -51,8 +52,8 @@ class ScoreConfig:
             raise ValueError(f"heldout_role must be dev, test or blind, got {self.heldout_role!r}")
         if self.bars not in BAR_SETS:
             raise ValueError(f"bars must be one of {BAR_SETS}, got {self.bars!r}")
-        if self.chunk_rows < 1 or self.tile_rows < 1:
-            raise ValueError("chunk_rows and tile_rows must be >= 1")
+        if min(self.chunk_rows, self.fast_rows, self.tile_rows) < 1:
+            raise ValueError("chunk_rows, fast_rows and tile_rows must be >= 1")
         names = [shaping.parse_shape(s)[0] for s in self.shapes]
         if len(set(names)) != len(names):
             raise ValueError(f"each shaping rule may be given once, got {list(self.shapes)}")
@@ -163,6 +164,21 @@ def rows_fast(tail, mix_b, mix_e, tokens, next_tokens, roles, doc, special_ids, 
         logp_sel_base=np.zeros((nxt.size, 0)), logp_sel_edit=np.zeros((nxt.size, 0)), docs=tuple(docs))
 
 
+def _batches(spans, limit: int):
+    """Consecutive (doc, start, stop) spans grouped so each group has at most `limit` rows (a span
+    is never split; each is at most `limit` rows already)."""
+    group, size = [], 0
+    for sp in spans:
+        n = sp[2] - sp[1]
+        if group and size + n > limit:
+            yield group
+            group, size = [], 0
+        group.append(sp)
+        size += n
+    if group:
+        yield group
+
+
 def score_traces(protocol: Protocol, model, traces: Sequence[TraceInput], config: ScoreConfig, *,
                  edited=None, splits: Splits | None = None, meta: Mapping | None = None, marker: str = "",
                  kind: str = "score", cache=None, progress: Progress | None = None) -> Scored:
@@ -199,21 +215,29 @@ def score_traces(protocol: Protocol, model, traces: Sequence[TraceInput], config
                  if rules else None)
         roles = np.asarray(d.roles) if d.roles is not None else np.zeros(d.rows, np.uint8)
         chunks = []
-        for di, doc in enumerate(docs):
+        if fast:
+            # rows of several documents share one head pass (the head is dequantized once per pass)
+            step = config.fast_rows
+            for spans in _batches([(di, a, min(a + step, doc.stop)) for di, doc in enumerate(docs)
+                                   for a in range(doc.first_row, doc.stop, step)], step):
+                rows = np.concatenate([np.arange(a, b) for _, a, b in spans])
+                mix_b = np.concatenate([tail_mix(tail, d, (a, b)) for _, a, b in spans])
+                mix_e = mix_b if tail2 is tail else np.concatenate([tail_mix(tail2, d, (a, b)) for _, a, b in spans])
+                doc_ids = np.concatenate([np.full(b - a, di) for di, a, b in spans])
+                chunks.append(rows_fast(tail, mix_b, mix_e, all_tokens[rows], np.asarray(d.next)[rows], roles[rows],
+                                        doc_ids, tokens.specials, metas, config.tile_rows))
+                done += rows.size
+                if progress is not None:
+                    progress(done, total)
+        for di, doc in enumerate(docs if not fast else ()):
             for a in range(doc.first_row, doc.stop, config.chunk_rows):
                 b = min(a + config.chunk_rows, doc.stop)
-                mix_b = tail_mix(tail, d, (a, b))
-                if fast:
-                    mix_e = mix_b if tail2 is tail else tail_mix(tail2, d, (a, b))
-                    chunks.append(rows_fast(tail, mix_b, mix_e, all_tokens[a:b], np.asarray(d.next[a:b]), roles[a:b],
-                                            np.full(b - a, di), tokens.specials, metas, config.tile_rows))
-                else:
-                    lb = _full_logits(tail, mix_b, config.tile_rows)
-                    le = lb if tail2 is tail else _full_logits(tail2, tail_mix(tail2, d, (a, b)), config.tile_rows)
-                    if rules:
-                        le = shaping.shape_logits(rules, le, np.arange(a, b), all_tokens, doc_of_row, state)
-                    chunks.append(rows_from_logits(lb, le, all_tokens[a:b], np.asarray(d.next[a:b]), roles[a:b],
-                                                   np.full(b - a, di), tokens.specials, (), metas))
+                lb = _full_logits(tail, tail_mix(tail, d, (a, b)), config.tile_rows)
+                le = lb if tail2 is tail else _full_logits(tail2, tail_mix(tail2, d, (a, b)), config.tile_rows)
+                if rules:
+                    le = shaping.shape_logits(rules, le, np.arange(a, b), all_tokens, doc_of_row, state)
+                chunks.append(rows_from_logits(lb, le, all_tokens[a:b], np.asarray(d.next[a:b]), roles[a:b],
+                                               np.full(b - a, di), tokens.specials, (), metas))
                 done += b - a
                 if progress is not None:
                     progress(done, total)
@@ -227,14 +251,14 @@ def score_traces(protocol: Protocol, model, traces: Sequence[TraceInput], config
     if not parts:
         raise EvalError("no documents to score: the split gives this run no readable document")
     scores = concat(parts, chunks=False)
+    dump_sha = {t.name: d.sha256() for t, d in dumps}
     ctx = BarContext(tokens, protocol.bars, config.heldout_role,
-                     same_doc_mask(scores, splits, tokens.phrases) if splits is not None else None, texts)
+                     same_doc_mask(scores, splits, tokens.phrases, dump_sha) if splits is not None else None, texts)
     rows = ()
     if config.bars in ("anti-slop", "all"):
         rows += anti_slop_bars(scores, ctx)
     if config.bars in ("persona", "all"):
         rows += persona_bars(scores, ctx)
-    dump_sha = {t.name: d.sha256() for t, d in dumps}
     info = {"model": str(model), "model_sha256": g.sha256(), "edited": str(edited) if edited else "",
             "edited_sha256": g2.sha256() if g2 is not None else "", "shapes": list(config.shapes),
             "protocol": str(Path(protocol.path).resolve()), "protocol_sha256": protocol.sha256,

@@ -5,9 +5,9 @@ go to train, dev or test, in a seeded permutation of the sorted group keys with 
 shares, so reruns give the same split. Documents of traces with a fixed role keep it. A group may
 never sit in two of train / dev / test / blind. Bar (b)'s same-document held-out positions are
 drawn per trace, stratified twice: each train document gives at most round(share x its slop
-positions) (so a document with one position keeps it for train) and each phrase at most round(share
-x its positions), in a seeded order; a per-document draw alone can leave a phrase almost nothing to
-train on (docs/real-model.md: 7 of 10 positions of one phrase held out by one draw).
+positions) (so a document with one position keeps it for train) and each banned word (a phrase's final
+token) at most round(share x its positions), in a seeded order; a per-document draw alone can leave
+a phrase almost nothing to train on (docs/real-model.md: 7 of 10 positions of one phrase held out by one draw).
 """
 from __future__ import annotations
 
@@ -141,9 +141,9 @@ def _share_of(share: float, n: int) -> int:
 def same_doc_heldout(splits: Splits, trace: str, docs: Sequence[str], positions: np.ndarray,
                      phrases: Sequence[int]) -> np.ndarray:
     """Boolean mask over one trace's train slop positions (`docs[i]`: the document of position i,
-    `positions[i]`: its row in that document's dump, `phrases[i]`: its phrase): the ones held out for
-    bar (b). A position is held out when, in a seeded order of all of them, its document has not yet
-    given round(share x its positions) and its phrase has not yet given round(share x its
+    `positions[i]`: its row in that document's dump, `phrases[i]`: its phrase's group, the banned word): the ones
+    held out for bar (b). A position is held out when, in a seeded order of all of them, its document
+    has not yet given round(share x its positions) and its group has not yet given round(share x its
     positions). The order is a permutation seeded from the split seed and the trace over the
     positions sorted by (document, row), so it does not depend on the order they are given in."""
     docs = np.asarray([str(d) for d in docs], dtype=object)

@@ -158,13 +158,16 @@ def _special_ids(table, names) -> tuple[int, ...]:
     return tuple(dict.fromkeys(index[s] if isinstance(s, str) else int(s) for s in names))
 
 
-def _heldout_mask(trace: Trace, tm, cfg: WfldConfig) -> np.ndarray:
-    """bool [P]: the FTPO positions of a train trace held out for bar (b) (per document and per
-    phrase, seeded: evals/splits.same_doc_heldout)."""
+def _heldout_mask(trace: Trace, tm, tuples, cfg: WfldConfig) -> np.ndarray:
+    """bool [P]: the FTPO positions of a train trace held out for bar (b): per document and per
+    banned word, seeded (evals/splits.same_doc_heldout), keyed by the dump's sha256 as `eval score`'s
+    bars are, so both hold out the same positions."""
     splits = Splits("", cfg.seed, cfg.same_doc_heldout, ())
     key = trace.dump.sha256()  # the dump's identity, not where it lies: a moved dump splits the same
     names = [trace.dump.docs[int(di)].name for di in tm.doc]
-    return same_doc_heldout(splits, key, names, tm.rows, tm.phrase)
+    starts = np.array([trace.dump.docs[int(di)].first_row for di in tm.doc], dtype=np.int64)
+    words = [int(tuples[int(t)][-1]) for t in tm.tuple_id]
+    return same_doc_heldout(splits, key, names, np.asarray(tm.rows, np.int64) - starts, words)
 
 
 def _anchor_rows(tail, anchors: list[Trace], specials, count: int) -> list[tuple[object, np.ndarray]]:
@@ -227,7 +230,7 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
     st.mark("open")
 
     mining = mine({t.name: t.dump for t in traces}, phrases, tail.tokens, capitalized=cfg.capitalized)
-    held = {t.name: _heldout_mask(t, mining.trace(t.name), cfg) for t in by_role["train"]}
+    held = {t.name: _heldout_mask(t, mining.trace(t.name), mining.tuples, cfg) for t in by_role["train"]}
     blocks, rej, phr, where = [], [], [], []
     for t in by_role["train"]:
         tm = mining.trace(t.name)

@@ -59,3 +59,27 @@ def test_same_head_compares_bytes(tail):
                 raw[5 - a, 0] ^= 1
             return raw
     assert not same_head(tail, type("T", (), {"head": Changed})())
+
+
+def test_fast_rows_batch_documents_without_changing_a_row(tmp_path):
+    """The fast path scores several documents per head pass (`fast_rows`); every row's numbers and its
+    document are the ones a pass per few rows gives (edited = a perturbed copy of the head's input)."""
+    from exactedit.evals import workflow
+    from exactedit.evals.evaluate import ScoreConfig, protocol_traces, score_traces
+    from exactedit.evals.protocol import load_protocol
+
+    proto_file = DEFAULT_FIXTURE / "protocol.toml"
+    ws = tmp_path / "ws"
+    workflow.register(proto_file, ws, "register")
+    splits = workflow.split(proto_file, ws, "split").splits
+    protocol = load_protocol(proto_file)
+    traces = protocol_traces(protocol, splits, "dev")
+    model = DEFAULT_FIXTURE / "model.gguf"
+    small = score_traces(protocol, model, traces, ScoreConfig(fast_rows=5), splits=splits).scores
+    big = score_traces(protocol, model, traces, ScoreConfig(), splits=splits).scores
+    assert small.rows == big.rows and len({int(d) for d in big.doc}) > 3   # many documents in a pass
+    for name in ("tokens", "next", "roles", "doc", "argmax_base", "argmax_edit"):
+        np.testing.assert_array_equal(getattr(small, name), getattr(big, name))
+    np.testing.assert_allclose(small.logp_base, big.logp_base, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(small.p_special_base, big.p_special_base, rtol=1e-5, atol=1e-9)
+    assert [d.name for d in small.docs] == [d.name for d in big.docs]
