@@ -13,11 +13,8 @@ from typing import Sequence
 
 import numpy as np
 
+from exactedit.evals.bars import _chat_docs
 from exactedit.solvers.tail.scores import RowScores, slop_positions, word_positions
-
-
-def _chat_doc(s: RowScores, i: int) -> bool:
-    return "chat" in s.docs[i].tags
 
 
 def collateral_uses(s: RowScores, phrases: Sequence[Sequence[int]], words: Sequence[int], name,
@@ -31,7 +28,7 @@ def collateral_uses(s: RowScores, phrases: Sequence[Sequence[int]], words: Seque
     coll = np.isin(s.doc_roles(), ["collateral"])
     first_docs, first_rows = np.unique(s.doc, return_index=True)
     starts = {int(d): int(r) for d, r in zip(first_docs, first_rows)}
-    dl, pb = s.dlogp, np.exp(s.logp_base)
+    dl, pb, chat = s.dlogp, np.exp(s.logp_base), _chat_docs(s)
     out = []
     for wi, w in enumerate(words):
         rows = np.flatnonzero(coll & (at == wi))
@@ -40,7 +37,7 @@ def collateral_uses(s: RowScores, phrases: Sequence[Sequence[int]], words: Seque
             d = int(s.doc[r])
             lo = max(starts[d], int(r) - context + 1)
             ctx_text = "".join(vocab[int(t)] for t in s.tokens[lo:r + 1]) if len(vocab) else ""
-            uses.append({"doc": s.docs[d].name, "row": int(r) - starts[d], "chat": _chat_doc(s, d),
+            uses.append({"doc": s.docs[d].name, "row": int(r) - starts[d], "chat": bool(chat[d]),
                          "p_base": float(pb[r]), "dlogp": float(dl[r]), "context": ctx_text})
         counts = {}
         for kind, pick in (("likely", lambda u: u["p_base"] >= rare_below), ("rare", lambda u: u["p_base"] < rare_below)):
@@ -54,8 +51,8 @@ def collateral_uses(s: RowScores, phrases: Sequence[Sequence[int]], words: Seque
 
 
 def collateral_lines(table: Sequence[dict], worst: int = 5) -> list[str]:
-    """The per-word summary and its worst uses, for a text report."""
-    lines = []
+    """A heading, then each word's summary and its worst uses, for a text report (none for no words)."""
+    lines = ["bar (d) use by use (collateral documents, worst first):"] if table else []
     for t in table:
         c = t["by_base_p"]
         lines.append(f"  {t['word']}: {len(t['uses'])} uses; below {t['low']}: {c['likely']['low']} of "

@@ -215,6 +215,7 @@ def score_traces(protocol: Protocol, model, traces: Sequence[TraceInput], config
                  if rules else None)
         roles = np.asarray(d.roles) if d.roles is not None else np.zeros(d.rows, np.uint8)
         chunks = []
+        nxt = np.asarray(d.next)
         if fast:
             # rows of several documents share one head pass (the head is dequantized once per pass)
             step = config.fast_rows
@@ -224,23 +225,24 @@ def score_traces(protocol: Protocol, model, traces: Sequence[TraceInput], config
                 mix_b = np.concatenate([tail_mix(tail, d, (a, b)) for _, a, b in spans])
                 mix_e = mix_b if tail2 is tail else np.concatenate([tail_mix(tail2, d, (a, b)) for _, a, b in spans])
                 doc_ids = np.concatenate([np.full(b - a, di) for di, a, b in spans])
-                chunks.append(rows_fast(tail, mix_b, mix_e, all_tokens[rows], np.asarray(d.next)[rows], roles[rows],
+                chunks.append(rows_fast(tail, mix_b, mix_e, all_tokens[rows], nxt[rows], roles[rows],
                                         doc_ids, tokens.specials, metas, config.tile_rows))
                 done += rows.size
                 if progress is not None:
                     progress(done, total)
-        for di, doc in enumerate(docs if not fast else ()):
-            for a in range(doc.first_row, doc.stop, config.chunk_rows):
-                b = min(a + config.chunk_rows, doc.stop)
-                lb = _full_logits(tail, tail_mix(tail, d, (a, b)), config.tile_rows)
-                le = lb if tail2 is tail else _full_logits(tail2, tail_mix(tail2, d, (a, b)), config.tile_rows)
-                if rules:
-                    le = shaping.shape_logits(rules, le, np.arange(a, b), all_tokens, doc_of_row, state)
-                chunks.append(rows_from_logits(lb, le, all_tokens[a:b], np.asarray(d.next[a:b]), roles[a:b],
-                                               np.full(b - a, di), tokens.specials, (), metas))
-                done += b - a
-                if progress is not None:
-                    progress(done, total)
+        else:
+            for di, doc in enumerate(docs):
+                for a in range(doc.first_row, doc.stop, config.chunk_rows):
+                    b = min(a + config.chunk_rows, doc.stop)
+                    lb = _full_logits(tail, tail_mix(tail, d, (a, b)), config.tile_rows)
+                    le = lb if tail2 is tail else _full_logits(tail2, tail_mix(tail2, d, (a, b)), config.tile_rows)
+                    if rules:
+                        le = shaping.shape_logits(rules, le, np.arange(a, b), all_tokens, doc_of_row, state)
+                    chunks.append(rows_from_logits(lb, le, all_tokens[a:b], nxt[a:b], roles[a:b],
+                                                   np.full(b - a, di), tokens.specials, (), metas))
+                    done += b - a
+                    if progress is not None:
+                        progress(done, total)
         if not chunks:
             continue
         parts.append(concat(chunks, chunks=True))

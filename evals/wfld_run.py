@@ -455,4 +455,4 @@ def solve_report(r: WfldResult) -> tuple[dict, str]:
 
 def _collateral_text(report: dict) -> str:
     lines = collateral_lines(report.get("collateral") or ())
-    return "\nbar (d) use by use (collateral documents, worst first):\n" + "\n".join(lines) if lines else ""
+    return "\n" + "\n".join(lines) if lines else ""

@@ -337,7 +337,7 @@ def real_demo_report(r: RealDemoResult) -> tuple[dict, str]:
               f"  {b['op']} {b['threshold']}  {'pass' if b['pass'] else 'FAIL'}" for b in bars]
     coll = collateral_lines(r.wfld.report.get("collateral") or ())
     if coll:
-        lines += ["", "bar (d) use by use (collateral documents, worst first):"] + coll
+        lines += [""] + coll
     v = r.verify
     lines += ["", f"## verify live: {'PASS' if v.passed else 'FAIL'} ({v.tokens} tokens)"]
     lines += [f"  {c.name}: bitwise {c.stats.bitwise}, max |diff| {c.stats.max_abs:.3g}, KL mean "
