@@ -232,7 +232,7 @@ def bench_engine(rows, vocab, n, qtype, ubatch, tile_rows, repeats, as_json) -> 
 @click.option("--prompts", default=8, show_default=True, type=click.IntRange(1, 12), help="The bench's own prompts.")
 @click.option("--seeds", default=1, show_default=True, type=click.IntRange(1), help="Replies per prompt.")
 @click.option("--max-new", default=64, show_default=True, type=click.IntRange(1), help="Tokens per reply (cap).")
-@click.option("--slots", default=8, show_default=True, type=click.IntRange(1), help="Replies decoded together.")
+@click.option("--slots", default=16, show_default=True, type=click.IntRange(1), help="Replies decoded together.")
 @click.option("--rules", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Compiled shaping rules run live on both sides.")
 @click.option("--repeats", default=1, show_default=True, type=click.IntRange(1), help="Alternating repeats; best kept.")
@@ -847,7 +847,7 @@ def shape_compile_cmd(rules, model, out, as_json) -> None:
 @click.option("--phrases", type=click.Path(dir_okay=False, exists=True), help="Phrases to rate (default: the rules').")
 @_gen_options
 @click.option("--n-boot", default=1000, show_default=True, type=click.IntRange(0), help="Bootstrap resamples.")
-@click.option("--slots", default=8, show_default=True, type=click.IntRange(1),
+@click.option("--slots", default=16, show_default=True, type=click.IntRange(1),
               help="Replies decoded together (1: one at a time; up to 3: bitwise the one-at-a-time loop).")
 @_engine_settings
 @JSON_FLAG

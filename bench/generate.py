@@ -21,6 +21,7 @@ from typing import Callable
 
 import numpy as np
 
+from exactedit.native.batched import DEFAULT_SLOTS
 from exactedit.native.llamacpp import EngineError
 
 Progress = Callable[[int, int], None]
@@ -39,7 +40,7 @@ class GenerateBenchConfig:
     prompts: int = 8
     seeds: int = 1
     max_new: int = 64
-    slots: int = 8
+    slots: int = DEFAULT_SLOTS
     temperature: float = 0.8
     top_k: int = 40
     repeats: int = 1
