@@ -2,7 +2,7 @@
 
 On a CPU a one-token decode is bound by reading the weights; decoding the next token of `slots`
 replies in one batch reads them once, so replies come faster than one at a time (`exactedit bench
-generate`, Qwen on 2 cores: 20.1 against 12.2 tokens/s, docs/performance.md). Each reply keeps
+generate`, Qwen on 2 cores: 24.1 against 12.3 tokens/s with 16 slots, docs/performance.md). Each reply keeps
 its own llama.cpp sampler chain (top-k, temperature, seeded `dist`: the chain of
 `shaping_live.generate`, with the rules' samplers first when `shapers` is given) and its own
 KV stream (a sequence id per slot, `kv_unified` off), so what one reply attends to is its own
@@ -31,7 +31,7 @@ from exactedit.native.shaping_live import GenerateConfig, Generation, StepShapin
 
 __all__ = ["DEFAULT_SLOTS", "generate_batched"]
 
-# 16 on 2 cores: Qwen2.5-Coder-1.5B 34.8 tok/s against 17.1 with 8 and 27.8 with 32 (docs/performance.md)
+# 16 on 2 cores: Qwen2.5-Coder-1.5B 1.96x the one-at-a-time loop, 8 slots 1.71x (docs/performance.md)
 DEFAULT_SLOTS = 16
 
 
