@@ -61,9 +61,30 @@ def test_same_head_compares_bytes(tail):
     assert not same_head(tail, type("T", (), {"head": Changed})())
 
 
+def _edited_ffn_down(root):
+    """The fixture model with some rows of its last ffn_down scaled: the head stays the base's, so
+    `eval score` takes the fast path with an edited mix of its own."""
+    from exactedit import quant
+    from exactedit.solvers.apply import apply_bundle
+    from exactedit.solvers.bundle import InputRef, TensorEdit, write_bundle
+
+    model = DEFAULT_FIXTURE / "model.gguf"
+    with gguf.open(model) as g:
+        name = load_tail(g).spec.names["ffn_down"]
+        info = g.tensors[name]
+        rows = np.arange(0, info.shape[0], 4)
+        w = g.read_rows(name)[rows]
+        sha = g.sha256()
+    edit = TensorEdit(name, "rows", info.type_name, tuple(info.shape), quant.quantize(1.3 * w, info.type_name), rows)
+    bundle = write_bundle(root / "bundle", solver="test", inputs=[InputRef("model", str(model), sha)],
+                          config={}, edits=[edit]).path
+    return apply_bundle(bundle, model, root / "edited.gguf").out
+
+
 def test_fast_rows_batch_documents_without_changing_a_row(tmp_path):
     """The fast path scores several documents per head pass (`fast_rows`); every row's numbers and its
-    document are the ones a pass per few rows gives (edited = a perturbed copy of the head's input)."""
+    document are the ones a pass per few rows gives, on both sides (edited: an ffn_down edit, so the
+    head is shared and the edited mix is the edited model's own)."""
     from exactedit.evals import workflow
     from exactedit.evals.evaluate import ScoreConfig, protocol_traces, score_traces
     from exactedit.evals.protocol import load_protocol
@@ -74,12 +95,14 @@ def test_fast_rows_batch_documents_without_changing_a_row(tmp_path):
     splits = workflow.split(proto_file, ws, "split").splits
     protocol = load_protocol(proto_file)
     traces = protocol_traces(protocol, splits, "dev")
-    model = DEFAULT_FIXTURE / "model.gguf"
-    small = score_traces(protocol, model, traces, ScoreConfig(fast_rows=5), splits=splits).scores
-    big = score_traces(protocol, model, traces, ScoreConfig(), splits=splits).scores
+    model, edited = DEFAULT_FIXTURE / "model.gguf", _edited_ffn_down(tmp_path)
+    small = score_traces(protocol, model, traces, ScoreConfig(fast_rows=5), edited=edited, splits=splits).scores
+    big = score_traces(protocol, model, traces, ScoreConfig(), edited=edited, splits=splits).scores
     assert small.rows == big.rows and len({int(d) for d in big.doc}) > 3   # many documents in a pass
+    assert np.nanmax(np.abs(big.logp_edit - big.logp_base)) > 1e-3          # the edited side differs
     for name in ("tokens", "next", "roles", "doc", "argmax_base", "argmax_edit"):
         np.testing.assert_array_equal(getattr(small, name), getattr(big, name))
     np.testing.assert_allclose(small.logp_base, big.logp_base, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(small.logp_edit, big.logp_edit, rtol=0, atol=1e-5)
     np.testing.assert_allclose(small.p_special_base, big.p_special_base, rtol=1e-5, atol=1e-9)
     assert [d.name for d in small.docs] == [d.name for d in big.docs]
