@@ -82,7 +82,7 @@ def _docs_mask(s: RowScores, roles) -> np.ndarray:
     return np.isin(s.doc_roles(), list(roles))
 
 
-def _chat_docs(s: RowScores) -> np.ndarray:
+def chat_docs(s: RowScores) -> np.ndarray:
     """bool [n_docs]: a document is chat when tagged "chat" or when any row predicts reply text."""
     has_reply = np.bincount(s.doc, weights=(s.roles & ROLE_REPLY) != 0, minlength=len(s.docs)) > 0
     return np.array([("chat" in d.tags) for d in s.docs], dtype=bool) | has_reply
@@ -197,7 +197,7 @@ def anti_slop_bars(s: RowScores, ctx: BarContext) -> tuple[BarRow, ...]:
     for domain, m in _domains(s):
         rows.append(_mean_bar(s, ctx, f"e_kld:{domain}", "(e)", f"mean KLD vs base, domain {domain}", s.kl, m,
                               b.engine_max_kld, "<=", "anchors"))
-    chat = heldout_docs & _chat_docs(s)[s.doc]
+    chat = heldout_docs & chat_docs(s)[s.doc]
     where = f"{ho} chat"
     rows += _flip_and_turn_end_bars(s, ctx, chat, "f", "(f)", where)
     rows.append(_mean_bar(s, ctx, "g_kld", "(g)", "non-slop mean KLD", s.kl, chat & (slop < 0),

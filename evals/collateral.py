@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from exactedit.evals.bars import _chat_docs
+from exactedit.evals.bars import chat_docs
 from exactedit.solvers.tail.scores import RowScores, slop_positions, word_positions
 
 
@@ -28,7 +28,7 @@ def collateral_uses(s: RowScores, phrases: Sequence[Sequence[int]], words: Seque
     coll = np.isin(s.doc_roles(), ["collateral"])
     first_docs, first_rows = np.unique(s.doc, return_index=True)
     starts = {int(d): int(r) for d, r in zip(first_docs, first_rows)}
-    dl, pb, chat = s.dlogp, np.exp(s.logp_base), _chat_docs(s)
+    dl, pb, chat = s.dlogp, np.exp(s.logp_base), chat_docs(s)
     out = []
     for wi, w in enumerate(words):
         rows = np.flatnonzero(coll & (at == wi))
