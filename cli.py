@@ -243,7 +243,7 @@ def bench_generate(model, prompts, seeds, max_new, slots, rules, repeats, as_jso
     import json
 
     from exactedit.bench.generate import GenerateBenchConfig, render_generate_bench, run_generate_bench
-    from exactedit.native.models import locate
+    from exactedit.native.llamacpp.models import locate
 
     cfg = GenerateBenchConfig(str(locate(model)), prompts=prompts, seeds=seeds, max_new=max_new, slots=slots,
                               rules=rules, repeats=repeats)
@@ -286,8 +286,8 @@ def dump_import(source, out, model, overwrite, as_json) -> None:
     (docs/dump-format.md, "Importing an engine's raw arrays")."""
     import json
 
-    from exactedit.native.documents import import_dump
-    from exactedit.native.models import locate
+    from exactedit.native.llamacpp.documents import import_dump
+    from exactedit.native.llamacpp.models import locate
 
     res = import_dump(source, out, model=None if model is None else locate(model), overwrite=overwrite)
     click.echo(json.dumps(res, indent=1) if as_json else
@@ -353,8 +353,8 @@ def kld_cmd(model, dump_dirs, edited, rows, doc_rows, match_engine, stats, base_
     import contextlib
     import json
 
-    from exactedit.evals.kld_compare import KldConfig
-    from exactedit.native.kld_run import KldFiles, render_kld_run, run_kld
+    from exactedit.evals.kl.compare import KldConfig
+    from exactedit.native.runs.kld import KldFiles, render_kld_run, run_kld
 
     if stats is None:
         stats = "llama-perplexity" if (base_file or write_base) else "exact"
@@ -447,7 +447,7 @@ def demo_cmd(out, fixture, model, phrases, prompts, rate_prompts, watch, texts, 
             bars.setdefault(label, _progress(stack, label))(done, total)
 
         if model is not None:
-            from exactedit.native.real_demo import RealDemoConfig, real_demo_report, run_real_demo
+            from exactedit.native.runs.real_demo import RealDemoConfig, real_demo_report, run_real_demo
 
             cfg = RealDemoConfig(model=model, prompts=prompts, rate_prompts=rate_prompts, phrases=phrases, watch=watch,
                                  texts=tuple(texts) or None, same_sense=same_sense, samples=samples, rate_samples=rate_samples,
@@ -467,7 +467,7 @@ def demo_cmd(out, fixture, model, phrases, prompts, rate_prompts, watch, texts, 
 # ---- section: native (engine run, verify live, mine) -----------------------------------------
 
 def _engine_settings(f):
-    """llama.cpp evaluation flags, mapping 1:1 to native.llamacpp.EngineSettings."""
+    """llama.cpp evaluation flags, mapping 1:1 to native.llamacpp.engine.EngineSettings."""
     for opt in reversed([
         click.option("--n-ctx", default=2048, show_default=True, type=click.IntRange(1), help="Context size."),
         click.option("--n-batch", default=512, show_default=True, type=click.IntRange(1),
@@ -482,7 +482,7 @@ def _engine_settings(f):
 
 
 def _settings(n_ctx, n_batch, n_ubatch, n_threads, flash_attn):
-    from exactedit.native.llamacpp import EngineSettings
+    from exactedit.native.llamacpp.engine import EngineSettings
 
     return EngineSettings(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
                           flash_attn=flash_attn)
@@ -490,13 +490,13 @@ def _settings(n_ctx, n_batch, n_ubatch, n_threads, flash_attn):
 
 def _read_tokens_arg(tokens, text, model_path):
     """Token ids from --tokens (int32 file, the engine contract's layout) or --text (tokenized)."""
-    from exactedit.native import strata
-    from exactedit.native.llamacpp import LlamaEngine
+    from exactedit.dumps import contract
+    from exactedit.native.llamacpp.engine import LlamaEngine
 
     if (tokens is None) == (text is None):
         raise click.UsageError("give exactly one of --tokens FILE (int32 ids) and --text FILE")
     if tokens is not None:
-        return strata.read_tokens(tokens)
+        return contract.read_tokens(tokens)
     with open(text, encoding="utf-8") as fh, LlamaEngine(model_path) as engine:
         return engine.tokenize(fh.read())
 
@@ -515,7 +515,7 @@ def engine_run(gguf_path, tokens_file, logits_out, as_json, **flags) -> None:
     import contextlib
     import dataclasses
 
-    from exactedit.native.strata import render_contract_run, run_llamacpp
+    from exactedit.native.verify.strata import render_contract_run, run_llamacpp
 
     with contextlib.ExitStack() as stack:
         res = run_llamacpp(gguf_path, tokens_file, logits_out, _settings(**flags),
@@ -529,7 +529,7 @@ def engine_model(name) -> None:
     """Assemble the public model NAME from its installed packages (verified) and print its path."""
     import contextlib
 
-    from exactedit.native.models import locate
+    from exactedit.native.llamacpp.models import locate
 
     with contextlib.ExitStack() as stack:
         path = locate(name, progress=_progress(stack, f"assembling {name}"))
@@ -565,8 +565,8 @@ def engine_dump(model, tokens, text, chat_file, tags, source, character, out, ov
     import contextlib
     import json
 
-    from exactedit.native.documents import DumpInputs, dump_documents, render_documents
-    from exactedit.native.models import locate
+    from exactedit.native.llamacpp.documents import DumpInputs, dump_documents, render_documents
+    from exactedit.native.llamacpp.models import locate
 
     inputs = DumpInputs(text=text, tokens=tokens, chat=chat_file, tags=tuple(tags), source=source,
                         character=character or "")
@@ -595,8 +595,8 @@ def engine_perplexity_chunks(model, text_file, n_ctx, n_chunks, n_batch, n_ubatc
     import contextlib
     import json
 
-    from exactedit.native.models import locate
-    from exactedit.native.perplexity_chunks import dump_text_chunks, render_chunk_dump
+    from exactedit.native.llamacpp.models import locate
+    from exactedit.native.llamacpp.perplexity_chunks import dump_text_chunks, render_chunk_dump
 
     with contextlib.ExitStack() as stack:
         res = dump_text_chunks(locate(model), text_file, n_ctx, out, n_chunks=n_chunks, n_batch=n_batch,
@@ -615,8 +615,8 @@ def untie_cmd(model, out, overwrite, as_json) -> None:
     import contextlib
     import dataclasses
 
-    from exactedit.native.models import locate
-    from exactedit.native.untie import render_untie, untie
+    from exactedit.native.llamacpp.models import locate
+    from exactedit.quant.untie import render_untie, untie
 
     with contextlib.ExitStack() as stack:
         res = untie(locate(model), out, overwrite=overwrite, progress=_progress(stack, "writing"))
@@ -643,8 +643,8 @@ def verify_live_cmd(engine_name, model, bundle, tokens, text, edited, kl_mean, k
     import contextlib
     import json
 
-    from exactedit.native.models import locate
-    from exactedit.native.verify import Tolerance, render_report, verify_live
+    from exactedit.native.llamacpp.models import locate
+    from exactedit.native.verify.live import Tolerance, render_report, verify_live
 
     path = locate(model)
     toks = _read_tokens_arg(tokens, text, path)
@@ -680,9 +680,9 @@ def verify_engine_cmd(template, extra, model, bundle, dump_dir, match_engine, kl
     import contextlib
     import json
 
-    from exactedit.native.strata import EngineCommand
-    from exactedit.native.verify import Tolerance, render_report
-    from exactedit.native.verify_engine import verify_engine
+    from exactedit.native.verify.strata import EngineCommand
+    from exactedit.native.verify.live import Tolerance, render_report
+    from exactedit.native.verify.engine import verify_engine
 
     tol = Tolerance(kl_mean=kl_mean, kl_max=kl_max, top1=top1, max_abs_rel=max_abs_rel)
     with contextlib.ExitStack() as stack:
@@ -731,14 +731,14 @@ def mine_cmd(engine_name, model, prompts, phrases, out, edited, max_new, samples
     import contextlib
     import json
 
-    from exactedit.evals.phrase_rates_report import plot_phrase_rates
-    from exactedit.native.mine import MineConfig, mine, render_mine
-    from exactedit.native.models import locate
+    from exactedit.evals.rates.report import plot_phrase_rates
+    from exactedit.native.runs.mine import MineConfig, mine, render_mine
+    from exactedit.native.llamacpp.models import locate
 
     cfg = MineConfig(max_new=max_new, temperature=temperature, top_k=top_k, seed=seed, samples=samples,
                      capitalized=capitalized, n_boot=n_boot, tags=tuple(tags), source=source or "mine",
                      character=character)
-    from exactedit.native.shaping_live import shape_processors
+    from exactedit.native.shaping.live import shape_processors
 
     path = locate(model)
     with contextlib.ExitStack() as stack:
@@ -786,8 +786,8 @@ def dataset_build(model, prompts, phrases, texts, out, overwrite, as_json, n_ctx
     import json
     from pathlib import Path
 
-    from exactedit.native.dataset import DatasetConfig, build_dataset, render_dataset
-    from exactedit.native.models import locate
+    from exactedit.native.runs.dataset import DatasetConfig, build_dataset, render_dataset
+    from exactedit.native.llamacpp.models import locate
 
     cfg = DatasetConfig(**flags)
     files = sorted(Path(texts).glob("*.txt")) if texts else []
@@ -807,7 +807,7 @@ def shape() -> None:
 
 
 def _gen_config(max_new, temperature, top_k):
-    from exactedit.native.shaping_live import GenerateConfig
+    from exactedit.native.llamacpp.generate import GenerateConfig
 
     return GenerateConfig(max_new=max_new, temperature=temperature, top_k=top_k)
 
@@ -832,8 +832,8 @@ def shape_compile_cmd(rules, model, out, as_json) -> None:
     """Resolve a rules file (TOML) against MODEL's tokenizer, specials and chat template."""
     import json
 
-    from exactedit.native.models import locate
-    from exactedit.native.shape_compile import compile_file, render_compile
+    from exactedit.native.llamacpp.models import locate
+    from exactedit.native.shaping.compile import compile_file, render_compile
 
     r = compile_file(rules, locate(model), out)
     click.echo(json.dumps(r.to_dict(), indent=1) if as_json else render_compile(r))
@@ -857,8 +857,8 @@ def shape_rates_cmd(model, rules, prompts, edited, phrases, max_new, temperature
     import contextlib
     import json
 
-    from exactedit.native.models import locate
-    from exactedit.native.shape_rates import render_shape_rates, shape_rates
+    from exactedit.native.llamacpp.models import locate
+    from exactedit.native.shaping.rates import render_shape_rates, shape_rates
 
     with contextlib.ExitStack() as stack:
         r = shape_rates(locate(model), rules, _lines(prompts), _lines(phrases) if phrases else None, edited=edited,
@@ -881,8 +881,8 @@ def verify_shaping_cmd(model, rules, prompts, max_new, temperature, top_k, seeds
     import contextlib
     import json
 
-    from exactedit.native.models import locate
-    from exactedit.native.verify_shaping import render_shaping_verify, verify_shaping
+    from exactedit.native.llamacpp.models import locate
+    from exactedit.native.shaping.verify import render_shaping_verify, verify_shaping
 
     with contextlib.ExitStack() as stack:
         r = verify_shaping(locate(model), rules, _lines(prompts), config=_gen_config(max_new, temperature, top_k),
@@ -905,8 +905,9 @@ def generate_cmd(model, prompt, rules, persona, max_new, temperature, top_k, see
     """Sample one reply with llama.cpp, the shaping rules (if given) between logits and sampler."""
     import json
 
-    from exactedit.native.models import locate
-    from exactedit.native.shaping_live import GenerateConfig, generate_text, render_generation
+    from exactedit.native.llamacpp.models import locate
+    from exactedit.native.llamacpp.generate import GenerateConfig
+    from exactedit.native.shaping.live import generate_text, render_generation
 
     if len(seeds) > 1:
         raise click.UsageError("generate takes one --seed")
@@ -924,7 +925,7 @@ _WORKSPACE = click.option("--workspace", type=click.Path(file_okay=False), defau
 
 
 def _eval_config(**kw):
-    from exactedit.evals.evaluate import ScoreConfig
+    from exactedit.evals.scoring.evaluate import ScoreConfig
 
     try:
         return ScoreConfig(**kw)
@@ -938,7 +939,8 @@ def _eval_config(**kw):
 @JSON_FLAG
 def eval_register(protocol, workspace, as_json):
     """Record PROTOCOL's sha256 (and its traces' dump hashes) in the ledger."""
-    from exactedit.evals import render, workflow
+    from exactedit.evals.runs import render
+    from exactedit.evals.runs import workflow
 
     emit(*render.register_report(workflow.register(protocol, workspace, command_line())), as_json)
 
@@ -950,7 +952,8 @@ def eval_register(protocol, workspace, as_json):
 @JSON_FLAG
 def eval_split(protocol, unregistered, workspace, as_json):
     """Split the traces' documents into train / dev / test by the protocol's rule; record it."""
-    from exactedit.evals import render, workflow
+    from exactedit.evals.runs import render
+    from exactedit.evals.runs import workflow
 
     emit(*render.split_report(workflow.split(protocol, workspace, command_line(), unregistered)), as_json)
 
@@ -972,7 +975,9 @@ def eval_score(protocol, model, bundle, edited, shapes, bars, persona_tag, out, 
     """Dev bars of MODEL + a bundle / edited GGUF / shaping rules; the report is recorded."""
     import contextlib
 
-    from exactedit.evals import render, workflow
+    from exactedit.evals.runs import render
+
+    from exactedit.evals.runs import workflow
 
     config = _eval_config(heldout_role="dev", bars=bars, shapes=tuple(shapes), persona_tag=persona_tag)
     with contextlib.ExitStack() as stack:
@@ -994,8 +999,10 @@ def eval_test(protocol, model, bundle, bars, out, unregistered, workspace, as_js
     """Score the test split of BUNDLE, once. A repeat prints the recorded result and fails."""
     import contextlib
 
-    from exactedit.evals import render, workflow
-    from exactedit.evals.ledger import LedgerRefusal
+    from exactedit.evals.runs import render
+
+    from exactedit.evals.runs import workflow
+    from exactedit.evals.protocol.ledger import LedgerRefusal
 
     config = _eval_config(heldout_role="test", bars=bars)
     try:
@@ -1025,7 +1032,9 @@ def eval_blind(model, bundle, doc, dev_report, protocol, out, workspace, as_json
     import contextlib
     from pathlib import Path
 
-    from exactedit.evals import render, workflow
+    from exactedit.evals.runs import render
+
+    from exactedit.evals.runs import workflow
 
     out = out or str(Path(workspace) / "blind")
     with contextlib.ExitStack() as stack:
@@ -1046,9 +1055,9 @@ def eval_blind(model, bundle, doc, dev_report, protocol, out, workspace, as_json
 @JSON_FLAG
 def eval_ledger(check, against, export, workspace, as_json):
     """List the ledger's entries, export its head, or verify its chain against recorded heads."""
-    from exactedit.evals import render
-    from exactedit.evals.anchors import export_head, render_verification, verify_ledger
-    from exactedit.evals.ledger import Ledger
+    from exactedit.evals.runs import render
+    from exactedit.evals.protocol.anchors import export_head, render_verification, verify_ledger
+    from exactedit.evals.protocol.ledger import Ledger
 
     if against and not check:
         raise click.UsageError("--against is checked by --verify")
@@ -1120,8 +1129,8 @@ def solve_head_cmd(model, train, dev, test, protocol, out, workspace, overwrite,
     import contextlib
 
     from exactedit.solvers.head.config import HeadSolveConfig
-    from exactedit.evals.head_report import solve_report
-    from exactedit.evals.head_run import solve_head, write_head_bundle
+    from exactedit.evals.runs.head_report import solve_report
+    from exactedit.evals.runs.head_run import solve_head, write_head_bundle
 
     try:
         cfg = HeadSolveConfig(openers=_head_tokens(openers), closers=_head_tokens(closers), **flags)
@@ -1282,8 +1291,8 @@ def solve_wfld_cmd(model, phrases, train, heldout, collateral, anchors, null_, p
     """Solve the anti-slop edit of the last layer's shared-expert down projection; write a bundle."""
     import contextlib
 
-    from exactedit.solvers.l47.config import WfldConfig, parse_phrase_margin, parse_same_sense
-    from exactedit.evals.wfld_run import WfldInputs, solve_report, solve_wfld
+    from exactedit.solvers.wfld.config import WfldConfig, parse_phrase_margin, parse_same_sense
+    from exactedit.evals.runs.wfld_run import WfldInputs, solve_report, solve_wfld
 
     try:
         cfg = WfldConfig(phrase_margins=tuple(parse_phrase_margin(p) for p in phrase_margins),

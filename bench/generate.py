@@ -1,5 +1,5 @@
-"""`exactedit bench generate`: batched sampling (native/batched.py) against the one-at-a-time
-loop (native/shaping_live.py), the same replies of a real model, in the same run.
+"""`exactedit bench generate`: batched sampling (native/llamacpp/batched.py) against the one-at-a-time
+loop (native/llamacpp/generate.py), the same replies of a real model, in the same run.
 
 Both sides answer the same (prompt, seed) jobs with the same llama.cpp sampler chain (top-k,
 temperature, seeded `dist`) and the same cap; the one-at-a-time loop is the baseline, so the
@@ -9,7 +9,7 @@ the order alternating over `repeats` (best of each kept). With `rules` (compiled
 bench's own, in the model's chat template (the rules' one with `rules`; plain "Question: ...
 Answer:" text when the GGUF has none). The bench also
 reports how many replies came out token for token the same: all of them up to 3 slots (ggml's
-one-row kernels), fewer beyond (its batched kernels round differently; native/batched.py).
+one-row kernels), fewer beyond (its batched kernels round differently; native/llamacpp/batched.py).
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from typing import Callable
 
 import numpy as np
 
-from exactedit.native.batched import DEFAULT_SLOTS
-from exactedit.native.llamacpp import EngineError
+from exactedit.native.llamacpp.batched import DEFAULT_SLOTS
+from exactedit.native.llamacpp.engine import EngineError
 
 Progress = Callable[[int, int], None]
 
@@ -74,11 +74,12 @@ class GenerateBenchResult:
 
 
 def run_generate_bench(cfg: GenerateBenchConfig, progress: Progress | None = None) -> GenerateBenchResult:
-    from exactedit.native.batched import generate_batched
-    from exactedit.native.chat import model_chat
-    from exactedit.native.llamacpp import LlamaEngine
-    from exactedit.native.shaping_live import (GenerateConfig, generate, open_rules, prompt_tokens, render_prompt,
-                                               shaper_for)
+    from exactedit.native.llamacpp.batched import generate_batched
+    from exactedit.native.llamacpp.chat import model_chat
+    from exactedit.native.llamacpp.engine import LlamaEngine
+    from exactedit.native.llamacpp.generate import GenerateConfig, generate
+    from exactedit.native.llamacpp.chat import prompt_tokens, render_prompt
+    from exactedit.native.shaping.live import open_rules, shaper_for
 
     path = Path(cfg.model)
     compiled = tpl = None

@@ -150,7 +150,7 @@ def run_gpu_solve_head(cfg: GpuSolveHeadConfig, progress: Progress | None = None
     from exactedit import quant
     from exactedit.bench.head import synthetic_q6k
     from exactedit.bench.solve_head import BenchSolveHeadConfig, time_steps, synthetic_batch
-    from exactedit.evals.protocol import StoppingRule
+    from exactedit.evals.protocol.protocol import StoppingRule
     from exactedit.solvers.head import rowdata, solve as head_solve
     from exactedit.solvers.head.batch import build_batch
     from exactedit.solvers.head.config import HeadSolveConfig

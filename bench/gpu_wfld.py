@@ -85,8 +85,8 @@ def run_gpu_solve_wfld(cfg: BenchSolveWfldConfig, device: str = "gpu",
     """Build the synthetic inputs, then time `solve_wfld` on `device` ("gpu", "auto" or "cpu": the
     device path on JAX's CPU backend, for tests) twice."""
     from exactedit.bench.solve_wfld import SPECIALS
-    from exactedit.solvers.l47.config import WfldConfig
-    from exactedit.evals.wfld_run import WfldInputs, solve_wfld
+    from exactedit.solvers.wfld.config import WfldConfig
+    from exactedit.evals.runs.wfld_run import WfldInputs, solve_wfld
 
     dev = devmod.select(device)
     with tempfile.TemporaryDirectory(dir=cfg.workdir) as tmp:

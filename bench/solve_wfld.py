@@ -144,8 +144,8 @@ def _write_dump(path: Path, cfg, toks, name, tags, rng):
 def run_bench_solve_wfld(cfg: BenchSolveWfldConfig, progress: Callable[[int, int], None] | None = None
                          ) -> BenchSolveWfldResult:
     from exactedit.solvers.tail.vocab_pass import vocab_pass
-    from exactedit.solvers.l47.config import WfldConfig
-    from exactedit.evals.wfld_run import WfldInputs, solve_wfld
+    from exactedit.solvers.wfld.config import WfldConfig
+    from exactedit.evals.runs.wfld_run import WfldInputs, solve_wfld
     from exactedit.solvers.tail.logits import open_pair, tail_mix
 
     with tempfile.TemporaryDirectory(dir=cfg.workdir) as tmp:

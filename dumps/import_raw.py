@@ -27,7 +27,7 @@ else is a `DumpFormatError` naming the file, the field and both sizes. dtypes: f
 bfloat16 (widened to float32 exactly), int32, int64, uint32, uint16, uint8. `next` may be
 omitted: it is derived per document (the next token, -1 at a document's last row). `roles` may be
 omitted: `roles(tokens)` (a callable the caller hands in, e.g. from the model's chat framing,
-native/documents.py) derives them per document. The dump is then written by `write_dump`, which
+native/llamacpp/documents.py) derives them per document. The dump is then written by `write_dump`, which
 checks everything the reader checks and records each field's sha256.
 """
 from __future__ import annotations

@@ -1,20 +1,22 @@
-"""Evaluation under a pre-registered protocol (SPEC.md section 7): protocols (`protocol`), the
-hash-chained ledger and its anchors (`ledger`, `anchors`), splits, bars, KL statistics (`kld`),
-shaping rules, phrase rates, reports, test-once, the blind sign-off and its registry, and the
-drivers that run a solve under a protocol (`head_run`, `wfld_run`, `workflow`).
+"""Evaluation under a pre-registered protocol (SPEC.md section 7), one concept per sub-package:
+`protocol` (the TOML protocol, the hash-chained ledger and its anchors, splits, test-once, the blind
+registry), `scoring` (RowScores -> bars, bootstrap intervals, bar reports, bar (d) use by use),
+`kl` (KL statistics in llama.cpp's form, its base-file format), `rates` (phrase rates of free
+generation, variant artefacts) and `runs` (the code behind the `solve` and `eval` commands: a
+protocol, a ledger and a split put around the solvers' math).
 
 The names below are imported on first use (their modules pull in numba / JAX).
 """
 from exactedit import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
-    "Ledger": "ledger",
-    "WfldInputs": "wfld_run",
-    "anti_slop_bars": "bars",
-    "build_splits": "splits",
-    "load_protocol": "protocol",
-    "persona_bars": "bars",
-    "solve_head": "head_run",
-    "solve_wfld": "wfld_run",
-    "write_head_bundle": "head_run",
+    "Ledger": "protocol.ledger",
+    "WfldInputs": "runs.wfld_run",
+    "anti_slop_bars": "scoring.bars",
+    "build_splits": "protocol.splits",
+    "load_protocol": "protocol.protocol",
+    "persona_bars": "scoring.bars",
+    "solve_head": "runs.head_run",
+    "solve_wfld": "runs.wfld_run",
+    "write_head_bundle": "runs.head_run",
 })

@@ -4,7 +4,6 @@
 byte lengths (numeric arrays in one step, string arrays by walking their length prefixes). Every count
 is checked against the bytes left before anything loops or allocates, so evil input gives a
 `GGUFFormatError` naming the file, the field and the offset, never a crash, hang or huge allocation.
-`quant.gguf.transplant` is `quant.transplant.transplant`, re-exported.
 """
 from __future__ import annotations
 
@@ -157,11 +156,3 @@ def open(path) -> GGUFFile:  # noqa: A001 - the public name the project asked fo
     except BaseException:
         mm.close()
         raise
-
-
-def __getattr__(name: str):
-    if name in ("transplant", "TransplantResult"):
-        from exactedit.quant import transplant as _transplant
-
-        return getattr(_transplant, name)
-    raise AttributeError(f"module 'quant.gguf' has no attribute {name!r}")

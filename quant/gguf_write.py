@@ -17,8 +17,9 @@ import numpy as np
 from gguf import GGUFValueType
 
 from exactedit.quant.errors import GGUFFormatError, QuantError
-from exactedit.quant.gguf import (ARRAY_DTYPES, DEFAULT_ALIGNMENT, GGUF_MAGIC, SCALAR_FORMATS, SUPPORTED_VERSIONS,
-                        file_sha256, ggml_layout, row_bytes_of)
+from exactedit.quant.files import file_sha256
+from exactedit.quant.gguf_parse import (ARRAY_DTYPES, DEFAULT_ALIGNMENT, GGUF_MAGIC, SCALAR_FORMATS, SUPPORTED_VERSIONS,
+                                        ggml_layout, row_bytes_of)
 
 _VT = GGUFValueType
 _FROM_DTYPE = {"u1": _VT.UINT8, "i1": _VT.INT8, "u2": _VT.UINT16, "i2": _VT.INT16, "u4": _VT.UINT32,

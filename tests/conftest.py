@@ -1,5 +1,5 @@
 """Suite-wide fixtures. Every test gets its own EXACTEDIT_HOME (the user-level blind registry,
-evals.registry), so no test sees another's blind runs or the user's real ones; a session-wide one
+evals.protocol.registry), so no test sees another's blind runs or the user's real ones; a session-wide one
 is set first, for module- and session-scoped fixtures, which are built before any test's own."""
 from __future__ import annotations
 

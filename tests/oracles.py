@@ -77,7 +77,7 @@ def llama_cpp():
 
 def live_model(name: str) -> Path:
     """A public model of the live extra (e.g. "qwen", "gemma"), assembled, with its engine."""
-    from exactedit.native import models
+    from exactedit.native.llamacpp import models
 
     llama_cpp()
     if not models.installed(name):

@@ -1,4 +1,4 @@
-"""ctypes bridge to the C reference of the compiled shaping rules (native/c/shaping.c), built with
+"""ctypes bridge to the C reference of the compiled shaping rules (native/shaping/c/shaping.c), built with
 the system C compiler: load a compiled rules dict (the JSON) into its structs, call es_shape."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-import exactedit.native as native_pkg
+import exactedit.native.shaping as shaping_pkg
 
-C_DIR = Path(native_pkg.__file__).parent / "c"
+C_DIR = Path(shaping_pkg.__file__).parent / "c"
 I32, U8, F32 = ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_uint8), ctypes.c_float
 
 
@@ -51,7 +51,7 @@ def compiler() -> str | None:
 
 
 def build(out_dir) -> ctypes.CDLL:
-    """Compile native/c/shaping.c into `out_dir` (strict warnings, no FMA contraction) and load it."""
+    """Compile native/shaping/c/shaping.c into `out_dir` (strict warnings, no FMA contraction) and load it."""
     cc = compiler()
     if cc is None:
         raise RuntimeError("no C compiler (cc or gcc) on PATH")

@@ -55,7 +55,7 @@ def tokenize(text: str, special: bool) -> list[int]:
 
 def compiled(tmp_path, rules: str = RULES):
     """The world's rules compiled for its model."""
-    from exactedit.evals.shaping_rules import compile_rules, load_rules
+    from exactedit.solvers.shaping.rules_file import compile_rules, load_rules
     from exactedit.quant import gguf
 
     model = write_model(tmp_path / "world.gguf")

@@ -78,7 +78,7 @@ def test_package_or_library_missing_end_the_same_way(monkeypatch, tmp_path, requ
 
 
 def test_a_missing_model_package_is_a_failure_in_ci(monkeypatch):
-    from exactedit.native import models
+    from exactedit.native.llamacpp import models
 
     monkeypatch.setattr(models, "installed", lambda name: False)
     monkeypatch.delenv(oracles.REQUIRE_ENV, raising=False)

@@ -55,11 +55,11 @@ class MatchEngine:
 
     @classmethod
     def from_meta(cls, engine: str, meta: Mapping, rows: int) -> MatchEngine:
-        """From a dump's meta (`ubatch_sizes`, written by native.llamacpp)."""
+        """From a dump's meta (`ubatch_sizes`, written by native.llamacpp.engine)."""
         sizes = meta.get("ubatch_sizes") if isinstance(meta, Mapping) else None
         if not isinstance(sizes, Sequence) or sum(int(s) for s in sizes) != rows:
             raise QuantError(f"match-engine {engine}: the dump's meta lacks ubatch_sizes summing to its "
-                             f"{rows} rows (got {sizes!r}); re-dump with native.llamacpp")
+                             f"{rows} rows (got {sizes!r}); re-dump with native.llamacpp.engine")
         return cls(engine, tuple(sizes))
 
     def tiled_rows(self) -> np.ndarray:

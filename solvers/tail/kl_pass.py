@@ -11,7 +11,7 @@ Per row t, with p = softmax(base logits) and q = softmax(edited logits), d = l -
     KL(p || q) = E_p[d] + LSE' - LSE = E_p[d] + log1p(E_p[expm1(-d)])
 The second form is what all three accumulate: rows where nothing changed give exactly 0, and small
 KLs keep their digits instead of cancelling two LSEs of size ~10. tests/solvers/tail/test_kl_pass.py
-holds one table comparing them (tolerances and reasons in the table); evals.kld turns the rows into
+holds one table comparing them (tolerances and reasons in the table); evals.kl.stats turns the rows into
 llama.cpp-style statistics.
 """
 from __future__ import annotations

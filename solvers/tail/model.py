@@ -21,8 +21,8 @@ from exactedit.quant.errors import GGUFFormatError
 from exactedit.solvers.tail import head_ref
 from exactedit.solvers.tail import head_fast
 from exactedit.solvers.tail.vocab_pass import QuantRows, gguf_rows
-from exactedit.solvers.tail import l47_ref
-from exactedit.solvers.tail import l47_fast
+from exactedit.solvers.tail import last_layer_ref as l47_ref
+from exactedit.solvers.tail import last_layer_fast as l47_fast
 
 # llama.cpp token types (tokenizer.ggml.token_type)
 TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_BYTE = 3, 4, 6

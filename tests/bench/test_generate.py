@@ -40,7 +40,7 @@ def test_cli_json():
 
 def test_config_is_validated():
     from exactedit.bench.generate import GenerateBenchConfig
-    from exactedit.native.llamacpp import EngineError
+    from exactedit.native.llamacpp.engine import EngineError
 
     with pytest.raises(EngineError, match="slots"):
         GenerateBenchConfig("m.gguf", slots=0)

@@ -80,7 +80,7 @@ def test_disk_full_names_the_file_being_written(tmp_path, monkeypatch):
 
 
 def test_disk_full_from_the_cli(tmp_path, monkeypatch):
-    from exactedit.evals.ledger import Ledger
+    from exactedit.evals.protocol.ledger import Ledger
 
     with Ledger.open(tmp_path / "ws") as led:
         led.append("note", "test", {}, {})

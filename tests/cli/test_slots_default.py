@@ -1,9 +1,9 @@
-"""The CLI's `--slots` defaults are the batched loop's own (native/batched.py DEFAULT_SLOTS): the
+"""The CLI's `--slots` defaults are the batched loop's own (native/llamacpp/batched.py DEFAULT_SLOTS): the
 commands and the library decode the same number of replies together unless told otherwise."""
 from __future__ import annotations
 
 from exactedit.cli import main
-from exactedit.native.batched import DEFAULT_SLOTS
+from exactedit.native.llamacpp.batched import DEFAULT_SLOTS
 
 
 def _default(path, name):

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from exactedit import quant
 from exactedit.quant import gguf
+from exactedit.quant import transplant as tp
 from exactedit.quant.gguf_write import synthetic_model
 from exactedit.quant.patch import RowPatch, RowPatchError, apply_row_patch, read_row_patch, write_row_patch
 
@@ -104,7 +105,7 @@ def test_patch_into_a_gguf_head(tmp_path):
         edited = quant.quantize(g.read_rows("output.weight")[rows] * 1.5, "Q6_K")
     path = write_row_patch(tmp_path / "head.patch", rows, edited)
     new = apply_row_patch(original, read_row_patch(path, row_bytes=original.shape[1]))
-    gguf.transplant(src, tmp_path / "out.gguf", {"output.weight": new})
+    tp.transplant(src, tmp_path / "out.gguf", {"output.weight": new})
     with gguf.open(tmp_path / "out.gguf") as g:
         got = g.read_raw("output.weight")
         assert np.array_equal(got[rows], edited)

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 from exactedit import fixtures
-from exactedit.evals.ledger import Ledger, register_protocol
-from exactedit.evals.protocol import load_protocol
-from exactedit.evals.splits import build_splits, record_splits
+from exactedit.evals.protocol.ledger import Ledger, register_protocol
+from exactedit.evals.protocol.protocol import load_protocol
+from exactedit.evals.protocol.splits import build_splits, record_splits
 from tests.fixturegen.vocab import KAOMOJI
 from exactedit.solvers.head.config import HeadSolveConfig
-from exactedit.evals.head_run import solve_head
+from exactedit.evals.runs.head_run import solve_head
 
 FIXTURE = Path(fixtures.__file__).parent / "default"
 

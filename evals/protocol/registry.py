@@ -1,0 +1,186 @@
+"""The user-level registry of blind runs: one-shot across workspaces.
+
+A workspace's ledger can only refuse what it has seen; a fresh `--workspace` has seen nothing. So
+every blind sign-off also claims its run here, in a registry shared by all of a user's workspaces
+(`$EXACTEDIT_HOME/blind-runs.sqlite`; EXACTEDIT_HOME defaults to the user's data directory:
+`$XDG_DATA_HOME/exactedit` or `~/.local/share/exactedit` on Linux, `~/Library/Application
+Support/exactedit` on macOS, `%APPDATA%\\exactedit` on Windows). A run is keyed by the bundle's
+sha256 and the blind document's data sha256 (its verified dump identity): a second run of either,
+from any workspace, is refused, and the refusal is recorded in the requesting workspace's ledger
+as today and here too.
+
+The claim is one IMMEDIATE transaction (check, then insert), so two workspaces racing for the same
+document cannot both win. Tables are append-only (triggers refuse UPDATE and DELETE); the ledger
+entry of each claim is recorded as an event with its hash, which makes the registry an anchor of
+that workspace's ledger as well (evals.protocol.anchors).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import sqlite3
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from exactedit.evals.protocol.ledger import LedgerError
+
+HOME_ENV = "EXACTEDIT_HOME"
+DB_NAME = "blind-runs.sqlite"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    time TEXT NOT NULL,
+    bundle_sha256 TEXT NOT NULL,
+    doc_sha256 TEXT NOT NULL,
+    ledger TEXT NOT NULL,
+    command TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY,
+    run INTEGER,
+    time TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    ledger TEXT NOT NULL,
+    seq INTEGER,
+    hash TEXT,
+    detail TEXT NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS runs_no_update BEFORE UPDATE ON runs
+BEGIN SELECT RAISE(ABORT, 'the blind registry is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS runs_no_delete BEFORE DELETE ON runs
+BEGIN SELECT RAISE(ABORT, 'the blind registry is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS events_no_update BEFORE UPDATE ON events
+BEGIN SELECT RAISE(ABORT, 'the blind registry is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS events_no_delete BEFORE DELETE ON events
+BEGIN SELECT RAISE(ABORT, 'the blind registry is append-only'); END;
+"""
+
+
+def exactedit_home() -> Path:
+    """EXACTEDIT_HOME, else the user's data directory for exactedit (see the module docstring)."""
+    env = os.environ.get(HOME_ENV)
+    if env:
+        return Path(env).expanduser()
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Application Support" / "exactedit"
+    if sys.platform == "win32":
+        return Path(os.environ.get("APPDATA") or Path.home() / "AppData" / "Roaming") / "exactedit"
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "exactedit"
+
+
+@dataclass(frozen=True)
+class BlindRun:
+    """One claimed blind run: which bundle on which document, from which workspace's ledger."""
+
+    id: int
+    time: str
+    bundle_sha256: str
+    doc_sha256: str
+    ledger: str
+    command: str
+
+    def describe(self) -> str:
+        return f"registry run {self.id}, {self.time}, ledger {self.ledger}"
+
+
+@dataclass(frozen=True)
+class ClaimEvent:
+    """A run's claim entry in its workspace's ledger: (seq, hash) there, an anchor of that ledger."""
+
+    run: int
+    ledger: str
+    seq: int
+    hash: str
+    source: str
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
+
+
+class BlindRegistry:
+    """The registry file. Open with `BlindRegistry.open(home)`; close with `close()` or `with`."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection):
+        self.path, self._conn = path, conn
+
+    @classmethod
+    def open(cls, home=None) -> "BlindRegistry":
+        home = Path(home) if home is not None else exactedit_home()
+        if home.exists() and not home.is_dir():
+            raise LedgerError(home, HOME_ENV, "exists and is not a directory")
+        home.mkdir(parents=True, exist_ok=True)
+        path = home / DB_NAME
+        try:
+            conn = sqlite3.connect(path, isolation_level=None, timeout=30.0)
+            conn.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise LedgerError(path, "database", f"not a usable blind-run registry: {exc}") from exc
+        return cls(path, conn)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> "BlindRegistry":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _run(self, row) -> BlindRun:
+        return BlindRun(int(row[0]), row[1], row[2], row[3], row[4], row[5])
+
+    def earlier(self, bundle_sha256: str, doc_sha256: str) -> tuple[str, BlindRun] | None:
+        """The first run of this document or of this bundle, with which of the two matched."""
+        row = self._conn.execute("SELECT * FROM runs WHERE doc_sha256 = ? OR bundle_sha256 = ? ORDER BY id LIMIT 1",
+                                 (doc_sha256, bundle_sha256)).fetchone()
+        if row is None:
+            return None
+        run = self._run(row)
+        return ("document" if run.doc_sha256 == doc_sha256 else "bundle"), run
+
+    def claim(self, bundle_sha256: str, doc_sha256: str, ledger, command: str
+              ) -> tuple[BlindRun | None, tuple[str, BlindRun] | None]:
+        """Atomically: refuse (None, (what, earlier run)) when this document or bundle already had a
+        run, else insert and return (the new run, None)."""
+        c = self._conn
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            first = self.earlier(bundle_sha256, doc_sha256)
+            if first is not None:
+                c.execute("COMMIT")
+                return None, first
+            cur = c.execute("INSERT INTO runs (time, bundle_sha256, doc_sha256, ledger, command) VALUES (?,?,?,?,?)",
+                            (_now(), bundle_sha256, doc_sha256, str(ledger), command))
+            run_id = int(cur.lastrowid)
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+        row = c.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return self._run(row), None
+
+    def event(self, run: int | None, kind: str, ledger, seq: int | None = None, hash: str | None = None,
+              detail: Mapping[str, Any] | None = None) -> None:
+        """Append one event: "ledger-claim" (the claim's ledger entry), "result", "refused"."""
+        self._conn.execute("INSERT INTO events (run, time, kind, ledger, seq, hash, detail) VALUES (?,?,?,?,?,?,?)",
+                           (run, _now(), kind, str(ledger), seq, hash,
+                            json.dumps(dict(detail or {}), sort_keys=True, allow_nan=False)))
+
+    def runs(self) -> tuple[BlindRun, ...]:
+        return tuple(self._run(r) for r in self._conn.execute("SELECT * FROM runs ORDER BY id").fetchall())
+
+    def events(self, kind: str | None = None) -> tuple[dict, ...]:
+        q = "SELECT run, time, kind, ledger, seq, hash, detail FROM events" + (" WHERE kind = ?" if kind else "")
+        rows = self._conn.execute(q + " ORDER BY id", (kind,) if kind else ()).fetchall()
+        return tuple({"run": r[0], "time": r[1], "kind": r[2], "ledger": r[3], "seq": r[4], "hash": r[5],
+                      "detail": json.loads(r[6])} for r in rows)
+
+    def claims_of(self, ledger) -> tuple[ClaimEvent, ...]:
+        """The ledger entries (seq, hash) of every blind claim made from the ledger at `ledger`."""
+        return tuple(ClaimEvent(e["run"], e["ledger"], int(e["seq"]), str(e["hash"]), str(self.path))
+                     for e in self.events("ledger-claim") if e["ledger"] == str(ledger))

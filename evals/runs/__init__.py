@@ -1,0 +1,16 @@
+"""The code behind the `solve head`, `solve wfld` and `eval ...` commands: each puts the protocol,
+the ledger and the split around the solvers' math (`head_run` with `head_inputs`, `head_testonce`,
+`head_report`; `wfld_run`), the `eval` commands as library calls (`workflow`), the one-shot blind
+sign-off (`blind`) and what the commands print (`render`). Imported only by cli.py, fixtures/,
+bench/ and other runs (tests/test_layers.py).
+
+The names below are imported on first use (their modules pull in numba / JAX).
+"""
+from exactedit import lazy_exports
+
+__all__, __getattr__ = lazy_exports(__name__, {
+    "WfldInputs": "wfld_run",
+    "solve_head": "head_run",
+    "solve_wfld": "wfld_run",
+    "write_head_bundle": "head_run",
+})

@@ -1,0 +1,19 @@
+"""llama.cpp through llama-cpp-python's ctypes API: the engine (`engine`), dumps captured off its graph
+(`capture`), the model's own chat (`chat`), labelled documents (`documents`), llama-perplexity's
+chunks (`perplexity_chunks`), the real public models of the `live` extra (`models`), and generation:
+one loop with a per-step logits hook (`generate`), its batched form (`batched`) and seeded sampling
+of many replies over either (`sample`).
+
+The names below are imported on first use (their modules pull in numba / JAX).
+"""
+from exactedit import lazy_exports
+
+__all__, __getattr__ = lazy_exports(__name__, {
+    "EngineError": "engine",
+    "EngineSettings": "engine",
+    "GenerateConfig": "generate",
+    "LlamaEngine": "engine",
+    "generate": "generate",
+    "generate_batched": "batched",
+    "locate": "models",
+})

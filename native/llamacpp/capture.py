@@ -1,0 +1,119 @@
+"""Dumps captured from llama.cpp: the rmsnorm tail's inputs, read off the graph by tensor name.
+
+For each document (its own sequence from position 0, every position's logits requested, so the
+last layer keeps all rows) the engine's evaluation callback copies
+    R   = `ffn_inp-L` (or `sa_out-L`, Gemma): the residual before layer L's FFN is added
+    hh  = `ffn_swiglu-L` (or `ffn_geglu-L`): the FFN hidden activation entering ffn_down
+and the dump records the engine, its settings and the micro-batch sizes (`ubatch_sizes`), which
+decide the engine's matmul kernels: verify with the same settings the dump was made with.
+Documents may carry their row roles (native/llamacpp/chat.py derives them from the model's template);
+when they do, the dump has a `roles` field, with ROLE_ANCHOR on documents tagged "anchor".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from exactedit.dumps import DocInfo, write_dump
+from exactedit.dumps.roles import mark_docs
+from exactedit.native.llamacpp.engine import EngineError, EngineRun, EngineSettings, LlamaEngine
+from exactedit.quant import arch, gguf
+
+Progress = Callable[[int, int], None]
+# Graph names per dump field, first match wins (llama.cpp's names; L is the last layer).
+TAIL_NAMES = {"R": ("ffn_inp-{L}", "sa_out-{L}"), "hh": ("ffn_swiglu-{L}", "ffn_geglu-{L}")}
+
+
+@dataclass(frozen=True)
+class CaptureDoc:
+    """One document to evaluate: its token ids, where it came from, and optionally its row roles
+    (uint8 [T], dumps/roles.py)."""
+
+    name: str
+    tokens: np.ndarray
+    source: str = "live"
+    character: str = ""
+    tags: tuple[str, ...] = ()
+    roles: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    path: Path
+    rows: int
+    layer: int
+    model_sha256: str
+    meta: dict
+    logits: np.ndarray          # the engine's logits [rows, V], for comparisons made right away
+
+
+def tail_names(layer: int) -> list[str]:
+    return [n.format(L=layer) for names in TAIL_NAMES.values() for n in names]
+
+
+def pick(run: EngineRun, layer: int, path) -> dict[str, np.ndarray]:
+    """The dump fields R and hh from a capture (the first graph name present for each)."""
+    fields = {}
+    for field, names in TAIL_NAMES.items():
+        for name in names:
+            arr = run.captured.get(name.format(L=layer))
+            if arr is not None and arr.shape[0] == run.tokens.size:
+                fields[field] = arr
+                break
+        else:
+            raise EngineError(path, "capture", f"none of {[n.format(L=layer) for n in names]} was "
+                              f"seen in the graph; is this an rmsnorm-tail model?")
+    return fields
+
+
+def capture_dump(model, docs: Sequence[CaptureDoc], out, *, settings: EngineSettings | None = None,
+                 overwrite: bool = False, progress: Progress | None = None,
+                 extra_meta: dict | None = None) -> CaptureResult:
+    """Evaluate each document on `model` with llama.cpp and write an rmsnorm dump at `out`
+    (`extra_meta` is stored beside the engine's own record in the dump's meta)."""
+    model = Path(model)
+    settings = settings or EngineSettings()
+    if not docs:
+        raise EngineError(model, "docs", "nothing to capture")
+    with gguf.open(model) as g:
+        tail = arch.detect_tail(g)
+        sha = g.sha256()
+    if tail.kind != "rmsnorm":
+        raise EngineError(model, "tail", f"llama.cpp capture supports rmsnorm tails, not {tail.kind}")
+    total = sum(int(np.asarray(d.tokens).size) for d in docs)
+    with_roles = [d.roles is not None for d in docs]
+    if any(with_roles) and not all(with_roles):
+        raise EngineError(out, "roles", "either every document carries its row roles or none does")
+    for d in docs:
+        if d.roles is not None and np.shape(d.roles) != np.shape(d.tokens):
+            raise EngineError(out, f"roles of {d.name}", f"{np.shape(d.roles)} roles for {np.shape(d.tokens)} tokens")
+    parts: dict[str, list[np.ndarray]] = {"tokens": [], "next": [], "R": [], "hh": []}
+    logits, ubatches, infos, done, first = [], [], [], 0, 0
+    with LlamaEngine(model, settings) as engine:
+        for doc in docs:
+            tick = None if progress is None else (lambda d, _t, base=done: progress(base + d, total))
+            run = engine.evaluate(doc.tokens, capture=tail_names(tail.layer), progress=tick)
+            fields = pick(run, tail.layer, model)
+            toks = run.tokens
+            parts["tokens"].append(toks)
+            parts["next"].append(np.append(toks[1:], -1).astype(np.int32))
+            parts["R"].append(fields["R"])
+            parts["hh"].append(fields["hh"])
+            logits.append(run.logits)
+            ubatches += list(run.ubatch_sizes)
+            infos.append(DocInfo(doc.name, first, toks.size, doc.source, doc.character, tuple(doc.tags)))
+            first += toks.size
+            done += toks.size
+        engine_info = dict(engine.info)
+    meta = {"engine": {"name": "llamacpp", **engine_info}, "engine_settings": settings.as_meta(),
+            "ubatch_sizes": ubatches, "captured": {k: list(v) for k, v in TAIL_NAMES.items()},
+            "per_document_sequences": True, **(extra_meta or {})}
+    fields = {k: np.concatenate(v) for k, v in parts.items()}
+    if all(with_roles):
+        fields["roles"] = mark_docs(np.concatenate([np.asarray(d.roles, np.uint8) for d in docs]), infos)
+    path = write_dump(out, arch="rmsnorm", layer=tail.layer, fields=fields, docs=infos,
+                      model_sha256=sha, meta=meta, overwrite=overwrite)
+    return CaptureResult(Path(path), first, tail.layer, sha, meta, np.concatenate(logits))

@@ -1,0 +1,157 @@
+"""What a model's GGUF says about its own chat: template, turn framing, special tokens, roles.
+
+`model_chat(path)` reads them once: the chat template (`tokenizer.chat_template`, rendered only in
+Jinja2's immutable sandbox, quant/chat_template.py), the turn framing probed from it (ChatML when
+the file has no template), the special tokens and the turn end (quant/specials.py) and the token
+table. Dumps made from chat text get their row roles from these (dumps/roles.py), so nothing here
+assumes one model family.
+
+Document names are stable across runs: a hash of what the document is made of (the prompt, the
+text, the conversation) and, for a sampled reply, the sample seed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from exactedit.dumps.roles import infer_roles
+from exactedit.native.llamacpp.engine import EngineError
+from exactedit.quant import gguf
+from exactedit.quant.chat_template import CHATML, ChatFormat, ChatTemplate, ChatTemplateError, from_gguf, probe_format
+from exactedit.quant.specials import ModelSpecials, model_specials
+from exactedit.solvers.tail.model import TokenTable, load_tokens
+
+
+class _Strings:
+    """token id -> decoded text, on demand (infer_roles reads only the ids it meets)."""
+
+    def __init__(self, table: TokenTable):
+        self.table, self._cache = table, {}
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, i: int) -> str:
+        s = self._cache.get(i)
+        if s is None:
+            s = self._cache[i] = self.table.decode([i])
+        return s
+
+
+@dataclass(frozen=True, eq=False)
+class ModelChat:
+    """A model's chat conventions. `template` is None when the GGUF carries none (then `fmt` is
+    ChatML and `render` refuses)."""
+
+    path: Path
+    template: ChatTemplate | None
+    fmt: ChatFormat
+    fmt_from: str                 # "chat_template" or "default (ChatML)"
+    specials: ModelSpecials
+    table: TokenTable
+
+    def render(self, messages, *, add_generation_prompt: bool = False) -> str:
+        if self.template is None:
+            raise ChatTemplateError(self.path, "tokenizer.chat_template",
+                                    "this GGUF carries no chat template, so chat text cannot be rendered the model's way")
+        return self.template.render(messages, add_generation_prompt=add_generation_prompt)
+
+    def prompt(self, user: str) -> str:
+        """One user turn, ready for the model's reply (the template's generation prompt)."""
+        return self.render([{"role": "user", "content": user}], add_generation_prompt=True)
+
+    def roles(self, tokens, next_token: int | None = None) -> np.ndarray:
+        """uint8 row roles of one document (dumps/roles.py), with this model's turn framing."""
+        return infer_roles(np.asarray(tokens), _Strings(self.table), self.specials.specials,
+                           next_token=next_token, fmt=self.fmt)
+
+    def is_chat(self, tokens) -> bool:
+        """Whether a token stream holds a chat turn (the framing's turn-start special token)."""
+        ids = [i for i in self.specials.specials if self.table.tokens[i] == self.fmt.turn_start]
+        return bool(ids) and bool(np.isin(np.asarray(tokens), ids).any())
+
+    def to_dict(self) -> dict:
+        return {"chat_template": self.template is not None, "format": self.fmt.to_dict(), "format_from": self.fmt_from,
+                "specials": self.specials.to_dict()}
+
+
+def model_chat(path) -> ModelChat:
+    path = Path(path)
+    with gguf.open(path) as g:
+        specials = model_specials(g)
+        table = load_tokens(g)
+        template = from_gguf(g) if g.get("tokenizer.chat_template") is not None else None
+    fmt, src = CHATML, "default (ChatML)"
+    if template is not None:
+        try:
+            fmt, src = probe_format(template, [table.tokens[i] for i in specials.specials]), "chat_template"
+        except ChatTemplateError:
+            pass
+    return ModelChat(path, template, fmt, src, specials, table)
+
+
+def short_hash(obj) -> str:
+    """12 hex digits of the sha256 of a string, bytes or JSON-able object (canonical JSON)."""
+    if isinstance(obj, str):
+        data = obj.encode("utf-8")
+    elif isinstance(obj, (bytes, bytearray)):
+        data = bytes(obj)
+    else:
+        data = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return hashlib.sha256(data).hexdigest()[:12]
+
+
+def reply_name(prompt: str, seed: int, prefix: str = "chat") -> str:
+    """The stable name of a sampled reply: the prompt's hash and the sample seed."""
+    return f"{prefix}-{short_hash(prompt)}-s{int(seed)}"
+
+
+def unique_names(names) -> list[str]:
+    """The names, a repeat suffixed -2, -3, ... (a repeated input is still a distinct document)."""
+    seen: dict[str, int] = {}
+    out = []
+    for n in names:
+        seen[n] = seen.get(n, 0) + 1
+        out.append(n if seen[n] == 1 else f"{n}-{seen[n]}")
+    return out
+
+
+def read_chat_jsonl(path) -> list[list[dict]]:
+    """Conversations, one JSON list of {"role", "content"} per line (blank lines skipped)."""
+    path = Path(path)
+    out = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise EngineError(path, "chat", f"cannot read as UTF-8 text ({exc})") from None
+    for no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            conv = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise EngineError(path, f"line {no}", f"not JSON ({exc.msg})") from None
+        if not isinstance(conv, list) or not conv:
+            raise EngineError(path, f"line {no}", "expected a non-empty list of {\"role\", \"content\"} objects")
+        out.append(conv)
+    if not out:
+        raise EngineError(path, "chat", "no conversations (one JSON list per line)")
+    return out
+
+
+def render_prompt(template, user: str) -> str:
+    """One user turn and the template's generation prompt (quant.chat_template.ChatTemplate)."""
+    return template.render([{"role": "user", "content": user}], add_generation_prompt=True)
+
+
+def prompt_tokens(engine: LlamaEngine, text: str, bos: int | None = None) -> np.ndarray:
+    """A rendered prompt's tokens (specials parsed); `bos` is prepended when the vocabulary adds
+    one and the template did not already write it."""
+    toks = engine.tokenize(text, parse_special=True)
+    if bos is not None and (toks.size == 0 or int(toks[0]) != bos):
+        toks = np.concatenate([np.array([bos], np.int32), toks])
+    return toks

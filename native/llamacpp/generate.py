@@ -1,0 +1,221 @@
+"""The live generation loop: llama.cpp's sampler chain with the shaping rules in front of it.
+
+The sampler chain is llama.cpp's own (`llama_sampler_chain`: top-k, temperature, seeded `dist`,
+as `LlamaEngine.generate` uses), with two samplers of ours in front of it, written against
+llama.cpp's `llama_sampler_i` interface:
+- `shape`: reads the candidate array llama.cpp built from the raw logits (`cur_p`, one entry
+  per token in id order), keeps a copy, and writes `solvers.shaping.rules.Shaper`'s shaped logits back;
+- `probe`: reads the array again, after `shape`, as the rest of the chain receives it.
+The shaper is pushed every token of the history (the rendered prompt, then each sampled token),
+so its trigger state is the one `solvers.shaping.triggers` computes offline for the same tokens.
+
+`generate(engine, prompt_tokens, config, shaper)` (any object with `rules`, `reset()`,
+`push(token)` and `shape(logits) -> (logits, fired)`; native/llamacpp/sample.py adapts a plain logits
+processor to it) returns a `Generation`: the new tokens, which
+rules fired at each step, the KL(unshaped || shaped) of each step's distribution (temperature 1,
+full vocabulary, float64), and with `record=True` the raw logits, the logits the chain received,
+and the engine's own `llama_get_logits_ith` row, per step (float32 [steps, V]). Without a shaper
+the same loop and chain run (the base arms of a comparison), so arms differ only by the rules.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+
+from exactedit.native.llamacpp.engine import EngineError, LlamaEngine, sampler_chain
+
+_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    max_new: int = 64
+    temperature: float = 0.8
+    top_k: int = 40
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.max_new < 1 or self.top_k < 1 or not self.temperature > 0:
+            raise EngineError("GenerateConfig", "values", "max_new, top_k >= 1 and temperature > 0")
+
+
+@dataclass(frozen=True, eq=False)
+class Generation:
+    prompt: np.ndarray            # int32 [P] the rendered prompt's tokens
+    tokens: np.ndarray            # int32 [steps] sampled tokens (the stop token included when one came)
+    fired: np.ndarray             # bool [steps, rules]
+    kl: np.ndarray                # float64 [steps] KL(unshaped || shaped) at T = 1 (0 without rules)
+    truncated: bool               # cut at max_new, no stop token
+    raw: np.ndarray | None = None        # float32 [steps, V] what llama.cpp handed the chain
+    received: np.ndarray | None = None   # float32 [steps, V] what the chain after the rules received
+    engine_rows: np.ndarray | None = None  # float32 [steps, V] llama_get_logits_ith(ctx, -1)
+    kl_rules: np.ndarray | None = None     # float64 [steps, rules] KL of each fired rule applied alone
+
+    @property
+    def sequence(self) -> np.ndarray:
+        return np.concatenate([self.prompt, self.tokens]).astype(np.int32)
+
+
+def step_kl(raw: np.ndarray, shaped: np.ndarray) -> float:
+    """KL(softmax(raw) || softmax(shaped)) in float64 (temperature 1, full vocabulary)."""
+    a, b = raw.astype(np.float64), shaped.astype(np.float64)
+    la = a - np.logaddexp.reduce(a)
+    lb = b - np.logaddexp.reduce(b)
+    p = np.exp(la)
+    keep = p > 0
+    return float(np.sum(p[keep] * (la[keep] - lb[keep])))
+
+
+def _alone_kl(rule, hits, raw: np.ndarray) -> float:
+    one = raw.copy()
+    rule.apply_row(one, hits)
+    return step_kl(raw, one)
+
+
+class _Sampler:
+    """A llama_sampler whose `apply` calls `fn(cur_p)`; exceptions are kept (never cross into C)."""
+
+    def __init__(self, lib, fn):
+        self.error: BaseException | None = None
+
+        def apply(_smpl, cur_p):
+            try:
+                fn(cur_p.contents)
+            except BaseException as exc:  # noqa: BLE001 - reported after llama_sampler_sample returns
+                self.error = exc
+
+        self._apply = lib.llama_sampler_i_apply(apply)
+        iface = lib.llama_sampler_i()
+        iface.apply = self._apply
+        iface.name = lib.llama_sampler_i_name(0)
+        iface.accept = lib.llama_sampler_i_accept(0)
+        iface.reset = lib.llama_sampler_i_reset(0)
+        iface.clone = lib.llama_sampler_i_clone(0)
+        iface.free = lib.llama_sampler_i_free(0)  # the chain must not free our memory
+        self._iface = iface
+        self.sampler = lib.llama_sampler_init(ctypes.pointer(iface), None)
+
+
+def _cur(arr, n_vocab: int) -> np.ndarray:
+    """The candidate array as a structured numpy view (no copy)."""
+    if arr.size != n_vocab or arr.sorted:
+        raise EngineError("llama_sampler", "cur_p", f"expected {n_vocab} unsorted candidates, got {arr.size}")
+    buf = (ctypes.c_char * (arr.size * _TOKEN_DATA.itemsize)).from_address(ctypes.addressof(arr.data.contents))
+    return np.frombuffer(buf, dtype=_TOKEN_DATA)
+
+
+class StepShaping:
+    """One reply's `shape` and `probe` samplers (module doc) and what they saw at each step:
+    which rules fired, KL(unshaped || shaped), each fired rule's KL alone, and with `record`
+    the raw and received rows. `start(prompt)` pushes the prompt into the shaper, `accept(tok)`
+    each sampled token; `samplers` go first in the reply's chain (`sampler_chain(first=...)`)
+    and come out of it with `detach(chain)` before the chain is freed (their memory is Python's)."""
+
+    def __init__(self, lib, n_vocab: int, shaper=None, *, record: bool = False):
+        self.lib, self.V, self.shaper, self.record = lib, n_vocab, shaper, record
+        self.n_rules = len(shaper.rules) if shaper is not None else 0
+        self.alone = hasattr(shaper, "hits")  # solvers.shaping.rules.Shaper: each rule's own effect is measured too
+        self.ids = np.arange(n_vocab, dtype=np.int32)
+        self.steps = {"raw": [], "received": [], "engine": [], "fired": [], "kl": [], "kl_rules": []}
+        self.samplers = [_Sampler(lib, self._shape), _Sampler(lib, self._probe)]
+
+    def start(self, prompt) -> None:
+        if self.shaper is not None:
+            self.shaper.reset()
+            for t in prompt:
+                self.shaper.push(int(t))
+
+    def _shape(self, arr) -> None:
+        cur = _cur(arr, self.V)
+        if not np.array_equal(cur["id"], self.ids):
+            raise EngineError("llama_sampler", "cur_p", "candidates are not in token-id order")
+        raw = cur["logit"].copy()
+        if self.shaper is None:
+            shaped, fired = raw, ()
+        else:
+            shaped, fired = self.shaper.shape(raw)
+            cur["logit"] = shaped
+        self.steps["fired"].append(fired)
+        self.steps["kl"].append(step_kl(raw, shaped) if any(fired) else 0.0)
+        if self.alone:
+            self.steps["kl_rules"].append([_alone_kl(rule, h, raw) if h else 0.0
+                                           for rule, h in zip(self.shaper.rules, self.shaper.hits())])
+        if self.record:
+            self.steps["raw"].append(raw)
+
+    def _probe(self, arr) -> None:
+        if self.record:
+            self.steps["received"].append(_cur(arr, self.V)["logit"].copy())
+
+    def accept(self, tok: int) -> None:
+        """After `llama_sampler_sample`: re-raise what a sampler caught, push the token."""
+        for smp in self.samplers:
+            if smp.error is not None:
+                raise smp.error
+        if self.shaper is not None:
+            self.shaper.push(tok)
+
+    def detach(self, chain) -> None:
+        for _ in self.samplers:
+            self.lib.llama_sampler_chain_remove(chain, 0)
+
+    def generation(self, prompt: np.ndarray, out: list, stopped: bool) -> Generation:
+        st, V, n = self.steps, self.V, len(out)
+        fired = np.array(st["fired"], dtype=bool).reshape(n, self.n_rules)
+        stack = (lambda k: np.stack(st[k]) if st[k] else np.zeros((0, V), np.float32)) if self.record \
+            else (lambda k: None)
+        kl_rules = np.array(st["kl_rules"], dtype=np.float64).reshape(n, self.n_rules) if self.alone else None
+        return Generation(prompt, np.array(out, dtype=np.int32), fired, np.array(st["kl"], dtype=np.float64),
+                          not stopped, stack("raw"), stack("received"), stack("engine"), kl_rules)
+
+
+def generate(engine: LlamaEngine, prompt, config: GenerateConfig, shaper=None, *, record: bool = False,
+             stop_ids=None) -> Generation:
+    """Sample up to `config.max_new` tokens after `prompt`, `shaper` (solvers.shaping.rules.Shaper, or
+    None) applied at every step; stops after a token of `stop_ids` (default: the vocabulary's
+    end-of-generation tokens), which is kept."""
+    lib, s, V = engine._lib, engine.settings, engine.n_vocab
+    toks = np.asarray(prompt, dtype=np.int32)
+    if toks.ndim != 1 or toks.size == 0 or toks.size + config.max_new > s.n_ctx:
+        raise EngineError(engine.path, "prompt", f"needs 1..{s.n_ctx - config.max_new} tokens, got {toks.size}")
+    stop_ids = None if stop_ids is None else frozenset(int(t) for t in stop_ids)
+    steps = StepShaping(lib, V, shaper, record=record)
+    steps.start(toks)
+    ctx = engine._context(None)
+    chain = sampler_chain(lib, config.top_k, config.temperature, config.seed, [smp.sampler for smp in steps.samplers])
+    batch = lib.llama_batch_init(max(s.n_batch, 1), 0, 1)
+    out: list[int] = []
+    stopped = False
+    try:
+        pending, pos = list(toks), 0
+        while True:
+            for start in range(0, len(pending), s.n_batch):
+                piece = pending[start:start + s.n_batch]
+                for i, t in enumerate(piece):
+                    batch.token[i], batch.pos[i] = int(t), pos + i
+                    batch.n_seq_id[i], batch.seq_id[i][0] = 1, 0
+                    batch.logits[i] = int(start + i == len(pending) - 1)
+                batch.n_tokens = len(piece)
+                if lib.llama_decode(ctx, batch) != 0:
+                    raise EngineError(engine.path, "llama_decode", f"failed at position {pos}")
+                pos += len(piece)
+            if len(out) >= config.max_new:
+                break
+            if record:
+                row = lib.llama_get_logits_ith(ctx, -1)
+                steps.steps["engine"].append(np.ctypeslib.as_array(row, shape=(V,)).copy())
+            tok = int(lib.llama_sampler_sample(chain, ctx, -1))
+            steps.accept(tok)
+            out.append(tok)
+            if (tok in stop_ids) if stop_ids is not None else lib.llama_vocab_is_eog(engine._vocab, tok):
+                stopped = True
+                break
+            pending = [tok]
+    finally:
+        steps.detach(chain)
+        lib.llama_batch_free(batch)
+        lib.llama_sampler_free(chain)
+        lib.llama_free(ctx)
+    return steps.generation(toks, out, stopped)

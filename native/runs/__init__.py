@@ -1,0 +1,12 @@
+"""The code behind `exactedit mine` (`mine`), `dataset build` (`dataset`), `kld` with llama.cpp's
+files (`kld`) and `demo --model` (`real_demo`, its bundled inputs in `data/`). Imported only by
+cli.py, fixtures/, bench/ and other runs (tests/test_layers.py).
+
+The names below are imported on first use (their modules pull in numba / JAX).
+"""
+from exactedit import lazy_exports
+
+__all__, __getattr__ = lazy_exports(__name__, {
+    "build_dataset": "dataset",
+    "run_real_demo": "real_demo",
+})

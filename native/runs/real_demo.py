@@ -1,0 +1,355 @@
+"""`exactedit demo --model qwen`: the whole anti-slop loop on a real model, on llama.cpp.
+
+1. the data, from the model's own replies (`dataset build`): train / held-out / collateral /
+   anchor dumps, split by prompt;
+2. a protocol for those dumps (held-out as dev; the bars; the model's own specials and turn end;
+   the phrases as the token tuples the shared matcher found), registered and split in DIR/ws;
+3. `solve wfld` under that protocol -> DIR/wfld/ (bars (a)-(g), shipping residuals, alternatives);
+4. `apply` -> DIR/edited.gguf, every other byte of the base kept;
+5. `verify live`: llama.cpp on base and edited files against the engine-faithful offline prediction,
+   on a held-out reply (bitwise where it passes);
+6. `eval score` of the bundle on dev -> DIR/dev/;
+7. phrase rates in free generation on held-out prompts that built none of the data, base vs
+   edited, same prompts and seeds (`mine --edited`), for the solved phrases and the watched ones
+   (`watch`: e.g. the whole phrase when the solve bans its prefix), and the variant artefacts in
+   those replies;
+8. DIR/report.md, DIR/report.json (`verify`, `bars`, `phrase_rates`, `artefacts`, `targets`, ...),
+   DIR/replies.json (every rate reply's text, base and edited), and PNGs (rates before / after per
+   phrase, per-word collateral).
+Each step is the library call behind its CLI command; nothing here prints.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from exactedit.quant.errors import ExacteditError
+from exactedit.quant.files import atomic_write_text
+from exactedit.evals.scoring.collateral import collateral_lines
+
+DATA = Path(__file__).resolve().parent / "data"
+Progress = Callable[[str, int, int], None]
+
+__all__ = ["RealDemoConfig", "RealDemoResult", "real_demo_report", "run_real_demo"]
+
+
+class RealDemoError(ExacteditError):
+    """The real-model demo cannot run (an output directory in the way, a model without data)."""
+
+
+def _lines(path) -> tuple[str, ...]:
+    with open(path, encoding="utf-8") as fh:
+        return tuple(line.strip() for line in fh if line.strip() and not line.lstrip().startswith("#"))
+
+
+@dataclass(frozen=True)
+class RealDemoConfig:
+    """What the demo runs on. Files default to the bundled ones for the model (native/runs/data/NAME/)."""
+
+    model: str = "qwen"
+    prompts: str | None = None          # one prompt per line: the solve's data
+    rate_prompts: str | None = None     # one prompt per line: held-out, for the phrase rates only
+    phrases: str | None = None          # one banned phrase per line
+    watch: str | None = None            # phrases measured in generation too, not solved for (optional)
+    same_sense: str | None = None       # PHRASE=WORD[,WORD] per line: paraphrases held, never raised (optional)
+    texts: tuple[str, ...] | None = None  # plain texts (legitimate uses, plain anchors)
+    samples: int = 2                    # replies per data prompt
+    rate_samples: int = 2               # replies per rate prompt
+    max_new: int = 160
+    seed: int = 0
+    verify_tokens: int = 192            # tokens of the held-out reply verify live runs
+    n_boot: int = 1000
+    ridge: float = 0.01                 # solve wfld's background ridge (docs/real-model.md: the dev rule)
+    background: str = "anchors+train"   # solve wfld's background rows (docs/real-model.md: measured on dev)
+
+    def __post_init__(self):
+        if min(self.samples, self.rate_samples, self.max_new, self.verify_tokens) < 1:
+            raise RealDemoError("samples, rate_samples, max_new and verify_tokens must be >= 1")
+
+    def file(self, name: str) -> Path:
+        given = getattr(self, name)
+        if given is not None:
+            return Path(given)
+        path = DATA / self.model / f"{name}.txt"
+        if not path.is_file():
+            raise RealDemoError(f"no bundled --{name.replace('_', '-')} for model {self.model!r} "
+                                f"(bundled: {sorted(p.name for p in DATA.iterdir())}); give the file")
+        return path
+
+    def watched(self) -> tuple[str, ...]:
+        """The extra phrases of the rate measurement: --watch, else the bundled watch.txt, else none."""
+        if self.watch is None and not (DATA / self.model / "watch.txt").is_file():
+            return ()
+        return _lines(self.file("watch"))
+
+    def same_sense_words(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """solve wfld's same-sense words: --same-sense, else the bundled same_sense.txt, else none."""
+        if self.same_sense is None and not (DATA / self.model / "same_sense.txt").is_file():
+            return ()
+        from exactedit.solvers.wfld.config import parse_same_sense
+
+        path = self.file("same_sense")
+        try:
+            return tuple(parse_same_sense(line) for line in _lines(path))
+        except ValueError as exc:
+            raise RealDemoError(f"{path}: {exc}") from None
+
+    def text_files(self) -> tuple[Path, ...]:
+        if self.texts is not None:
+            return tuple(Path(t) for t in self.texts)
+        folder = DATA / self.model / "texts"
+        return tuple(sorted(folder.glob("*.txt"))) if folder.is_dir() else ()
+
+
+@dataclass(frozen=True, eq=False)
+class RealDemoResult:
+    out: Path
+    model: str
+    dataset: object          # native.runs.dataset.DatasetResult
+    protocol: Path
+    wfld: object             # evals.runs.wfld_run.WfldResult
+    applied: object          # solvers.apply.ApplyResult
+    verify: object           # native.verify.live.VerifyReport
+    dev: object              # evals.runs.workflow.ScoreResult
+    rates: object            # native.runs.mine.MineResult (base and edited, held-out prompts)
+    artefacts: dict          # side -> [evals.rates.artefacts.Artefact]
+    seconds: dict = field(default_factory=dict)
+    files: dict = field(default_factory=dict)
+
+
+def write_protocol(path: Path, data: Path, name: str, specials: Sequence[int], turn_end: int,
+                   tuples: Sequence[Sequence[int]]) -> Path:
+    """The demo's protocol: the dataset's four dumps with fixed roles (held-out is dev), the model's
+    specials and turn end, the matched phrase tuples as ids, the default bars."""
+    traces = [("train", "train", ""), ("heldout", "dev", ""), ("collateral", "collateral", ""),
+              ("anchors", "anchors", "anchors")]
+    lines = [f'name = "{name}"',
+             'description = "exactedit demo --model: the model\'s own replies, split by prompt by dataset build."', ""]
+    for trace, role, domain in traces:
+        lines += ["[[traces]]", f'name = "{trace}"', f'path = "{(data / trace).resolve()}"', f'role = "{role}"']
+        lines += ([f'domain = "{domain}"'] if domain else []) + [""]
+    lines += ["[split]", 'by = ["source", "character"]', "seed = 0", "train = 0.6", "dev = 0.2", "test = 0.2",
+              "same_doc_heldout = 0.33", "", "[tokens]",
+              f"specials = {[int(s) for s in specials]}", f"turn_end = {int(turn_end)}",
+              "phrases = [" + ", ".join(str([int(t) for t in tup]) for tup in tuples) + "]", ""]
+    atomic_write_text(path, "\n".join(lines))
+    return path
+
+
+def _verify_tokens(heldout_dump: Path, count: int):
+    """The tokens of the longest held-out document, at most `count` of them."""
+    from exactedit.dumps import read_dump
+
+    d = read_dump(heldout_dump)
+    doc = max(d.docs, key=lambda x: x.stop - x.first_row)
+    return d.tokens[doc.first_row:min(doc.stop, doc.first_row + count)].copy()
+
+
+def run_real_demo(cfg: RealDemoConfig, out, *, progress: Progress | None = None) -> RealDemoResult:
+    """Run the loop into the new directory `out`; see the module doc."""
+    from exactedit.evals.runs import workflow
+    from exactedit.evals.rates.artefacts import variant_artefacts
+    from exactedit.evals.scoring.evaluate import ScoreConfig
+    from exactedit.evals.runs.wfld_run import WfldInputs, solve_wfld
+    from exactedit.native.runs.dataset import DatasetConfig, build_dataset
+    from exactedit.native.runs.mine import MineConfig, mine
+    from exactedit.native.llamacpp.models import locate
+    from exactedit.native.verify.live import verify_live
+    from exactedit.quant import gguf
+    from exactedit.quant.specials import model_specials
+    from exactedit.solvers.apply import apply_bundle
+    from exactedit.solvers.wfld.config import WfldConfig
+    from exactedit.solvers.wfld.mining import mine as mine_dumps
+    from exactedit.dumps import read_dump
+
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise RealDemoError(f"{out}: exists and is not empty (the demo writes a fresh directory)")
+    out.mkdir(parents=True, exist_ok=True)
+    tick = (lambda label: (lambda d, t: progress(label, d, t))) if progress else (lambda label: None)
+    seconds, t0 = {}, time.perf_counter()
+
+    def mark(name):
+        nonlocal t0
+        now = time.perf_counter()
+        seconds[name] = now - t0
+        t0 = now
+
+    model = locate(cfg.model, progress=tick("model"))
+    phrases_file = cfg.file("phrases")
+    phrases = _lines(phrases_file)
+    ds = build_dataset(model, _lines(cfg.file("prompts")), phrases, out / "data", texts=cfg.text_files(),
+                       config=DatasetConfig(samples=cfg.samples, max_new=cfg.max_new, seed=cfg.seed),
+                       progress=tick("dataset"))
+    mark("dataset")
+    with gguf.open(model) as g:
+        ms = model_specials(g)
+        from exactedit.solvers.tail.model import load_tokens
+
+        table = load_tokens(g)
+    found = mine_dumps({s: read_dump(out / "data" / s) for s in ("train", "heldout")}, phrases, table)
+    if not found.tuples:
+        raise RealDemoError(f"none of the phrases of {phrases_file} occurs in the model's replies: nothing to "
+                            "edit (pick phrases by measurement: `exactedit mine`)")
+    protocol = write_protocol(out / "protocol.toml", out / "data", f"demo-{cfg.model}", ms.guards, ms.turn_end,
+                              found.tuples)
+    ws = out / "ws"
+    cmd = f"exactedit demo --model {cfg.model} --out {out}"
+    workflow.register(protocol, ws, cmd)
+    workflow.split(protocol, ws, cmd)
+    mark("register")
+    inputs = WfldInputs(model=str(model), phrases=str(phrases_file), train=(str(out / "data" / "train"),),
+                        heldout=(str(out / "data" / "heldout"),), collateral=(str(out / "data" / "collateral"),),
+                        anchors=(str(out / "data" / "anchors"),), protocol=str(protocol))
+    wf = solve_wfld(WfldConfig(ridge=cfg.ridge, background=cfg.background, same_sense=cfg.same_sense_words()), inputs, out / "wfld", workspace=ws, command=cmd, progress=tick("solve wfld"))
+    mark("solve_wfld")
+    applied = apply_bundle(wf.bundle, model, out / "edited.gguf", progress=tick("apply"))
+    mark("apply")
+    report = verify_live(model, wf.bundle, _verify_tokens(out / "data" / "heldout", cfg.verify_tokens),
+                         edited=applied.out, progress=tick("verify live"))
+    mark("verify_live")
+    dev = workflow.score(protocol, ws, model, out / "dev", cmd, bundle=wf.bundle,
+                         config=ScoreConfig(heldout_role="dev", bars="anti-slop"), progress=tick("eval score"))
+    mark("eval_score")
+    measured = tuple(dict.fromkeys(phrases + cfg.watched()))
+    rates = mine(model, _lines(cfg.file("rate_prompts")), measured, None, edited=applied.out,
+                 config=MineConfig(max_new=cfg.max_new, seed=cfg.seed + 10_000, samples=cfg.rate_samples,
+                                   n_boot=cfg.n_boot), progress=tick("phrase rates"))
+    artefacts = {"base": variant_artefacts([r.text for r in rates.replies], measured),
+                 "edited": variant_artefacts([r.text for r in rates.edited_replies], measured)}
+    mark("phrase_rates")
+    r = RealDemoResult(out, str(model), ds, protocol, wf, applied, report, dev, rates, artefacts, seconds)
+    return _write_reports(r)
+
+
+def _collateral_png(bars: Sequence[dict], path: Path) -> Path:
+    """PNG: bar (d) per word, mean dlogp on its legitimate uses, with the bar's threshold."""
+    import io
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from exactedit.quant.files import atomic_write_bytes
+
+    rows = [b for b in bars if b.get("bar") == "(d)" and "mean" in b.get("name", "")]
+    fig, ax = plt.subplots(figsize=(6, 0.5 + 0.45 * max(len(rows), 1)))
+    labels = [b.get("label", b["name"]) for b in rows]
+    vals = [b["value"] if b["value"] is not None else 0.0 for b in rows]
+    ax.barh(range(len(rows)), vals, color=["tab:green" if b["pass"] else "tab:red" for b in rows])
+    if rows:
+        ax.axvline(rows[0]["threshold"], color="k", ls="--", lw=1, label=f"bar {rows[0]['threshold']}")
+        ax.legend(loc="lower right", fontsize=8)
+    ax.set_yticks(range(len(rows)), labels, fontsize=7)
+    ax.set_xlabel("mean dlogp on legitimate uses (nats)")
+    ax.set_title("per-word collateral, bar (d)", fontsize=9)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
+def _write_reports(r: RealDemoResult) -> RealDemoResult:
+    from exactedit.evals.rates.report import plot_phrase_rates
+
+    obj, text = real_demo_report(r)
+    files = {"json": r.out / "report.json", "md": r.out / "report.md", "rates_png": r.out / "phrase-rates.png",
+             "collateral_png": r.out / "collateral.png", "replies": r.out / "replies.json"}
+    replies = [{"side": side, "name": x.name, "prompt": x.prompt, "seed": x.seed, "tokens": x.tokens, "stop": x.stop,
+                "text": x.text} for side, xs in (("base", r.rates.replies), ("edited", r.rates.edited_replies)) for x in xs]
+    atomic_write_text(files["replies"], json.dumps(replies, indent=1, ensure_ascii=False) + "\n")
+    plot_phrase_rates(r.rates.phrase_rates, files["rates_png"], title=f"{Path(r.model).name}: held-out prompts")
+    _collateral_png(r.wfld.report["bars"], files["collateral_png"])
+    atomic_write_text(files["json"], json.dumps({**obj, "files": {k: str(v) for k, v in files.items()}},
+                                                indent=1, default=str) + "\n")
+    atomic_write_text(files["md"], text + "\n\n![phrase rates](phrase-rates.png)\n\n![collateral](collateral.png)\n")
+    return RealDemoResult(**{**r.__dict__, "files": files})
+
+
+def _rate_line(p: dict) -> str:
+    def side(s):
+        c = s.get("continuation")
+        return (f"{s['replies_with']:>3} replies  {s['per_1k_tokens']:7.2f}/1k  "
+                f"cont {'n/a' if c is None else f'{c:.2f}'}")
+    line = f"  {p['phrase']!r:<24} base {side(p['base'])}"
+    return line + (f"  | edited {side(p['edited'])}" if p.get("edited") else "")
+
+
+CONTINUATION_CUT = 0.70      # issue 14's target: continuation at the prefix down >= 70% per solved phrase
+
+
+def demo_targets(rates: Sequence[dict], solved: Sequence[str], bars: Sequence[dict], verify_passed: bool,
+                 artefacts: dict, replies: dict) -> list[dict]:
+    """The real-model targets, each {name, value, target, pass}: per solved phrase the continuation
+    cut at its prefix (1 - edited / base, held-out prompts), every bar, verify live, the edited
+    replies' variant artefacts, and the turn-end rate (replies that reached the model's turn end,
+    base vs edited: unchanged means within one reply)."""
+    out = []
+    for p in rates:
+        if p["phrase"] not in solved or not p.get("edited"):
+            continue
+        b, e = p["base"].get("continuation"), p["edited"].get("continuation")
+        cut = None if not b or e is None else 1.0 - e / b
+        out.append({"name": f"continuation cut {p['phrase']!r}", "value": cut, "target": f">= {CONTINUATION_CUT}",
+                    "pass": cut is not None and cut >= CONTINUATION_CUT})
+    failed = [f"{x['bar']} {x.get('label', x['name'])}" for x in bars if not x["pass"]]
+    out.append({"name": "bars (a)-(g)", "value": f"{len(bars) - len(failed)}/{len(bars)} pass",
+                "target": "all pass", "pass": not failed, "failed": failed})
+    out.append({"name": "verify live (bitwise)", "value": verify_passed, "target": True, "pass": bool(verify_passed)})
+    n_art = len(artefacts.get("edited", ()))
+    out.append({"name": "variant artefacts, edited replies", "value": n_art, "target": 0, "pass": n_art == 0})
+    ends = {k: sum(r.stop == "turn_end" for r in v) for k, v in replies.items()}
+    n = max(len(replies.get("base", ())), 1)
+    out.append({"name": "turn-end rate (replies ending at the turn end)",
+                "value": f"{ends.get('base', 0)}/{n} -> {ends.get('edited', 0)}/{n}", "target": "within 1 reply",
+                "pass": abs(ends.get("base", 0) - ends.get("edited", 0)) <= 1})
+    return out
+
+
+def real_demo_report(r: RealDemoResult) -> tuple[dict, str]:
+    """(report.json's object, report.md's text) of a real-model demo."""
+    rates = r.rates.phrase_rates.to_dict()["phrase_rates"]
+    bars = r.wfld.report["bars"]
+    solved = [p["phrase"] for p in r.wfld.report.get("phrases", []) if isinstance(p, dict) and "phrase" in p]
+    targets = demo_targets(rates, solved, bars, r.verify.passed, r.artefacts,
+                           {"base": r.rates.replies, "edited": r.rates.edited_replies})
+    obj = {"model": r.model, "out": str(r.out), "protocol": str(r.protocol),
+           "dataset": r.dataset.to_dict(), "wfld_bundle": str(r.wfld.bundle), "wfld_verdict": r.wfld.verdict,
+           "bars": bars, "collateral": r.wfld.report.get("collateral"), "shipping": r.wfld.report.get("shipping"), "alternatives": r.wfld.report.get("alternatives"),
+           "edited": str(r.applied.out), "edited_sha256": r.applied.out_sha256,
+           "verify": r.verify.to_json(), "dev_verdict": r.dev.report.verdict,
+           "dev_report": str(r.dev.files.paths["json"]),
+           "phrase_rates": rates, "rates_run": r.rates.phrase_rates.to_dict(),
+           "artefacts": {k: [a.__dict__ for a in v] for k, v in r.artefacts.items()},
+           "targets": targets,
+           "seconds": {k: round(v, 2) for k, v in r.seconds.items()}}
+    lines = [f"# exactedit demo --model: {Path(r.model).name}", "",
+             f"data: {sum(s.docs for s in r.dataset.sets)} documents in {len(r.dataset.sets)} sets "
+             f"({', '.join(f'{s.name} {s.docs}' for s in r.dataset.sets)})"]
+    lines += [f"warning: {w}" for w in r.dataset.warnings]
+    lines += ["", f"## solve wfld: {r.wfld.verdict}", ""]
+    lines += [f"  {b['bar']:<4} {b.get('label', b['name'])[:60]:<60} {b['value'] if b['value'] is None else round(b['value'], 5)!s:>10}"
+              f"  {b['op']} {b['threshold']}  {'pass' if b['pass'] else 'FAIL'}" for b in bars]
+    coll = collateral_lines(r.wfld.report.get("collateral") or ())
+    if coll:
+        lines += [""] + coll
+    v = r.verify
+    lines += ["", f"## verify live: {'PASS' if v.passed else 'FAIL'} ({v.tokens} tokens)"]
+    lines += [f"  {c.name}: bitwise {c.stats.bitwise}, max |diff| {c.stats.max_abs:.3g}, KL mean "
+              f"{c.stats.kl_mean:.3g}, top-1 {c.stats.top1:.4f}" for c in v.checks]
+    lines += ["", f"## dev score: {r.dev.report.verdict} ({r.dev.files.paths['json']})", "",
+              "## phrase rates, held-out prompts (base vs edited, same prompts and seeds)"]
+    lines += [_rate_line(p) for p in rates]
+    lines += ["", f"variant artefacts: base {len(r.artefacts['base'])}, edited {len(r.artefacts['edited'])}"]
+    lines += [f"  {a.found!r} (reply {a.reply})" for a in r.artefacts["edited"]]
+    lines += ["", "## targets (issue 14)"]
+    shown = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)   # noqa: E731
+    lines += [f"  {t['name']:<52} {shown(t['value']):>14}  target {t['target']!s:<12} {'pass' if t['pass'] else 'FAIL'}"
+              + (f"  ({'; '.join(t['failed'])})" if t.get("failed") else "") for t in targets]
+    lines += ["", "time: " + ", ".join(f"{k} {v:.0f} s" for k, v in r.seconds.items())]
+    return obj, "\n".join(lines)

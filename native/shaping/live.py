@@ -1,0 +1,118 @@
+"""The shaping rules live: compiled rules opened for one model (refused for another file), the
+live `Shaper` and its offline twin, `mine`'s processors, and `exactedit generate` (one reply with the
+rules in the generation loop of native/llamacpp/generate.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from exactedit.native.llamacpp.chat import prompt_tokens, render_prompt
+from exactedit.native.llamacpp.engine import EngineError, LlamaEngine
+from exactedit.native.llamacpp.generate import GenerateConfig, generate
+
+
+def open_rules(model, rules_path, g=None):
+    """(compiled rules, the chat template they were compiled with) for `model`; refuses rules
+    compiled for another file (by sha256)."""
+    from exactedit.solvers.shaping.compiled import ShapingRulesError, read_compiled
+    from exactedit.quant import chat_template as ct
+    from exactedit.quant import gguf
+
+    compiled = read_compiled(rules_path)
+    g = g or gguf.open(model)
+    sha = g.sha256()
+    if sha != compiled.model.get("sha256"):
+        raise ShapingRulesError(rules_path, "model.sha256", f"compiled for {compiled.model.get('sha256')}, but {model} "
+                                f"is {sha}: recompile with exactedit shape compile")
+    if compiled.chat.get("template_from") == "rules":
+        tokens = g.tokens()
+        ids = {k: g.get(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos")}
+        tpl = ct.ChatTemplate(compiled.chat.get("template") or "", where=f"{rules_path}: chat.template",
+                              **{f"{k}_token": tokens[int(v)] if v is not None else "" for k, v in ids.items()})
+    else:
+        tpl = ct.from_gguf(g)
+    return compiled, tpl
+
+
+def shaper_for(compiled, *, persona: bool | None = None):
+    """The live `Shaper` of compiled rules (`persona` overrides the rules file's `active`)."""
+    from exactedit.solvers.shaping.rules import Shaper
+
+    return Shaper(compiled.rules, compiled.vocab, persona=compiled.persona if persona is None else persona)
+
+
+def offline_rules(compiled, persona: bool):
+    """The same rules for the trace pass (a one-document trace whose persona flag is `persona`)."""
+    import dataclasses
+
+    from exactedit.solvers.shaping.rules import PersonaCase
+
+    return tuple(dataclasses.replace(r, persona_docs=(persona,)) if isinstance(r, PersonaCase) else r
+                 for r in compiled.rules)
+
+
+def shape_processors(model, rules_path, edited=None) -> dict:
+    """`mine`'s logits processors for compiled rules run live on every side (base, and edited:
+    the rules' ids hold for an edited copy with the same tokenizer); {} without rules."""
+    if rules_path is None:
+        return {}
+    from exactedit.quant import gguf
+
+    compiled, _ = open_rules(model, rules_path)
+    if edited is not None:
+        same_tokenizer(gguf.open(model), gguf.open(edited), edited)
+    return {side: shaper_for(compiled) for side in ("base", "edited")[:2 if edited is not None else 1]}
+
+
+def same_tokenizer(g, e, where) -> None:
+    """An edited model must share the base's token table and chat template (the rules' ids)."""
+    for key in ("tokenizer.ggml.model", "tokenizer.chat_template", "tokenizer.ggml.eos_token_id"):
+        if g.get(key) != e.get(key):
+            raise EngineError(where, key, "differs from the base model's: the compiled rules do not apply to it")
+    if g.tokens() != e.tokens() or not np.array_equal(g.token_types(), e.token_types()):
+        raise EngineError(where, "tokenizer.ggml.tokens", "differs from the base model's token table")
+
+
+@dataclass(frozen=True)
+class TextGeneration:
+    """`exactedit generate`: one reply, and where each rule fired."""
+
+    prompt: str
+    text: str
+    tokens: int
+    truncated: bool
+    fired: dict
+    kl: dict
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def generate_text(model, prompt: str, config: GenerateConfig, rules_path=None, settings=None,
+                  persona: bool | None = None) -> TextGeneration:
+    """One reply to `prompt` (the model's chat template; the rules' when given), rules live."""
+    from exactedit.quant import chat_template as ct
+    from exactedit.quant import gguf
+
+    g = gguf.open(model)
+    compiled, tpl = open_rules(model, rules_path, g) if rules_path is not None else (None, ct.from_gguf(g))
+    shaper = shaper_for(compiled, persona=persona) if compiled is not None else None
+    with LlamaEngine(model, settings) as engine:
+        gen = generate(engine, prompt_tokens(engine, render_prompt(tpl, prompt)), config, shaper,
+                       stop_ids=compiled.vocab.turn_end if compiled is not None else None)
+        text = b"".join(engine.piece(int(t)) for t in gen.tokens).decode("utf-8", "replace")
+    names = [r.name for r in compiled.rules] if compiled is not None else []
+    fired = {n: [int(i) for i in np.flatnonzero(gen.fired[:, j])] for j, n in enumerate(names)}
+    kl = {"steps": int(gen.kl.size), "mean": float(gen.kl.mean()) if gen.kl.size else 0.0,
+          "max": float(gen.kl.max()) if gen.kl.size else 0.0}
+    return TextGeneration(prompt, text, int(gen.tokens.size), gen.truncated, fired, kl)
+
+
+def render_generation(r: TextGeneration) -> str:
+    out = [r.text, "", f"({r.tokens} tokens{', cut at --max-new' if r.truncated else ''})"]
+    for name, steps in r.fired.items():
+        out.append(f"  {name}: fired at steps {steps}")
+    if r.fired:
+        out.append(f"  KL(unshaped || shaped) per step: mean {r.kl['mean']:.4g}, max {r.kl['max']:.4g}")
+    return "\n".join(out)

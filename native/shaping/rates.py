@@ -1,0 +1,165 @@
+"""`exactedit shape rates`: weights only, rules only, both, against the base, in free generation.
+
+Four arms answer the same prompts with the same seeds and the same sampler chain
+(native/llamacpp/generate.py): `base` (the model), `rules` (the model with the compiled rules live),
+and with an edited GGUF `weights` (the edited model) and `both` (the edited model with the
+rules). The phrase rates of each arm against `base` come from evals/rates/phrase_rates.py (replies with
+the phrase, per 1,000 tokens, continuation at its prefix, bootstrap intervals over prompts). For
+the arms with rules, the KL of the shaped against the unshaped distribution (temperature 1, full
+vocabulary, each step of the arm's own generation) is reported at each rule's trigger steps and
+over whole replies (the mean over every step, the steps where no rule fired counting 0), as
+SPEC.md section 6 asks of a rule scored like an edit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from exactedit.native.llamacpp.batched import DEFAULT_SLOTS, generate_batched
+from exactedit.native.llamacpp.engine import EngineError, EngineSettings, LlamaEngine
+from exactedit.native.llamacpp.generate import GenerateConfig
+from exactedit.native.llamacpp.chat import prompt_tokens, render_prompt
+from exactedit.native.shaping.live import open_rules, same_tokenizer, shaper_for
+
+ARMS = ("base", "rules", "weights", "both")
+
+
+@dataclass(frozen=True)
+class ArmRun:
+    """One arm's replies (evals.rates.phrase_rates.Reply) and, with rules, its KL and firing counts."""
+
+    name: str
+    model: str
+    replies: tuple
+    kl: dict = field(default_factory=dict)
+    fired: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "replies": len(self.replies),
+                "tokens": int(sum(r.tokens.size for r in self.replies)),
+                "truncated": int(sum(r.truncated for r in self.replies)), "kl": self.kl, "fired": self.fired}
+
+
+@dataclass(frozen=True)
+class ShapeRates:
+    arms: dict                 # name -> ArmRun
+    vs_base: dict              # arm -> evals.rates.phrase_rates.PhraseRates (base vs that arm)
+    config: dict
+    info: dict
+
+    def to_dict(self) -> dict:
+        return {"arms": {k: a.to_dict() for k, a in self.arms.items()},
+                "vs_base": {k: r.to_dict() for k, r in self.vs_base.items()}, "config": self.config, **self.info}
+
+
+def kl_summary(names: Sequence[str], fired: np.ndarray, kl: np.ndarray, kl_rules: np.ndarray) -> dict:
+    """KL(unshaped || shaped) at each rule's trigger steps (that rule applied alone: rules firing
+    at one row are told apart), at any trigger and over all steps (all rules together)."""
+    out = {}
+    scopes = {f"triggers {n}": (fired[:, j], kl_rules[:, j]) for j, n in enumerate(names)}
+    scopes["triggers any"] = (fired.any(axis=1) if fired.size else np.zeros(kl.size, bool), kl)
+    scopes["replies"] = (np.ones(kl.size, bool), kl)
+    for key, (m, vals) in scopes.items():
+        v = vals[m]
+        out[key] = {"steps": int(m.sum()), "mean": float(v.mean()) if v.size else None,
+                    "median": float(np.median(v)) if v.size else None, "max": float(v.max()) if v.size else None}
+    return out
+
+
+def _run_arm(name, path, ptoks, seeds, cfg, compiled, settings, slots, progress) -> ArmRun:
+    from exactedit.evals.rates.phrase_rates import Reply
+
+    shapers = (lambda: shaper_for(compiled)) if name in ("rules", "both") else None
+    jobs = [(i, int(seed)) for i in range(len(ptoks)) for seed in seeds]
+    with LlamaEngine(path, settings) as engine:
+        gens = generate_batched(engine, [ptoks[i] for i, _ in jobs],
+                                [GenerateConfig(cfg.max_new, cfg.temperature, cfg.top_k, seed) for _, seed in jobs],
+                                stop_ids=tuple(compiled.vocab.turn_end), slots=slots, shapers=shapers,
+                                progress=None if progress is None else lambda *_: progress())
+    replies = tuple(Reply(i, seed, g.prompt, g.tokens, g.truncated) for g, (i, seed) in zip(gens, jobs))
+    if shapers is None:
+        return ArmRun(name, str(path), replies)
+    names = [r.name for r in compiled.rules]
+    fired_all = np.concatenate([g.fired for g in gens])
+    kl_all = np.concatenate([g.kl for g in gens])
+    kl_alone = np.concatenate([g.kl_rules for g in gens])
+    return ArmRun(name, str(path), replies, kl_summary(names, fired_all, kl_all, kl_alone),
+                  {n: int(fired_all[:, j].sum()) for j, n in enumerate(names)})
+
+
+def shape_rates(model, rules_path, prompts: Sequence[str], phrases: Sequence[str] | None = None, *, edited=None,
+                config: GenerateConfig | None = None, seeds: Sequence[int] = (0,),
+                settings: EngineSettings | None = None, n_boot: int = 1000, level: float = 0.95,
+                slots: int = DEFAULT_SLOTS, progress: Callable[[int, int], None] | None = None) -> ShapeRates:
+    """Generate every arm and compare each with `base`. `phrases`: the rates' phrases (default:
+    the compiled prefix penalty's). Every arm decodes `slots` replies at a time through the same
+    loop (native/llamacpp/batched.py; 1: one at a time, the loop of `exactedit generate`)."""
+    from exactedit.evals.rates.phrase_rates import phrase_rates
+    from exactedit.quant import gguf
+    from exactedit.solvers.phrases import PhraseMatcher, TokenBytes, parse_phrases
+    from exactedit.solvers.tail.model import load_tokens
+
+    cfg = config or GenerateConfig()
+    if not prompts:
+        raise EngineError(model, "prompts", "no prompts")
+    g = gguf.open(model)
+    compiled, tpl = open_rules(model, rules_path, g)
+    if edited is not None:
+        same_tokenizer(g, gguf.open(edited), edited)
+    pen = compiled.rule("prefix-penalty")
+    if phrases is None:
+        if pen is None:
+            raise EngineError(rules_path, "phrases", "the rules have no prefix penalty; give the phrases to rate")
+        phrases = [p.text for p in pen.phrases]
+    phrases = parse_phrases(list(phrases), "phrases")
+    with LlamaEngine(model, settings) as engine:
+        ptoks = [prompt_tokens(engine, render_prompt(tpl, p)) for p in prompts]
+    arms = ARMS if edited is not None else ARMS[:2]
+    total, done = len(arms) * len(prompts) * len(seeds), [0]
+
+    def tick():
+        done[0] += 1
+        if progress is not None:
+            progress(done[0], total)
+
+    runs = {a: _run_arm(a, edited if a in ("weights", "both") else model, ptoks, seeds, cfg, compiled, settings, slots, tick)
+            for a in arms}
+    matcher = PhraseMatcher(phrases, TokenBytes(load_tokens(g)))
+    vs = {a: phrase_rates(matcher, list(runs["base"].replies), list(runs[a].replies), n_boot=n_boot, level=level,
+                          seed=int(seeds[0]) if seeds else 0) for a in arms if a != "base"}
+    info = {"model": str(model), "model_sha256": compiled.model["sha256"], "edited": str(edited or ""),
+            "rules": str(rules_path), "phrases": list(phrases), "prompts": len(prompts)}
+    return ShapeRates(runs, vs, {"max_new": cfg.max_new, "temperature": cfg.temperature, "top_k": cfg.top_k,
+                                 "seeds": list(seeds), "slots": slots}, info)
+
+
+def render_shape_rates(r: ShapeRates) -> str:
+    """Per phrase and arm: replies with it, per 1k tokens, continuation at the prefix; then KL."""
+    def f(x, spec="{:.2f}"):
+        return "n/a" if x is None or not np.isfinite(x) else spec.format(x)
+
+    arms = [a for a in ARMS if a in r.arms]
+    head = ["phrase", *[f"{a}: with / per1k / cont" for a in arms]]
+    rows = []
+    first = next(iter(r.vs_base.values()))
+    for pi, p in enumerate(first.phrases):
+        cells = [p.phrase, f"{p.base.replies_with}/{p.base.replies} / {f(p.base.per_1k_tokens)} / {f(p.base.continuation)}"]
+        for a in arms[1:]:
+            e = r.vs_base[a].phrases[pi].edited
+            cells.append(f"{e.replies_with}/{e.replies} / {f(e.per_1k_tokens)} / {f(e.continuation)}")
+        rows.append(cells)
+    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+    out = [f"shape rates: {r.info['prompts']} prompts x seeds {r.config['seeds']}, max_new {r.config['max_new']}, "
+           f"T {r.config['temperature']}, top-k {r.config['top_k']}; tokens "
+           + ", ".join(f"{a} {r.arms[a].to_dict()['tokens']}" for a in arms),
+           "  ".join(h.ljust(w) for h, w in zip(head, widths))]
+    out += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    for a in arms:
+        if r.arms[a].kl:
+            out.append(f"KL(unshaped || shaped), arm {a} (fired: "
+                       + ", ".join(f"{n} {k}" for n, k in r.arms[a].fired.items()) + "):")
+            out += [f"  {k:28} steps {v['steps']:5}  mean {f(v['mean'], '{:.4g}')}  median {f(v['median'], '{:.4g}')}"
+                    f"  max {f(v['max'], '{:.4g}')}" for k, v in r.arms[a].kl.items()]
+    return "\n".join(out)

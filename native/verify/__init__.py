@@ -1,0 +1,12 @@
+"""Live verification: does a compiled engine loading the edited GGUF produce the predicted logits?
+On llama.cpp (`live`), and through the production engine's command contract (`strata`, `engine`).
+
+The names below are imported on first use (their modules pull in numba / JAX).
+"""
+from exactedit import lazy_exports
+
+__all__, __getattr__ = lazy_exports(__name__, {
+    "check_edit": "live",
+    "verify_engine": "engine",
+    "verify_live": "live",
+})

@@ -1,0 +1,221 @@
+"""Compiled shaping rules: token ids only, as JSON any engine can implement (docs/shaping.md).
+
+`CompiledRules` is what `solvers.shaping.rules_file.compile_rules` returns and `read_compiled` reads
+back (every field validated, ids in range, the model's sha256 kept). `vocab()` / `rules` are the
+objects `solvers.shaping.rules` runs; `native/shaping/c/shaping.c` implements the same JSON in C.
+
+Layout (format "exactedit.shaping", version 1):
+    model        {path, sha256, vocab}
+    rules_file   {path, sha256}
+    chat         {template_from: "gguf" | "rules", template (rules' own, else null), turn_start,
+                  turn_end, header_end, assistant}       the texts, for people
+    markup       {turn_start: [id], turn_end: [id], role: [id], header_end: id | null,
+                  think: [open, close] | null, tool: [open, close] | null, names: {id: text}}
+    classes      {newline, nl_lead, sentence_end, blank, invisible, structured, boundary: [id],
+                  fences: [[id, count]]}                 per-token flags (solvers.shaping.triggers)
+    rules        in order: {kind: "prefix-penalty", bias, phrases: [{text, final, prefixes: [hex]}],
+                  pieces: [[id, hex]], merge_ok: [[id, k]]}
+                  | {kind: "step0-guard", bias, targets: [id]}
+                  | {kind: "persona-case", drop, active, persona_tag, pairs: [[up, low]]}
+`prefixes` are the byte strings a phrase's prefix is matched as (as written, Capitalized);
+`pieces` the bytes of every token a match can use; `merge_ok` the (piece, k) pairs where the
+piece may start a match with the prefix's first k bytes (its other bytes end in a word
+boundary). Derived data is checked against a recomputation when read.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from exactedit.solvers.shaping import rules as shaping
+from exactedit.solvers.shaping.triggers import FLAG_NAMES, VISIBLE, ShapeVocab
+from exactedit.quant.errors import FieldError
+from exactedit.quant.files import atomic_write_text
+
+FORMAT, VERSION = "exactedit.shaping", 1
+_CLASSES = ("newline", "nl_lead", "sentence_end", "blank", "invisible", "structured", "boundary")
+
+
+class ShapingRulesError(FieldError):
+    """A rules file or a compiled rules file is malformed or does not fit the model."""
+
+
+@dataclass(frozen=True, eq=False)
+class CompiledRules:
+    vocab: ShapeVocab
+    rules: tuple
+    persona: bool
+    persona_tag: str
+    model: dict
+    rules_file: dict
+    chat: dict
+    names: dict
+
+    def rule(self, kind: str):
+        return next((r for r in self.rules if r.name == kind), None)
+
+    def summary(self) -> dict:
+        out = []
+        for r in self.rules:
+            if isinstance(r, shaping.PhrasePenalty):
+                out.append({"kind": r.name, "bias": r.bias, "pieces": len(r.pieces), "phrases": [
+                    {"text": p.text, "final": self.names.get(p.final, str(p.final))} for p in r.phrases]})
+            elif isinstance(r, shaping.Step0Guard):
+                out.append({"kind": r.name, "bias": r.bias, "targets": [self.names.get(t, str(t)) for t in r.targets]})
+            else:
+                out.append({"kind": r.name, "drop": r.drop, "pairs": len(r.pairs), "active": self.persona})
+        return {"model": self.model, "chat": {k: v for k, v in self.chat.items() if k != "template"}, "rules": out}
+
+    def to_dict(self) -> dict:
+        v = self.vocab
+        fl = v.flags
+        classes = {}
+        for name in _CLASSES:
+            bit = VISIBLE if name == "invisible" else FLAG_NAMES[name]
+            on = (fl & bit) == 0 if name == "invisible" else (fl & bit) != 0
+            classes[name] = [int(i) for i in np.flatnonzero(on)]
+        classes["fences"] = [[int(i), int(v.fences[i])] for i in np.flatnonzero(v.fences)]
+        markup = {"turn_start": list(v.turn_start), "turn_end": list(v.turn_end), "role": list(v.role),
+                  "header_end": v.header_end,
+                  "think": None if v.think_open is None else [v.think_open, v.think_close],
+                  "tool": None if v.tool_open is None else [v.tool_open, v.tool_close],
+                  "names": {str(k): t for k, t in sorted(self.names.items())}}
+        rules = []
+        for r in self.rules:
+            if isinstance(r, shaping.PhrasePenalty):
+                rules.append(_penalty_dict(r))
+            elif isinstance(r, shaping.Step0Guard):
+                rules.append({"kind": r.name, "bias": r.bias, "targets": list(r.targets)})
+            else:
+                rules.append({"kind": r.name, "drop": r.drop, "active": self.persona, "persona_tag": self.persona_tag,
+                              "pairs": [list(p) for p in r.pairs]})
+        return {"format": FORMAT, "version": VERSION, "model": self.model, "rules_file": self.rules_file,
+                "chat": self.chat, "markup": markup, "classes": classes, "rules": rules}
+
+    @classmethod
+    def from_dict(cls, d, where="rules.json") -> "CompiledRules":
+        return _parse(d, str(where))
+
+
+def _penalty_dict(r) -> dict:
+    from exactedit.solvers.phrases import ends_at_boundary
+
+    forms = r._matcher.forms
+    starts = {f.prefix[:k] for f in forms if f.prefix for k in range(1, len(f.prefix) + 1)}
+    merge = [[i, k] for i, b in sorted(r.pieces.items()) for k in range(1, len(b))
+             if b[-k:] in starts and ends_at_boundary(b[:-k])]
+    return {"kind": r.name, "bias": r.bias,
+            "phrases": [{"text": p.text, "final": p.final,
+                         "prefixes": [f.prefix.hex() for f in forms if f.phrase == j and f.prefix]}
+                        for j, p in enumerate(r.phrases)],
+            "pieces": [[i, b.hex()] for i, b in sorted(r.pieces.items())], "merge_ok": merge}
+
+
+def write_compiled(compiled: CompiledRules, path) -> None:
+    atomic_write_text(path, json.dumps(compiled.to_dict(), separators=(",", ":")) + "\n")
+
+
+def read_compiled(path) -> CompiledRules:
+    path = Path(path)
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ShapingRulesError(path, "file", f"cannot read ({exc.strerror or exc})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ShapingRulesError(path, "json", f"not valid JSON ({exc})") from None
+    return _parse(d, str(path))
+
+
+def _parse(d, where: str) -> CompiledRules:
+    def need(obj, key, kind, field):
+        if not isinstance(obj, dict) or key not in obj:
+            raise ShapingRulesError(where, field, "missing")
+        v = obj[key]
+        if not isinstance(v, kind) or (isinstance(v, bool) and kind in (int, float, (int, float))):
+            raise ShapingRulesError(where, field, f"expected {getattr(kind, '__name__', 'a number')}, got {v!r}"[:200])
+        return v
+
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise ShapingRulesError(where, "format", f"expected {FORMAT!r}")
+    if d.get("version") != VERSION:
+        raise ShapingRulesError(where, "version", f"expected {VERSION}, got {d.get('version')!r}")
+    model = need(d, "model", dict, "model")
+    V = need(model, "vocab", int, "model.vocab")
+    need(model, "sha256", str, "model.sha256")
+    if V < 1:
+        raise ShapingRulesError(where, "model.vocab", f"expected >= 1, got {V}")
+
+    def ids(v, field, n=None):
+        if not isinstance(v, list) or any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < V for t in v):
+            raise ShapingRulesError(where, field, f"expected a list of token ids in [0, {V})")
+        if n is not None and len(v) != n:
+            raise ShapingRulesError(where, field, f"expected {n} ids, got {len(v)}")
+        return [int(t) for t in v]
+
+    def opt_pair(v, field):
+        return None if v is None else ids(v, field, 2)
+
+    m = need(d, "markup", dict, "markup")
+    header_end = m.get("header_end")
+    if header_end is not None:
+        header_end = ids([header_end], "markup.header_end")[0]
+    think, tool = opt_pair(m.get("think"), "markup.think"), opt_pair(m.get("tool"), "markup.tool")
+    c = need(d, "classes", dict, "classes")
+    flags = np.zeros(V, np.uint8)
+    for name in _CLASSES:
+        sel = ids(need(c, name, list, f"classes.{name}"), f"classes.{name}")
+        bit = VISIBLE if name == "invisible" else FLAG_NAMES[name]
+        flags[sel] |= bit
+    flags ^= VISIBLE  # "invisible" lists the complement
+    fences = np.zeros(V, np.uint8)
+    for k, pair in enumerate(need(c, "fences", list, "classes.fences")):
+        if not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[1], int) or not 0 < pair[1] < 256:
+            raise ShapingRulesError(where, f"classes.fences[{k}]", "expected [id, count 1..255]")
+        fences[ids(pair[:1], f"classes.fences[{k}]")[0]] = pair[1]
+    try:
+        vocab = ShapeVocab(flags, fences, ids(need(m, "turn_start", list, "markup.turn_start"), "markup.turn_start"),
+                           ids(need(m, "turn_end", list, "markup.turn_end"), "markup.turn_end"),
+                           ids(need(m, "role", list, "markup.role"), "markup.role"), header_end,
+                           *(think or (None, None)), *(tool or (None, None)))
+    except ValueError as exc:
+        raise ShapingRulesError(where, "markup", str(exc)) from None
+    rules, persona, tag = [], True, "style"
+    for k, r in enumerate(need(d, "rules", list, "rules")):
+        f = f"rules[{k}]"
+        kind = need(r, "kind", str, f"{f}.kind")
+        try:
+            if kind == "prefix-penalty":
+                phrases = [shaping.TextPhrase(need(p, "text", str, f"{f}.phrases[{j}].text"),
+                                              ids([need(p, "final", int, f"{f}.phrases[{j}].final")], f"{f}.phrases")[0])
+                           for j, p in enumerate(need(r, "phrases", list, f"{f}.phrases"))]
+                pieces = {}
+                for j, pc in enumerate(need(r, "pieces", list, f"{f}.pieces")):
+                    if not isinstance(pc, list) or len(pc) != 2 or not isinstance(pc[1], str):
+                        raise ShapingRulesError(where, f"{f}.pieces[{j}]", "expected [id, hex bytes]")
+                    pieces[ids(pc[:1], f"{f}.pieces[{j}]")[0]] = bytes.fromhex(pc[1])
+                rule = shaping.PhrasePenalty(need(r, "bias", (int, float), f"{f}.bias"), tuple(phrases), pieces)
+                want = _penalty_dict(rule)
+                for key in ("phrases", "merge_ok"):
+                    if r.get(key) != want[key]:
+                        raise ShapingRulesError(where, f"{f}.{key}", "does not match what the phrases and pieces give "
+                                                "(edited by hand? recompile with exactedit shape compile)")
+                rules.append(rule)
+            elif kind == "step0-guard":
+                rules.append(shaping.Step0Guard(need(r, "bias", (int, float), f"{f}.bias"),
+                                                tuple(ids(need(r, "targets", list, f"{f}.targets"), f"{f}.targets"))))
+            elif kind == "persona-case":
+                pairs = need(r, "pairs", list, f"{f}.pairs")
+                flat = ids([t for p in pairs for t in (p if isinstance(p, list) and len(p) == 2 else [-1])], f"{f}.pairs")
+                rules.append(shaping.PersonaCase(tuple(zip(flat[0::2], flat[1::2])), (),
+                                                 need(r, "drop", (int, float), f"{f}.drop")))
+                persona, tag = need(r, "active", bool, f"{f}.active"), need(r, "persona_tag", str, f"{f}.persona_tag")
+            else:
+                raise ShapingRulesError(where, f"{f}.kind", f"unknown rule {kind!r}")
+        except ValueError as exc:
+            raise ShapingRulesError(where, f, str(exc)) from None
+    names = {int(k): str(t) for k, t in (m.get("names") or {}).items() if str(k).isdigit()}
+    return CompiledRules(vocab, tuple(rules), persona, tag, dict(model), dict(d.get("rules_file") or {}),
+                         dict(d.get("chat") or {}), names)

@@ -1,0 +1,63 @@
+"""Layer-47 tail forward, float32 fast path (JAX, jit at the boundary).
+
+Same math as `forward.py` (the float64 reference); the comparison table lives in
+tests/solvers/wfld/test_forward.py. The jitted functions are pure and differentiable, so the
+solvers can take vector-Jacobian products through them.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from exactedit.solvers.tail.last_layer_ref import Hc4L47, RmsnormL47
+
+F32 = jnp.float32
+
+
+@jax.jit
+def hc4_l47_jax(R, inj, hh, sgv, yr, w_sd):
+    """R' [T, streams, n] = R + (yr + sigmoid(sgv) * hh @ w_sd^T) * 2*sigmoid(inj/4), traceable."""
+    bo = yr + jax.nn.sigmoid(sgv)[:, None] * (hh @ w_sd.T)
+    return R + bo[:, None, :] * (2.0 * jax.nn.sigmoid(inj / 4.0))[:, :, None]
+
+
+def _rms_norm(x, eps):
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
+@jax.jit
+def rmsnorm_l47_jax(R, hh, w_down):
+    """R' [T, n] = R + hh @ w_down^T, traceable."""
+    return R + hh @ w_down.T
+
+
+@jax.jit
+def rmsnorm_post_l47_jax(R, hh, w_down, w_post, eps):
+    """R' [T, n] = R + rmsnorm(hh @ w_down^T) * w_post (Gemma-style post-FFN norm), traceable."""
+    return R + _rms_norm(hh @ w_down.T, eps) * w_post
+
+
+def _f32(x):
+    return jnp.asarray(np.asarray(x), dtype=F32)
+
+
+def _with_delta(w, dW):
+    w = _f32(w)
+    return w if dW is None else w + _f32(dW)
+
+
+def hc4_l47(R, inj, hh, sgv, yr, params: Hc4L47, dW=None) -> np.ndarray:
+    """R' [T, streams, n] float32 (numpy) from dump rows; `dW` [n, h] is added to W_sd."""
+    out = hc4_l47_jax(_f32(R), _f32(inj), _f32(hh), _f32(sgv), _f32(yr),
+                      _with_delta(params.w_sd, dW))
+    return np.asarray(out)
+
+
+def rmsnorm_l47(R, hh, params: RmsnormL47, dW=None) -> np.ndarray:
+    """R' [T, n] float32 (numpy); `dW` [n, h] is added to W_down."""
+    w = _with_delta(params.w_down, dW)
+    if params.w_post is None:
+        return np.asarray(rmsnorm_l47_jax(_f32(R), _f32(hh), w))
+    out = rmsnorm_post_l47_jax(_f32(R), _f32(hh), w, _f32(params.w_post), F32(params.eps))
+    return np.asarray(out)

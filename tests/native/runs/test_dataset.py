@@ -1,0 +1,43 @@
+"""dataset build's split by prompt (pure) and its warnings; the live build is in test_live_workflow.py."""
+from __future__ import annotations
+
+import pytest
+
+from exactedit.native.runs.dataset import DatasetConfig, SetSummary, _warn, split_prompts
+from exactedit.native.llamacpp.engine import EngineError
+
+
+def test_split_is_by_prompt_stable_and_complete():
+    prompts = [f"prompt {i}" for i in range(20)]
+    cfg = DatasetConfig(heldout=0.25, collateral=0.15, anchor=0.15)
+    g = split_prompts(prompts, cfg)
+    assert {k: len(v) for k, v in g.items()} == {"train": 9, "heldout": 5, "collateral": 3, "anchor": 3}
+    assert sorted(i for v in g.values() for i in v) == list(range(20))
+    assert split_prompts(prompts, cfg) == g                          # stable across runs
+    assert split_prompts(list(reversed(prompts)), cfg)["heldout"] == sorted(19 - i for i in g["heldout"])
+    assert split_prompts(prompts, DatasetConfig(seed=1)) != g        # the seed reorders
+    small = split_prompts(["a", "b", "c", "d"], cfg)
+    assert all(len(v) == 1 for v in small.values())                 # each asked-for group gets one
+
+
+def test_config_validation():
+    with pytest.raises(EngineError, match="shares"):
+        DatasetConfig(heldout=0.5, collateral=0.3, anchor=0.2)
+
+
+def test_warnings_name_the_bar():
+    s = SetSummary("collateral", "d", 3, 100, {"collateral": 3, "chat": 3}, {}, {}, {" use": 2, " example": 12}, 0, 0)
+    assert _warn(s) == ["collateral: 2 legitimate uses of ' use' (< 10: bar (d) for this word stands on little)"]
+    a = SetSummary("anchors", "d", 2, 100, {"anchor": 2, "chat": 2}, {}, {}, {}, 0, 0)
+    assert any("no 'plain'" in w for w in _warn(a)) and any("special-token holds" in w for w in _warn(a))
+    h = SetSummary("heldout", "d", 2, 300, {"chat": 2}, {"you can use": 3}, {"you can use": 3}, {}, 1, 1)
+    assert len(_warn(h)) == 2 and "(c)" in _warn(h)[0] and "(f)" in _warn(h)[1]
+
+
+def test_text_chunks_with_uses_go_in_turn_to_collateral_train_and_anchors():
+    from exactedit.native.runs.dataset import text_sets
+
+    docs = [f"c{k}" for k in range(8)]
+    got = text_sets(docs, {0, 1, 2, 3, 5, 7})
+    assert got == {"collateral": ["c0", "c3"], "train": ["c1", "c5"], "anchors": ["c2", "c7", "c4", "c6"]}
+    assert text_sets(docs[:2], set()) == {"collateral": [], "train": [], "anchors": ["c0", "c1"]}

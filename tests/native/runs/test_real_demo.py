@@ -1,0 +1,73 @@
+"""The real-model demo's pieces that need no engine: its protocol loads and resolves against a
+token table, the bundled data files are there and sane, the config refuses what it cannot run."""
+from __future__ import annotations
+
+import pytest
+
+from exactedit.evals.protocol.protocol import load_protocol, resolve_tokens
+from exactedit.native.runs.real_demo import DATA, RealDemoConfig, RealDemoError, _lines, write_protocol
+
+
+def test_protocol_loads_with_fixed_roles_and_id_tokens(tmp_path):
+    p = write_protocol(tmp_path / "protocol.toml", tmp_path / "data", "demo-x", specials=(3, 1), turn_end=2,
+                       tuples=[(10, 11, 12), (20, 21)])
+    proto = load_protocol(p)
+    assert {t.name: t.role for t in proto.traces} == {"train": "train", "heldout": "dev",
+                                                      "collateral": "collateral", "anchors": "anchors"}
+    assert all(t.path == (tmp_path / "data" / t.name).resolve() for t in proto.traces)
+    tokens = resolve_tokens(proto, [f"t{i}" for i in range(30)])
+    assert tokens.phrases == ((10, 11, 12), (20, 21)) and tokens.turn_end == 2
+    assert set(tokens.specials) == {1, 2, 3}
+    assert set(tokens.collateral_words) == {12, 21}
+
+
+def test_bundled_qwen_data_is_disjoint_and_sized():
+    cfg = RealDemoConfig()
+    prompts, rate = _lines(cfg.file("prompts")), _lines(cfg.file("rate_prompts"))
+    assert len(prompts) >= 20 and len(rate) >= 10
+    assert not set(prompts) & set(rate)            # the rate prompts built none of the data
+    assert _lines(cfg.file("phrases")) and cfg.text_files()
+
+
+def test_config_refuses_unknown_models_and_bad_sizes(tmp_path):
+    with pytest.raises(RealDemoError, match="no bundled --phrases"):
+        RealDemoConfig(model="nosuch").file("phrases")
+    with pytest.raises(RealDemoError, match=">= 1"):
+        RealDemoConfig(samples=0)
+    assert RealDemoConfig(phrases=str(tmp_path / "p.txt")).file("phrases") == tmp_path / "p.txt"
+    assert (DATA / "qwen" / "phrases.txt").is_file()
+
+
+def test_demo_targets_judge_each_issue_target():
+    from types import SimpleNamespace as NS
+
+    from exactedit.native.runs.real_demo import demo_targets
+
+    rates = [{"phrase": "you can use", "base": {"continuation": 0.5}, "edited": {"continuation": 0.1}},
+             {"phrase": "Here's an", "base": {"continuation": 0.8}, "edited": {"continuation": 0.4}},
+             {"phrase": "Here's an example", "base": {"continuation": 1.0}, "edited": {"continuation": 0.0}}]
+    bars = [{"bar": "(a)", "name": "a", "pass": True}, {"bar": "(d)", "name": "d", "label": "' use'", "pass": False}]
+    replies = {"base": [NS(stop="turn_end"), NS(stop="max_new"), NS(stop="max_new")],
+               "edited": [NS(stop="max_new")] * 3}
+    got = {t["name"]: t for t in demo_targets(rates, ["you can use", "Here's an"], bars, True,
+                                              {"edited": [object()]}, replies)}
+    assert got["continuation cut 'you can use'"]["pass"] and abs(got["continuation cut 'you can use'"]["value"] - 0.8) < 1e-12
+    assert not got["continuation cut \"Here's an\""]["pass"]                     # 0.5 < 0.7
+    assert "continuation cut \"Here's an example\"" not in got                   # watched, not solved
+    assert not got["bars (a)-(g)"]["pass"] and got["bars (a)-(g)"]["failed"] == ["(d) ' use'"]
+    assert got["verify live (bitwise)"]["pass"]
+    assert not got["variant artefacts, edited replies"]["pass"]
+    assert got["turn-end rate (replies ending at the turn end)"]["pass"]        # 1 -> 0: within one reply
+    none = demo_targets([{"phrase": "x", "base": {"continuation": None}, "edited": {"continuation": 0.0}}],
+                        ["x"], [], False, {}, {"base": [], "edited": []})
+    assert not none[0]["pass"] and none[0]["value"] is None
+
+
+def test_same_sense_file_parses_and_names_its_bad_line(tmp_path):
+    good = tmp_path / "ss.txt"
+    good.write_text("# paraphrases\nyou can use = utilize, employ\n", encoding="utf-8")
+    assert RealDemoConfig(same_sense=str(good)).same_sense_words() == (("you can use", ("utilize", "employ")),)
+    bad = tmp_path / "bad.txt"
+    bad.write_text("you can use utilize\n", encoding="utf-8")
+    with pytest.raises(RealDemoError, match=r"bad\.txt.*PHRASE=WORD"):
+        RealDemoConfig(same_sense=str(bad)).same_sense_words()
