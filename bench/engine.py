@@ -23,7 +23,7 @@ import numpy as np
 
 from exactedit.quant.errors import QuantError
 
-TARGET_RATIO = 1.5          # engine-faithful time / exact time, issue 16
+TARGET_RATIO = 1.5          # engine-faithful time / exact time (docs/performance.md)
 QTYPES = ("Q6_K", "Q8_0")
 DISTINCT_ROWS = 4096
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from exactedit.quant.errors import ExacteditError, QuantError
 
-#: ours / ggml targets of issue 2, at equal thread counts
+#: ours / ggml time targets (docs/performance.md), at equal thread counts
 TARGETS = {"quantize": 0.8, "dequantize": 1.0}
 #: the quantized formats `bench quant` measures (every one in quant.registry except the floats)
 BENCHED = ("Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K")
@@ -190,7 +190,7 @@ class QuantBenchRow:
     ours_rows_per_s: float
     ggml_rows_per_s: float
     ratio: float            # ours / ggml
-    target: float           # the issue's target ratio
+    target: float           # the target ratio (TARGETS)
     meets_target: bool
     identical: bool         # our output equals ggml's, bit for bit
 

@@ -17,7 +17,7 @@ import numpy as np
 from gguf import GGUFValueType
 
 from exactedit.quant.errors import GGUFFormatError, QuantError
-from exactedit.quant.files import file_sha256
+from exactedit.quant.files import file_sha256, fsync_dir
 from exactedit.quant.gguf_parse import (ARRAY_DTYPES, DEFAULT_ALIGNMENT, GGUF_MAGIC, SCALAR_FORMATS, SUPPORTED_VERSIONS,
                                         ggml_layout, row_bytes_of)
 
@@ -138,14 +138,6 @@ def align_up(n: int, alignment: int) -> int:
     return -(-n // alignment) * alignment
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_gguf(path, metadata: Mapping[str, Any], tensors: Mapping[str, TensorData | tuple],
                *, alignment: int = DEFAULT_ALIGNMENT, version: int = 3,
                overwrite: bool = False) -> WrittenGGUF:
@@ -186,7 +178,7 @@ def write_gguf(path, metadata: Mapping[str, Any], tensors: Mapping[str, TensorDa
     finally:
         if tmp.exists():
             tmp.unlink()
-    fsync_dir(path)
+    fsync_dir(path.parent)
     return WrittenGGUF(path, file_sha256(path), data_offset,
                        {n: data_offset + o for n, o in offsets.items()})
 

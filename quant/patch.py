@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from exactedit.quant.errors import FieldError
-from exactedit.quant.gguf_write import fsync_dir
+from exactedit.quant.files import fsync_dir
 
 
 class RowPatchError(FieldError):
@@ -70,7 +70,7 @@ def write_row_patch(path, row_ids, raw_rows, *, overwrite: bool = False) -> Path
     finally:
         if tmp.exists():
             tmp.unlink()
-    fsync_dir(path)
+    fsync_dir(Path(path).parent)
     return path
 
 

@@ -24,7 +24,8 @@ import numpy as np
 from exactedit.quant import gguf
 from exactedit.quant.errors import GGUFFormatError, QuantError
 from exactedit.quant.files import writing
-from exactedit.quant.gguf_write import TensorData, align_up, encode_tensor_info, fsync_dir
+from exactedit.quant.files import fsync_dir
+from exactedit.quant.gguf_write import TensorData, align_up, encode_tensor_info
 
 _CHUNK = 1 << 24
 
@@ -222,7 +223,7 @@ def _write_json(path: Path, obj) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
-    fsync_dir(path)
+    fsync_dir(Path(path).parent)
 
 
 def transplant(src, dst, replace: Mapping[str, np.ndarray],
@@ -263,7 +264,7 @@ def transplant(src, dst, replace: Mapping[str, np.ndarray],
         finally:
             if tmp.exists():
                 tmp.unlink()
-        fsync_dir(dst)
+        fsync_dir(Path(dst).parent)
         replaced = tuple(_record(n, g.tensors[n].type_name, g.tensors[n].shape, offsets[n], r)
                          for n, r in repl.items())
         added = tuple(_record(n, t.type_name, t.shape, offsets[n], t.raw) for n, t in adds.items())

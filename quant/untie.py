@@ -5,8 +5,8 @@ row of that table also moves the token's input embedding, which the offline pred
 model (a measured miss of KL 0.18 on Gemma 3 270M). exactedit never edits a tied row: `untie`
 writes a copy of the model with `output.weight` added (same type, shape and bytes as
 `token_embd.weight`; llama.cpp then uses it as the head and keeps `token_embd` for the input),
-every other tensor byte-identical (checked by the transplant), and `require_untied` is the guard
-every head edit calls.
+every other tensor byte-identical (checked by the transplant). `solve head` refuses a tied head
+(solvers/head/solve.py `check_tail`) and names this command.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ HEAD, EMBED = "output.weight", "token_embd.weight"
 
 
 class TiedHeadError(ExacteditError):
-    """An edit of a tied head was asked for, or an untie of a model that is not tied."""
+    """An untie that cannot be done: the model is not tied, or the copy lost the head's bytes."""
 
     def __init__(self, path, message: str):
         self.path = str(path)
@@ -41,13 +41,6 @@ class UntieResult:
     type_name: str
     shape: tuple[int, ...]
     head_sha256: str
-
-
-def require_untied(g: gguf.GGUFFile) -> None:
-    """Raise TiedHeadError when the head is `token_embd.weight` (never edit a tied row)."""
-    if arch.detect_tail(g).tied:
-        raise TiedHeadError(g.path, "absent: the head is tied to token_embd.weight, and editing a tied "
-                            "row also moves that token's input embedding; run `exactedit untie` first")
 
 
 def untie(model, out, *, overwrite: bool = False, progress: Callable[[int, int], None] | None = None) -> UntieResult:

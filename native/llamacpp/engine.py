@@ -275,44 +275,6 @@ class LlamaEngine:
         ubatches = _ubatch_sizes(cap, T, s)
         return EngineRun(toks, logits, captured, ubatches, s, dict(self.info))
 
-    def generate(self, prompt, *, max_new: int, temperature: float = 0.8, top_k: int = 40,
-                 seed: int = 0) -> np.ndarray:
-        """Sample up to `max_new` tokens after `prompt` (temperature, top-k, seeded); stops after
-        an end-of-generation token, which is kept. Returns the new tokens (int32)."""
-        lib, s = self._lib, self.settings
-        toks = np.asarray(prompt, dtype=np.int32)
-        if toks.ndim != 1 or toks.size == 0 or toks.size + max_new > s.n_ctx:
-            raise EngineError(self.path, "prompt", f"needs 1..{s.n_ctx - max_new} tokens, got {toks.size}")
-        ctx = self._context(None)
-        chain = sampler_chain(lib, top_k, temperature, seed)
-        batch = lib.llama_batch_init(max(s.n_batch, 1), 0, 1)
-        out: list[int] = []
-        try:
-            pending, pos = list(toks), 0
-            while True:
-                for start in range(0, len(pending), s.n_batch):
-                    piece = pending[start:start + s.n_batch]
-                    for i, t in enumerate(piece):
-                        batch.token[i], batch.pos[i] = int(t), pos + i
-                        batch.n_seq_id[i], batch.seq_id[i][0] = 1, 0
-                        batch.logits[i] = int(start + i == len(pending) - 1)
-                    batch.n_tokens = len(piece)
-                    if lib.llama_decode(ctx, batch) != 0:
-                        raise EngineError(self.path, "llama_decode", f"failed at position {pos}")
-                    pos += len(piece)
-                if len(out) >= max_new:
-                    break
-                tok = int(lib.llama_sampler_sample(chain, ctx, -1))
-                out.append(tok)
-                if lib.llama_vocab_is_eog(self._vocab, tok):
-                    break
-                pending = [tok]
-        finally:
-            lib.llama_batch_free(batch)
-            lib.llama_sampler_free(chain)
-            lib.llama_free(ctx)
-        return np.array(out, dtype=np.int32)
-
     def _context(self, callback, *, n_seq: int = 1, n_ctx: int | None = None):
         """A fresh llama.cpp context with these settings; `n_seq` > 1 gives that many sequences,
         each its own KV stream of n_ctx / n_seq cells (batched sampling, native/llamacpp/batched.py)."""

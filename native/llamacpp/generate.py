@@ -1,7 +1,7 @@
 """The live generation loop: llama.cpp's sampler chain with the shaping rules in front of it.
 
 The sampler chain is llama.cpp's own (`llama_sampler_chain`: top-k, temperature, seeded `dist`,
-as `LlamaEngine.generate` uses), with two samplers of ours in front of it, written against
+as every generation here uses), with two samplers of ours in front of it, written against
 llama.cpp's `llama_sampler_i` interface:
 - `shape`: reads the candidate array llama.cpp built from the raw logits (`cur_p`, one entry
   per token in id order), keeps a copy, and writes `solvers.shaping.rules.Shaper`'s shaped logits back;

@@ -12,7 +12,7 @@ object with the live shaper's interface (`rules`, `reset()`, `push(token)`,
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Protocol, Sequence, Union
 
 import numpy as np
@@ -33,17 +33,6 @@ class _Shaper(Protocol):
 
 
 LogitsProcessor = Union[Callable[[np.ndarray, np.ndarray], np.ndarray], _Shaper]
-
-
-@dataclass(frozen=True)
-class SampleConfig:
-    max_new: int = 256
-    temperature: float = 0.8
-    top_k: int = 40
-
-    def __post_init__(self):
-        if self.max_new < 1 or self.top_k < 1 or not self.temperature > 0:
-            raise EngineError("SampleConfig", "values", "max_new, top_k >= 1 and temperature > 0")
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,11 +87,12 @@ def _sample(g, seed: int, turn_end: int | None, fired) -> Sample:
     return Sample(g.prompt, g.tokens, int(seed), stop, fired)
 
 
-def sample_all(engine: LlamaEngine, prompt_tokens: Sequence[np.ndarray], cfg: SampleConfig, seeds: Sequence[int], *,
+def sample_all(engine: LlamaEngine, prompt_tokens: Sequence[np.ndarray], cfg: GenerateConfig, seeds: Sequence[int], *,
                stop_ids: Sequence[int], turn_end: int | None = None, processor: LogitsProcessor | None = None,
                sequential: bool = False, slots: int = DEFAULT_SLOTS,
                progress: Callable[[int, int], None] | None = None) -> list[list[Sample]]:
-    """Per prompt, one `Sample` per seed (same seeds for every prompt). Without a processor the
+    """Per prompt, one `Sample` per seed (same seeds for every prompt; `cfg.seed` is replaced by
+    each of `seeds`). Without a processor the
     replies decode `slots` at a time (native/llamacpp/batched.py); with one, or `sequential`, one at a time
     through the live loop (a processor's state is one history)."""
     stops = tuple(int(t) for t in stop_ids)
@@ -112,7 +102,7 @@ def sample_all(engine: LlamaEngine, prompt_tokens: Sequence[np.ndarray], cfg: Sa
     if shaper is None and not sequential:
         jobs = [(p, seed) for p in prompt_tokens for seed in seeds]
         gens = generate_batched(engine, [p for p, _ in jobs],
-                                [GenerateConfig(cfg.max_new, cfg.temperature, cfg.top_k, int(seed)) for _, seed in jobs],
+                                [replace(cfg, seed=int(seed)) for _, seed in jobs],
                                 stop_ids=stops, slots=slots, progress=progress)
         samples = [_sample(g, seed, turn_end, None) for g, (_, seed) in zip(gens, jobs)]
         return [samples[i:i + len(seeds)] for i in range(0, len(samples), len(seeds))]
@@ -120,7 +110,7 @@ def sample_all(engine: LlamaEngine, prompt_tokens: Sequence[np.ndarray], cfg: Sa
     for ptoks in prompt_tokens:
         row = []
         for seed in seeds:
-            g = generate(engine, ptoks, GenerateConfig(cfg.max_new, cfg.temperature, cfg.top_k, int(seed)), shaper,
+            g = generate(engine, ptoks, replace(cfg, seed=int(seed)), shaper,
                          stop_ids=stops)
             row.append(_sample(g, seed, turn_end, g.fired))
             done += 1

@@ -16,7 +16,7 @@ Q6_K tail and Gemma 3's Q8_0 head with its post-FFN norm). The tolerance only le
 build whose kernels add the same terms in another order: every logit is a sum of n/256 (Q8_0:
 n/32) block terms, each rounded once in float32 (relative 6e-8), so |diff| stays below about
 n/256 * 6e-8 * sum|terms| ~ 1e-5 * max|logit|; we allow max|diff| <= 1e-4 * max(1, max|logit|)
-and the issue's KL bars (mean <= 1e-8, max <= 1e-5, top-1 100%). Ignoring the activation
+and the live check's KL bars (mean <= 1e-8, max <= 1e-5, top-1 100%). Ignoring the activation
 quantization alone already costs mean KL ~1e-5 and |diff| ~0.05, ten thousand times the bound;
 an edit written to the wrong row or a mis-quantized tensor moves logits by far more than 1e-4.
 """
