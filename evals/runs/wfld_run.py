@@ -21,7 +21,6 @@ from typing import Callable
 
 import numpy as np
 
-from exactedit import quant
 from exactedit.dumps import ROLE_REPLY, VerifyCache, read_dump
 from exactedit.evals.scoring.bars import BarContext, anti_slop_bars, verdict
 from exactedit.evals.scoring.collateral import collateral_lines, collateral_uses
@@ -32,17 +31,14 @@ from exactedit.quant import gguf
 from exactedit.quant.files import file_sha256
 from exactedit.quant.specials import model_specials
 from exactedit.solvers.bundle import InputRef, TensorEdit, write_bundle
-from exactedit.solvers.tail.vocab_pass import vocab_pass
 from exactedit.solvers.wfld import gauss_newton as wfld
 from exactedit.solvers.wfld.config import WfldConfig, WfldError
-from exactedit.solvers.wfld.jacobian import editable_weight, gather_rows, linearize, token_rows, with_weights
-from exactedit.solvers.wfld import alternatives as alt_mod
-from exactedit.solvers.wfld import ship as ship_mod
+from exactedit.solvers.wfld.jacobian import with_weights
 from exactedit.solvers.wfld.mining import Mining, load_phrases, mine
-from exactedit.solvers.phrases import TokenBytes
+from exactedit.solvers.wfld.problem import build_problem, ftpo_rows, uses_by_word
 from exactedit.solvers.wfld.report import build_report
 from exactedit.solvers.wfld.rescore import ScoredTrace, score_traces
-from exactedit.solvers.tail.logits import tail_mix
+from exactedit.solvers.wfld.solve import solve, summaries
 from exactedit.solvers.tail.model import load_tail
 
 Progress = Callable[[int, int], None]
@@ -170,29 +166,6 @@ def _heldout_mask(trace: Trace, tm, tuples, cfg: WfldConfig) -> np.ndarray:
     return same_doc_heldout(splits, key, names, np.asarray(tm.rows, np.int64) - starts, words)
 
 
-def _anchor_rows(tail, anchors: list[Trace], specials, count: int) -> list[tuple[object, np.ndarray]]:
-    """The `count` anchor rows where a special token is closest to (or above) the actual next
-    token's logit: the rows where holding the specials matters most."""
-    if count == 0:
-        return []
-    cands = []
-    w_sp = token_rows(tail.head, specials)
-    for ai, t in enumerate(anchors):
-        nxt = np.asarray(t.dump.next, dtype=np.int64)
-        rows = np.flatnonzero(nxt >= 0)
-        if rows.size == 0:
-            continue
-        mix = np.asarray(tail_mix(tail, t.dump), dtype=np.float64)[rows]
-        uniq, inv = np.unique(nxt[rows], return_inverse=True)
-        l_next = np.einsum("tn,tn->t", mix, token_rows(tail.head, uniq)[inv])
-        risk = (mix @ w_sp.T).max(axis=1) - l_next
-        cands += [(float(r), ai, int(row)) for r, row in zip(risk, rows)]
-    cands.sort(key=lambda c: (-c[0], c[1], c[2]))
-    picked = cands[:count]
-    return [(anchors[ai].dump, np.array(sorted(row for _, a, row in picked if a == ai), dtype=np.int64))
-            for ai in range(len(anchors)) if any(a == ai for _, a, _ in picked)]
-
-
 def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = False,
                workspace=DEFAULT_WORKSPACE, command: str = "exactedit solve wfld", device=None,
                progress: Progress | None = None) -> WfldResult:
@@ -209,7 +182,6 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
             ledger_head = head_json(ledger)  # a wfld solve appends nothing: this is the head at writing
     g = gguf.open(inputs.model)
     tail = load_tail(g)
-    w0 = editable_weight(tail)
     tensor = tail.spec.names["ffn_down"]
     info = g.tensor(tensor)
     specials, turn_end = _resolve_specials(g, tail, protocol, cfg)
@@ -231,85 +203,18 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
 
     mining = mine({t.name: t.dump for t in traces}, phrases, tail.tokens, capitalized=cfg.capitalized)
     held = {t.name: _heldout_mask(t, mining.trace(t.name), mining.tuples, cfg) for t in by_role["train"]}
-    blocks, rej, phr, where = [], [], [], []
-    for t in by_role["train"]:
-        tm = mining.trace(t.name)
-        keep = ~held[t.name]
-        blocks.append((t.dump, tm.rows[keep]))
-        where += [(t.name, int(r)) for r in tm.rows[keep]]
-        rej.append(np.asarray(t.dump.next)[tm.rows[keep]])
-        phr.append(tm.phrase[keep])
-    rej, phr = np.concatenate(rej).astype(np.int64), np.concatenate(phr)
-    if rej.size == 0:
-        raise WfldError("train", "ftpo", f"no FTPO position of {list(phrases)} outside the held-out share "
-                        "in the train dumps")
-    rs_t = gather_rows(blocks)
+    named = {r: [(t.name, t.dump) for t in by_role[r]] for r in ROLES}
+    ftpo = ftpo_rows(named["train"], mining, held)
     st.mark("mine")
 
-    mix_t = tail.mix(tail.residual(rs_t))
-    pool = max(cfg.alt_pool, cfg.alternatives + len(specials) + 1)
-    if dhead is None:
-        vp = vocab_pass(mix_t, tail.head, topk=pool, softcap=tail.softcap, tile_rows=cfg.tile_rows)
-    else:
-        from exactedit.solvers.tail.device_pass import vocab_pass_jax
-
-        vp = vocab_pass_jax(mix_t, dhead, topk=pool, softcap=tail.softcap, tile_rows=cfg.tile_rows)
-    tb = TokenBytes(tail.tokens)
-    sense = {ph: alt_mod.same_sense_ids(ws, tb, tail.spec.vocab) for ph, ws in cfg.same_sense}
-    alts = alt_mod.choose(vp.topk_ids, vp.topk_logits, vp.lse, rej, specials, cfg.alternatives, cfg.alt_floor,
-                          tb, [sense.get(phrases[p], frozenset()) for p in phr] if sense else None)
-    a_blocks = _anchor_rows(tail, by_role["anchors"], specials, cfg.special_rows)
-    rs = gather_rows(blocks + a_blocks)
-    P, s_n, k, m = rej.size, len(specials), cfg.alternatives, alts.variants.shape[1]
-    tok = np.full((rs.rows, 1 + k + s_n + m), -1, dtype=np.int64)
-    tok[:P, 0], tok[:P, 1:1 + k], tok[:P, 1 + k:1 + k + s_n] = rej, alts.ids, specials
-    tok[:P, 1 + k + s_n:] = alts.variants
-    tok[P:, :s_n] = specials
-    slot, col = wfld.condition_layout(tok)
-    kind = np.where(slot >= P, wfld.SPECIAL_ANCHOR,
-                    np.select([col == 0, col <= k, col <= k + s_n],
-                              [wfld.REJECTED, wfld.ALTERNATIVE, wfld.SPECIAL_TARGET], wfld.VARIANT))
-    head_cache: dict = {}
-
-    def evaluate(w):
-        lin = linearize(with_weights(tail, w), rs, tok, backend=cfg.backend, head_cache=head_cache)
-        return wfld.Evaluation(lin.logits[slot, col], lin.u[slot, col])
-
-    base = evaluate(w0)
-    base_tab = np.full(tok.shape, np.nan)
-    base_tab[slot, col] = base.logits
-    margins = np.array([cfg.margin_for(phrases[p]) for p in phr])
-    d_rej, d_alt = wfld.ftpo_targets(base_tab[:P, 0], base_tab[:P, 1:1 + k], margins, cfg.delta_cho)
-    target_tab = np.zeros(tok.shape)
-    target_tab[:P, 0], target_tab[:P, 1:1 + k] = d_rej, d_alt
-    target_tab[:P, 1 + k + s_n:] = d_rej[:, None]      # variants count as rejected: they move with it
-    target = target_tab[slot, col]
-    eps = np.where(np.isin(kind, wfld.HOLD_KINDS), cfg.hold_eps, cfg.target_eps)
-    cond = wfld.Conditions(slot, tok[slot, col], kind.astype(np.int8), target, eps)
-    st.mark("targets")
-
-    groups = []
-    for wi in range(len(mining.words)):
-        hh = [np.asarray(t.dump.hh)[mining.trace(t.name).coll_rows[mining.trace(t.name).coll_word == wi]]
-              for t in by_role["train"] + by_role["null"]]
-        groups.append(np.concatenate(hh, axis=0))
-    B = wfld.null_basis(groups, cfg.null_rank, cfg.null_tol, w0.shape[1])
     bg_roles = ("anchors", "train") if cfg.background == "anchors+train" else ("anchors",)
-    hh_bg = np.concatenate([_background_rows(t, mining) for r in bg_roles for t in by_role[r]])
-    C = wfld.background_metric(hh_bg, cfg.ridge)
-    M = wfld.restricted_inverse(C, B)
-    view = quant.runtime_view if tail.kind == "hc4" else quant.dequantize
-    raw0 = g.read_raw(tensor)
-    if ship_mod.uses_feedback(cfg.ship, info.type_name):
-        kept = np.concatenate(groups + [np.asarray(rs.hh, np.float64)], axis=0)
-        metric = ship_mod.shipping_metric(hh_bg, cfg.ridge, kept, w0, cfg.ship_hold_weight)
-        shipper = ship_mod.FeedbackShipper(raw0, info.type_name, info.cols, view, metric, cfg.ship_sweeps)
-    else:
-        shipper = wfld.Shipper(raw0, info.type_name, info.cols, view)
-    st.mark("metric")
-
-    gn = wfld.gauss_newton(w0, cond, rs.hh[slot], M, evaluate, shipper, iters=cfg.gn_iters, tol=cfg.gn_tol,
-                           base=base, progress=lambda i, n: st.mark("gauss_newton", 1))
+    problem = build_problem(cfg, tail, ftpo, mining, specials=specials, phrases=phrases, anchors=named["anchors"],
+                            held_from=named["train"] + named["null"],
+                            background_from=[x for r in bg_roles for x in named[r]],
+                            raw0=g.read_raw(tensor), type_name=info.type_name, cols=info.cols, device_head=dhead,
+                            mark=st.mark)
+    w0 = problem.w0
+    gn = solve(problem, cfg, progress=lambda i, n: st.mark("gauss_newton", 1))
     st.done = 4 + cfg.gn_iters
     scored = [ScoredTrace(t.name, t.dump, tuple(_split_role(t, cfg) for _ in t.dump.docs),
                           Path(t.path).name if t.role == "anchors" else "")
@@ -321,26 +226,16 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
     ctx = BarContext(tokens, protocol.bars if protocol else Bars(), cfg.heldout_role, heldout_b,
                      _Vocab(tail.tokens))
     bars = anti_slop_bars(scores, ctx)
-    coll = [np.concatenate([np.zeros((0, w0.shape[1]))] + [
-        np.asarray(t.dump.hh)[mining.trace(t.name).coll_rows[mining.trace(t.name).coll_word == wi]]
-        for t in by_role["collateral"]], axis=0) for wi in range(len(mining.words))]
-    shipping = ship_mod.shipping_summary(
-        gn=gn, cond=cond, Hh=rs.hh[slot], w0=w0, held_by_word=groups, collateral_by_word=coll,
-        word_names=[tail.tokens.piece(int(w)) for w in mining.words], raw0=raw0, type_name=info.type_name,
-        cols=info.cols, view=view, mode=cfg.ship, hold_weight=cfg.ship_hold_weight, shipper=shipper, hh_bg=hh_bg)
-    cidx = {(int(a), int(b)): i for i, (a, b) in enumerate(zip(slot, col))}
-    offset = {"rejected": 0, "raised": 1, "variants": 1 + k + s_n}
-    raised = alt_mod.raised_table(alts, where, [phrases[p] for p in phr], rej,
-                                  lambda p, key, j: cidx.get((p, offset[key] + j)), gn.base_logits, gn.logits,
-                                  vp.lse, lambda i: tail.tokens.piece(i))
+    sums = summaries(problem, gn, cfg, collateral_by_word=uses_by_word(named["collateral"], mining, w0.shape[1]),
+                     word_names=[tail.tokens.piece(int(w)) for w in mining.words], phrases=phrases,
+                     piece=tail.tokens.piece)
     st.mark("score")
 
     report = build_report(cfg=cfg, bars=bars, verdict=verdict(bars), scores=scores, ctx=ctx, mining=mining,
-                          gn=gn, cond=cond, null=_null_summary(groups, B, w0, gn), w0=w0, tensor=tensor,
+                          gn=gn, cond=problem.cond, null=sums.null, w0=w0, tensor=tensor,
                           timings=st.timings, phrases=phrases, heldout=held, marker=marker,
-                          warnings=_warnings(by_role, mining, tail.tokens)
-                          + alt_mod.floor_warnings(alts, [phrases[p] for p in phr], cfg.alt_floor),
-                          shipping=shipping, raised=raised)
+                          warnings=_warnings(by_role, mining, tail.tokens) + list(sums.warnings),
+                          shipping=sums.shipping, raised=sums.raised)
     report["collateral"] = collateral_uses(scores, mining.tuples, mining.words, ctx.name, ctx.vocab,
                                            low=ctx.bars.collateral_low)
     refs = [InputRef("model", str(inputs.model), g.sha256()),
@@ -357,29 +252,6 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
     st.mark("write")
     return WfldResult(bundle.path, bundle.sha256, report, report["verdict"], bars, mining, gn, scores,
                       dict(st.timings))
-
-
-def _background_rows(t: Trace, mining) -> np.ndarray:
-    """A trace's hh rows for the background metric (anchors, and train with --background
-    anchors+train), without its slop contexts (rows where a banned phrase's prefix is followed by
-    its final token): those are where the edit must act, so they are not part of the background it
-    must keep quiet on (bar (e) still scores every row)."""
-    hh = np.asarray(t.dump.hh)
-    keep = np.ones(hh.shape[0], dtype=bool)
-    keep[np.asarray(mining.trace(t.name).rows, dtype=np.int64)] = False
-    return hh[keep]
-
-
-def _null_summary(groups, B, w0, gn: wfld.GaussNewton) -> dict:
-    """How still the null anchors are: max over the held uses of ||dW h|| / ||W h||, for the
-    solved edit and for the edit as shipped (the Q8_0 round trip's share)."""
-    hh = np.concatenate([np.asarray(g, np.float64) for g in groups], axis=0) if groups else np.zeros((0, w0.shape[1]))
-    out = {"rows": int(hh.shape[0]), "rank": int(B.shape[1]), "solved_max_rel": None, "shipped_max_rel": None}
-    if hh.shape[0]:
-        base = np.linalg.norm(hh @ np.asarray(w0, np.float64).T, axis=1)
-        for key, dW in (("solved_max_rel", gn.last_solve.dW), ("shipped_max_rel", gn.dW)):
-            out[key] = float(np.max(np.linalg.norm(hh @ dW.T, axis=1) / np.maximum(base, 1e-30)))
-    return out
 
 
 def _warnings(by_role, mining: Mining, table) -> list[str]:
