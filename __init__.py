@@ -16,11 +16,14 @@ __all__ = ["__version__", "lazy_exports"]
 
 def lazy_exports(package: str, exports: dict[str, str]):
     """(__all__, __getattr__) for a package whose public names live in its submodules and are
-    imported on first use (PEP 562): `exports` maps each name to its submodule."""
+    imported on first use (PEP 562): `exports` maps each name to its submodule, or to
+    "submodule:name" where the submodule calls it otherwise (a function named like its own module,
+    `untie` in quant/untie.py, would be shadowed by the module once imported)."""
     from importlib import import_module
 
     def __getattr__(name: str):
         if name in exports:
-            return getattr(import_module(f"{package}.{exports[name]}"), name)
+            module, _, attr = exports[name].partition(":")
+            return getattr(import_module(f"{package}.{module}"), attr or name)
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
     return sorted(exports), __getattr__

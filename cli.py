@@ -1,10 +1,15 @@
 """exactedit command line: parses flags, builds configs, calls one library function, reports.
 
 This module only wires. Library code never imports click and never prints; domain errors
-(`ExacteditError` subclasses) become click errors in `main` below, in one place.
+(`ExacteditError` subclasses) become click errors in `main` below, in one place. Results are printed
+by `emit` alone (the library's text, or its JSON with --json). The commands are in `--help`'s order:
+the top-level ones, then each group's. Imports of the library stay inside the commands, through the
+packages' faces, so that starting the CLI imports neither numba nor JAX.
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import sys
 
 import click
@@ -15,7 +20,7 @@ class _Group(click.Group):
     permission, a full disk) into clean click errors naming the path (one line, exit code 1)."""
 
     def invoke(self, ctx):
-        from exactedit.quant.errors import ExacteditError
+        from exactedit.quant import ExacteditError
 
         try:
             return super().invoke(ctx)
@@ -56,19 +61,48 @@ def _progress(stack, label: str):
     return update
 
 
-# ---- options shared by several commands (declared once) ---------------------------------------
-JSON_FLAG = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of a table.")
-JSON_FILE = click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False),
-                         help="Also write the result as JSON here ('-' for stdout only).")
-TILE_ROWS = click.option("--tile-rows", default=8192, show_default=True, type=click.IntRange(1),
-                         help="Head rows per tile.")
+def with_progress(label: str, fn, *args, **kwargs):
+    """fn(*args, **kwargs) with `progress=` a bar labelled `label`, closed when fn returns or raises."""
+    with contextlib.ExitStack() as stack:
+        return fn(*args, progress=_progress(stack, label), **kwargs)
 
 
-def emit(obj, text: str, as_json: bool) -> None:
-    """Print a result: its JSON object with --json, else its text (both made by the library)."""
-    import json
+@contextlib.contextmanager
+def _bad_parameter():
+    """A ValueError from a config's validation (or from parsing a flag) -> a click usage error."""
+    try:
+        yield
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
-    click.echo(json.dumps(obj, indent=1) if as_json else text)
+
+# ---- output: every result goes through emit ------------------------------------------------------
+
+def emit(obj, text: str, as_json: bool, *, allow_nan: bool = True) -> None:
+    """Print a result: with --json its JSON (`obj.to_dict()`, or `obj` itself where the library built
+    the JSON value), else `text` (made by the library's render function)."""
+    if as_json:
+        obj = obj.to_dict() if hasattr(obj, "to_dict") else obj
+        click.echo(json.dumps(obj, indent=1, allow_nan=allow_nan))
+    else:
+        click.echo(text)
+
+
+def emit_json_file(result, text: str, json_out: str | None) -> None:
+    """Print a JSON_FILE command's result: '-' prints its JSON alone; with a path, its text, the JSON
+    written there (temporary name, fsync, rename) and a line naming the file and its sha256."""
+    import hashlib
+
+    if json_out == "-":
+        emit(result, text, as_json=True)
+        return
+    if json_out:
+        from exactedit.quant import atomic_write_text
+
+        data = json.dumps(result.to_dict(), indent=1) + "\n"
+        atomic_write_text(json_out, data)
+        text += f"\nwrote {json_out} (sha256 {hashlib.sha256(data.encode()).hexdigest()[:16]})"
+    emit(result, text, as_json=False)
 
 
 def command_line() -> str:
@@ -78,329 +112,141 @@ def command_line() -> str:
     return "exactedit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
+# ---- flags shared by several commands (declared once) --------------------------------------------
+
+class ModelPath(click.ParamType):
+    """A GGUF path, or a public model's name (qwen, gemma, smollm), resolved once to the GGUF's path
+    (native.llamacpp.locate: a public model is assembled from its installed packages on first use)."""
+
+    name = "text"                    # --help shows TEXT, as it did before this type
+
+    def convert(self, value, param, ctx):
+        if ctx is not None and ctx.resilient_parsing:      # shell completion: assemble nothing
+            return value
+        from exactedit.native.llamacpp import locate
+
+        return locate(value)
+
+
+MODEL = ModelPath()
+JSON_FLAG = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of a table.")
+JSON_FILE = click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False),
+                         help="Also write the result as JSON here ('-' for stdout only).")
+TILE_ROWS = click.option("--tile-rows", default=8192, show_default=True, type=click.IntRange(1),
+                         help="Head rows per tile.")
+_WORKSPACE = click.option("--workspace", type=click.Path(file_okay=False), default=".exactedit", show_default=True,
+                          help="Directory holding this project's ledger.")
+_DUMP = click.Path(file_okay=False, exists=True)
+
+
+def _options(*opts):
+    """One decorator for several click options, listed by --help in the order given."""
+    def apply(f):
+        for opt in reversed(opts):
+            f = opt(f)
+        return f
+    return apply
+
+
+# llama.cpp evaluation flags, mapping 1:1 to native.llamacpp.EngineSettings (see _settings)
+_engine_settings = _options(
+    click.option("--n-ctx", default=2048, show_default=True, type=click.IntRange(1), help="Context size."),
+    click.option("--n-batch", default=512, show_default=True, type=click.IntRange(1),
+                 help="Tokens per llama_decode call (1 = token by token)."),
+    click.option("--n-ubatch", default=512, show_default=True, type=click.IntRange(1),
+                 help="Micro-batch the graph runs with (<= n-batch)."),
+    click.option("--threads", "n_threads", default=2, show_default=True, type=click.IntRange(1)),
+    click.option("--flash-attn", type=click.Choice(["off", "on"]), default="off", show_default=True),
+)
+
+# document labels, mapping 1:1 to the library's tags / source / character
+_labels = _options(
+    click.option("--tag", "tags", multiple=True,
+                 help="Tag every document (repeatable), e.g. anchor, collateral, slop, blind."),
+    click.option("--source", default=None, help="Document source (what splits group by)."),
+    click.option("--character", default=None, help="Document character (what splits group by)."),
+)
+
+# sampling, mapping to native.llamacpp.GenerateConfig (see _gen_config) and the seeds
+_gen_options = _options(
+    click.option("--max-new", default=64, show_default=True, type=click.IntRange(1), help="Tokens per reply (cap)."),
+    click.option("--temperature", default=0.8, show_default=True, type=float),
+    click.option("--top-k", default=40, show_default=True, type=click.IntRange(1)),
+    click.option("--seed", "seeds", multiple=True, type=int, help="Sample seed (repeatable; default 0)."),
+)
+
+# what `verify live` and `verify engine` accept, mapping 1:1 to native.verify.Tolerance
+_tolerance = _options(
+    click.option("--kl-mean", default=1e-8, show_default=True, type=float),
+    click.option("--kl-max", default=1e-5, show_default=True, type=float),
+    click.option("--top1", default=1.0, show_default=True, type=float),
+    click.option("--max-abs-rel", default=1e-4, show_default=True, type=float),
+)
+
+
+def _settings(n_ctx, n_batch, n_ubatch, n_threads, flash_attn):
+    from exactedit.native.llamacpp import EngineSettings
+
+    return EngineSettings(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
+                          flash_attn=flash_attn)
+
+
+def _gen_config(max_new, temperature, top_k):
+    from exactedit.native.llamacpp import GenerateConfig
+
+    return GenerateConfig(max_new=max_new, temperature=temperature, top_k=top_k)
+
+
+def _tolerance_of(kl_mean, kl_max, top1, max_abs_rel):
+    from exactedit.native.verify import Tolerance
+
+    return Tolerance(kl_mean=kl_mean, kl_max=kl_max, top1=top1, max_abs_rel=max_abs_rel)
+
+
+def _lines(path) -> list[str]:
+    with open(path, encoding="utf-8") as fh:
+        return [line.strip() for line in fh if line.strip() and not line.lstrip().startswith("#")]
+
+
+def _read_tokens_arg(tokens, text, model_path):
+    """Token ids from --tokens (int32 file, the engine contract's layout) or --text (tokenized)."""
+    from exactedit.dumps import read_tokens
+    from exactedit.native.llamacpp import LlamaEngine
+
+    if (tokens is None) == (text is None):
+        raise click.UsageError("give exactly one of --tokens FILE (int32 ids) and --text FILE")
+    if tokens is not None:
+        return read_tokens(tokens)
+    with open(text, encoding="utf-8") as fh, LlamaEngine(model_path) as engine:
+        return engine.tokenize(fh.read())
+
+
+def _head_tokens(values) -> tuple:
+    """Token flags: the token's text as the model's table decodes it, or #ID for an id."""
+    return tuple(int(v[1:]) if v.startswith("#") and v[1:].isdigit() else v for v in values)
+
+
 @click.group(cls=_Group)
 @click.version_option(package_name="exactedit")
 def main() -> None:
     """Exact offline edits of a GGUF model's output head and last layer."""
 
 
-@main.group()
-def bench() -> None:
-    """Benchmarks, reported as ratios against a baseline measured in the same run."""
+# ---- top-level commands: apply, demo, generate, inspect, kld, logits, mine, untie ----------------
 
-
-@main.group()
-def dump() -> None:
-    """Activation dumps."""
-
-
-@main.group()
-def solve() -> None:
-    """Solvers: `solve head`, `solve wfld`."""
-
-
-@main.group(name="eval")
-def eval_() -> None:
-    """Pre-registered protocol, splits, bars, blind sign-off."""
-
-
-@main.group()
-def verify() -> None:
-    """Live verification on a compiled engine."""
-
-
-@main.group()
-def engine() -> None:
-    """Compiled engines (llama.cpp) behind the production engine's CLI contract."""
-
-
-# ---- section: quant (inspect, bench quant) ---------------------------------------------------
-
-@main.command("inspect")
-@click.argument("model", type=click.Path(dir_okay=False, exists=True, path_type=str))
+@main.command("apply")
+@click.argument("bundle", type=click.Path(file_okay=False, exists=True))
+@click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True), help="The base GGUF.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="The edited GGUF to write.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output file.")
 @JSON_FLAG
-def inspect_cmd(model: str, as_json: bool) -> None:
-    """Show MODEL.gguf's tail architecture, the tensors it uses, tied or not, sha256, metadata."""
-    import contextlib
-    import json
+def apply_cmd(bundle, model, out, overwrite, as_json) -> None:
+    """Write BUNDLE's edits into a copy of MODEL (every other byte kept)."""
+    from exactedit.solvers import apply_bundle, render_apply
 
-    from exactedit.quant.arch import render_summary, summarize
+    r = with_progress("apply", apply_bundle, bundle, model, out, overwrite=overwrite)
+    emit(r, render_apply(r), as_json)
 
-    with contextlib.ExitStack() as stack:
-        summary = summarize(model, progress=_progress(stack, "sha256"))
-    click.echo(json.dumps(summary.to_dict(), indent=1) if as_json else render_summary(summary))
-
-
-@bench.command("gguf-open")
-@click.option("--vocab", default=262_144, show_default=True, type=click.IntRange(1), help="Tokens.")
-@click.option("--merges/--no-merges", default=True, show_default=True, help="Also as many merges.")
-@click.option("--layers", default=48, show_default=True, type=click.IntRange(0), help="Blocks of tensors.")
-@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1), help="Our opens (best).")
-@click.option("--gguf-py-repeats", default=1, show_default=True, type=click.IntRange(1),
-              help="gguf-py opens (best); each takes seconds to minutes at 262K tokens.")
-@JSON_FILE
-def bench_gguf_open(vocab, merges, layers, repeats, gguf_py_repeats, json_out) -> None:
-    """Open + list tensors of a synthetic GGUF with a big vocabulary: ours vs gguf-py's GGUFReader."""
-    import contextlib
-    import json
-
-    from exactedit.bench.gguf_open import GGUFOpenBenchConfig, render_gguf_open_bench, run_gguf_open_bench
-    from exactedit.quant.files import atomic_write_text
-
-    cfg = GGUFOpenBenchConfig(vocab=vocab, merges=merges, layers=layers, repeats=repeats,
-                              gguf_py_repeats=gguf_py_repeats)
-    with contextlib.ExitStack() as stack:
-        r = run_gguf_open_bench(cfg, progress=_progress(stack, "bench gguf-open"))
-    text = json.dumps(r.to_dict(), indent=1)
-    if json_out == "-":
-        click.echo(text)
-        return
-    if json_out:
-        atomic_write_text(json_out, text + "\n")
-    click.echo(render_gguf_open_bench(r))
-
-
-@bench.command("dump-verify")
-@click.option("--mb", default=1024, show_default=True, type=click.IntRange(1), help="Dump size in MiB.")
-@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1), help="Best of.")
-@click.option("--workdir", type=click.Path(file_okay=False, exists=True), help="Where the dump is written.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def bench_dump_verify(mb, repeats, workdir, as_json) -> None:
-    """Field-hash verification of a production-width dump at open: GB/s, vs a plain read."""
-    import contextlib
-    import json
-
-    from exactedit.bench.dump_verify import DumpVerifyBenchConfig, render_dump_verify, run_dump_verify_bench
-
-    with contextlib.ExitStack() as stack:
-        r = run_dump_verify_bench(DumpVerifyBenchConfig(mb=mb, repeats=repeats, workdir=workdir),
-                                  progress=_progress(stack, "bench dump-verify"))
-    click.echo(json.dumps(r.to_dict(), indent=1) if as_json else render_dump_verify(r))
-
-
-@bench.command("quant")
-@click.option("--rows", default=4096, show_default=True, type=click.IntRange(1), help="Rows per run.")
-@click.option("--cols", default=2560, show_default=True, type=click.IntRange(1), help="Row width.")
-@click.option("--threads", default=1, show_default=True, type=click.IntRange(1),
-              help="Threads for both sides (numba.set_num_threads / C row chunks).")
-@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1), help="Best of.")
-@click.option("--qtype", "qtypes", multiple=True,
-              help="Only this ggml type (repeatable); default: every quantized format.")
-@JSON_FILE
-def bench_quant(rows, cols, threads, repeats, qtypes, json_out) -> None:
-    """Quantize/dequantize throughput of each quantized format: our numba paths vs ggml's C."""
-    import contextlib
-
-    from exactedit.bench.quant import BENCHED, QuantBenchConfig, format_table, run_quant_bench, write_json
-
-    cfg = QuantBenchConfig(rows=rows, cols=cols, threads=threads, repeats=repeats,
-                           qtypes=tuple(qtypes) or BENCHED)
-    with contextlib.ExitStack() as stack:
-        result = run_quant_bench(cfg, progress=_progress(stack, "bench quant"))
-    click.echo(format_table(result))
-    if json_out:
-        sha = write_json(result, json_out)
-        click.echo(f"wrote {json_out} (sha256 {sha[:16]})")
-
-
-@bench.command("engine")
-@click.option("--rows", default=395, show_default=True, type=click.IntRange(1), help="Activation rows.")
-@click.option("--vocab", default=151936, show_default=True, type=click.IntRange(1), help="Head rows V.")
-@click.option("--n", default=1536, show_default=True, type=click.IntRange(1), help="Model width.")
-@click.option("--qtype", default="Q6_K", show_default=True, type=click.Choice(["Q6_K", "Q8_0"]))
-@click.option("--ubatch", default=0, show_default=True, type=click.IntRange(0),
-              help="Micro-batch size the engine ran with (0: one micro-batch of all rows).")
-@TILE_ROWS
-@click.option("--repeats", default=1, show_default=True, type=click.IntRange(1), help="Alternating repeats; best kept.")
-@JSON_FLAG
-def bench_engine(rows, vocab, n, qtype, ubatch, tile_rows, repeats, as_json) -> None:
-    """Full-vocab pass with --match-engine llamacpp numerics vs the exact path, same head (ratio)."""
-    import contextlib
-    import json
-
-    from exactedit.bench.engine import EngineBenchConfig, render_engine_bench, run_engine_bench
-
-    cfg = EngineBenchConfig(rows=rows, vocab=vocab, n=n, qtype=qtype, ubatch=ubatch,
-                            tile_rows=tile_rows, repeats=repeats)
-    with contextlib.ExitStack() as stack:
-        res = run_engine_bench(cfg, progress=_progress(stack, "bench engine"))
-    click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_engine_bench(res))
-
-
-@bench.command("generate")
-@click.option("--model", default="gemma", show_default=True, help="GGUF path, or a public model name (qwen, gemma).")
-@click.option("--prompts", default=8, show_default=True, type=click.IntRange(1, 12), help="The bench's own prompts.")
-@click.option("--seeds", default=1, show_default=True, type=click.IntRange(1), help="Replies per prompt.")
-@click.option("--max-new", default=64, show_default=True, type=click.IntRange(1), help="Tokens per reply (cap).")
-@click.option("--slots", default=16, show_default=True, type=click.IntRange(1), help="Replies decoded together.")
-@click.option("--rules", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="Compiled shaping rules run live on both sides.")
-@click.option("--repeats", default=1, show_default=True, type=click.IntRange(1), help="Alternating repeats; best kept.")
-@JSON_FLAG
-def bench_generate(model, prompts, seeds, max_new, slots, rules, repeats, as_json) -> None:
-    """Batched sampling vs the one-at-a-time loop on a real model, same replies (tokens/s ratio)."""
-    import contextlib
-    import json
-
-    from exactedit.bench.generate import GenerateBenchConfig, render_generate_bench, run_generate_bench
-    from exactedit.native.llamacpp.models import locate
-
-    cfg = GenerateBenchConfig(str(locate(model)), prompts=prompts, seeds=seeds, max_new=max_new, slots=slots,
-                              rules=rules, repeats=repeats)
-    with contextlib.ExitStack() as stack:
-        res = run_generate_bench(cfg, progress=_progress(stack, "bench generate"))
-    click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_generate_bench(res))
-
-
-# ---- end section: quant ----------------------------------------------------------------------
-
-# ---- section: dumps + forwards (dump inspect, logits, kld, bench head) ------------------------
-
-@dump.command("inspect")
-@click.argument("directory", type=click.Path(file_okay=False, path_type=str))
-@JSON_FLAG
-@click.option("--verify/--no-verify", "verify_hashes", default=True, show_default=True,
-              help="Re-hash every field file against the manifest (--no-verify is recorded in the output).")
-def dump_inspect(directory: str, as_json: bool, verify_hashes: bool) -> None:
-    """Validate the dump DIRECTORY; show arch, rows, fields, documents and role counts."""
-    import contextlib
-    import json
-
-    from exactedit.dumps.summary import format_table, inspect_dump
-
-    with contextlib.ExitStack() as stack:
-        summary = inspect_dump(directory, verify_hashes=verify_hashes,
-                               progress=_progress(stack, "validating"))
-    click.echo(json.dumps(summary.to_json(), indent=1) if as_json else format_table(summary))
-
-
-@dump.command("import")
-@click.argument("source", type=click.Path(exists=True, path_type=str))
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="The v1 dump directory to write.")
-@click.option("--model", default=None,
-              help="GGUF path or public model name: check dims, record its sha256, derive row roles from its chat.")
-@click.option("--overwrite", is_flag=True)
-@JSON_FLAG
-def dump_import(source, out, model, overwrite, as_json) -> None:
-    """Raw little-endian field files + SOURCE/dump.toml (dtype, shape per field) -> a v1 dump
-    (docs/dump-format.md, "Importing an engine's raw arrays")."""
-    import json
-
-    from exactedit.native.llamacpp.documents import import_dump
-    from exactedit.native.llamacpp.models import locate
-
-    res = import_dump(source, out, model=None if model is None else locate(model), overwrite=overwrite)
-    click.echo(json.dumps(res, indent=1) if as_json else
-               f"wrote {res['dump']}: {res['rows']} rows, {len(res['docs'])} documents, sha256 {res['sha256']}; "
-               "roles: " + (", ".join(f"{k} {v}" for k, v in res["role_rows"].items() if v) or "none"))
-
-
-@main.command("logits")
-@click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True), help="GGUF model.")
-@click.option("--dump", "dump_dir", required=True, type=click.Path(file_okay=False, exists=True),
-              help="Activation dump directory.")
-@click.option("--rows", default=None, metavar="A:B", help="Row range of the dump (default: all).")
-@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output .npy [rows, V] float32.")
-@TILE_ROWS
-@click.option("--match-engine", type=click.Choice(["llamacpp"]), default=None,
-              help="Compute the logits as this engine does (quantized activations, its summation order; "
-                   "needs a dump captured by that engine). Default: exact float arithmetic.")
-@click.option("--verify/--no-verify", "verify_hashes", default=True, show_default=True,
-              help="Re-hash the dump's field files first (--no-verify is recorded in the output manifest).")
-@JSON_FLAG
-def logits_cmd(model, dump_dir, rows, out, tile_rows, match_engine, verify_hashes, as_json) -> None:
-    """Full-vocabulary logits of MODEL recomputed from the dump rows, written to OUT."""
-    import contextlib
-    import json
-
-    from exactedit.solvers.tail.logits import render_logits, write_logits
-
-    with contextlib.ExitStack() as stack:
-        res = write_logits(model, dump_dir, out, rows=rows, tile_rows=tile_rows, match_engine=match_engine,
-                           verify_hashes=verify_hashes, progress=_progress(stack, "vocab pass"))
-    click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_logits(res))
-
-
-@main.command("kld")
-@click.option("--model", default=None, type=click.Path(dir_okay=False, exists=True),
-              help="Base GGUF (not with --base-file, which holds the base side).")
-@click.option("--dump", "dump_dirs", required=True, multiple=True, type=click.Path(file_okay=False, exists=True),
-              help="Activation dump directory of the base model; repeat to combine dumps into one report.")
-@click.option("--edited", default=None, type=click.Path(dir_okay=False, exists=True),
-              help="Edited GGUF (may be left out with --write-base: then only the base file is written).")
-@click.option("--rows", multiple=True, metavar="A:B",
-              help="Row range of each dump (default: all); once for every dump, or once per --dump.")
-@click.option("--doc-rows", default=None, metavar="A:B",
-              help="Row range within every document instead (e.g. 256:511: what llama-perplexity scores "
-                   "in chunks of 512).")
-@click.option("--match-engine", type=click.Choice(["llamacpp"]), default=None,
-              help="Both models' logits as this engine computes them (needs dumps it captured). "
-                   "Default: exact float arithmetic (the edit's own effect).")
-@click.option("--stats", "stats", type=click.Choice(["exact", "llama-perplexity"]), default=None,
-              help="exact (default): KL over the whole vocabulary in float64; llama-perplexity: the "
-                   "tool's 16-bit base codes and -16-nat cutoff, its report (default with base files).")
-@click.option("--base-file", default=None, type=click.Path(dir_okay=False, exists=True),
-              help="A llama-perplexity --kl-divergence-base file: the base side, as the tool recorded it.")
-@click.option("--write-base", default=None, type=click.Path(dir_okay=False),
-              help="Write the base side as a --kl-divergence-base file llama-perplexity reads.")
-@click.option("--rows-out", default=None, type=click.Path(dir_okay=False),
-              help="Write the per-row KLD as .npy (float64); --json then leaves it out.")
-@TILE_ROWS
-@JSON_FLAG
-def kld_cmd(model, dump_dirs, edited, rows, doc_rows, match_engine, stats, base_file, write_base, rows_out,
-            tile_rows, as_json) -> None:
-    """KL divergence of EDITED against MODEL on the dumps (llama.cpp's perplexity-tool statistics)."""
-    import contextlib
-    import json
-
-    from exactedit.evals.kl.compare import KldConfig
-    from exactedit.native.runs.kld import KldFiles, render_kld_run, run_kld
-
-    if stats is None:
-        stats = "llama-perplexity" if (base_file or write_base) else "exact"
-    cfg = KldConfig(dumps=dump_dirs, model=model, edited=edited, rows=rows, doc_rows=doc_rows,
-                    match_engine=match_engine, stats=stats, tile_rows=tile_rows)
-    with contextlib.ExitStack() as stack:
-        res = run_kld(cfg, KldFiles(base_file, write_base, rows_out), progress=_progress(stack, "KL pass"))
-    click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_kld_run(res))
-
-
-@bench.command("head")
-@click.option("--rows", default=512, show_default=True, type=click.IntRange(1), help="Activation rows.")
-@click.option("--vocab", default=248320, show_default=True, type=click.IntRange(1), help="Head rows V.")
-@click.option("--n", default=2560, show_default=True, type=click.IntRange(1), help="Model width (multiple of 256).")
-@TILE_ROWS
-@click.option("--repeats", default=1, show_default=True, type=click.IntRange(1), help="Alternating repeats; best time kept.")
-@click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default="cpu", show_default=True,
-              help="gpu: the JAX device pass (exact, tf32, bf16) vs the device matmul; auto: gpu if JAX sees one.")
-@JSON_FLAG
-def bench_head(rows, vocab, n, tile_rows, repeats, seed, device, as_json) -> None:
-    """Streaming full-vocab pass over a synthetic Q6_K head vs numpy sgemm of the same shape."""
-    import contextlib
-    import json
-
-    from exactedit.bench.gpu import GpuHeadConfig, device_bench, render_gpu_head, run_gpu_head
-    from exactedit.bench.head import BenchHeadConfig, render_bench_head, run_bench_head
-
-    if device_bench(device):
-        with contextlib.ExitStack() as stack:
-            res = run_gpu_head(GpuHeadConfig(rows, vocab, n, tile_rows, repeats, seed, device),
-                               progress=_progress(stack, "bench head (device)"))
-        click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_gpu_head(res))
-        return
-    try:
-        cfg = BenchHeadConfig(rows, vocab, n, tile_rows, repeats, seed)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-    with contextlib.ExitStack() as stack:
-        res = run_bench_head(cfg, progress=_progress(stack, "bench head"))
-    click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_bench_head(res))
-
-
-# ---- end section: dumps + forwards -----------------------------------------------------------
-
-# ---- section: fixture + demo -----------------------------------------------------------------
 
 @main.command("demo")
 @click.option("--out", default="demo-out", show_default=True, type=click.Path(file_okay=False),
@@ -438,8 +284,6 @@ def demo_cmd(out, fixture, model, phrases, prompts, rate_prompts, watch, texts, 
     score, and the one-shot blind sign-off (its command line in OUT/blind.cmd). With --model: the
     anti-slop loop on a real model (data from its own replies, solve, apply, verify live, dev score,
     phrase rates on held-out prompts; OUT/report.md, report.json and PNGs)."""
-    import contextlib
-
     with contextlib.ExitStack() as stack:
         bars: dict = {}
 
@@ -447,7 +291,7 @@ def demo_cmd(out, fixture, model, phrases, prompts, rate_prompts, watch, texts, 
             bars.setdefault(label, _progress(stack, label))(done, total)
 
         if model is not None:
-            from exactedit.native.runs.real_demo import RealDemoConfig, real_demo_report, run_real_demo
+            from exactedit.native.runs import RealDemoConfig, real_demo_report, run_real_demo
 
             cfg = RealDemoConfig(model=model, prompts=prompts, rate_prompts=rate_prompts, phrases=phrases, watch=watch,
                                  texts=tuple(texts) or None, same_sense=same_sense, samples=samples, rate_samples=rate_samples,
@@ -455,252 +299,110 @@ def demo_cmd(out, fixture, model, phrases, prompts, rate_prompts, watch, texts, 
             result = run_real_demo(cfg, out, progress=progress)
             report = real_demo_report(result)
         else:
-            from exactedit.fixtures.demo import DEFAULT_FIXTURE, demo_report, run_demo
+            from exactedit.fixtures import DEFAULT_FIXTURE, demo_report, run_demo
 
             report = demo_report(run_demo(out, fixture=fixture or DEFAULT_FIXTURE, progress=progress))
     emit(*report, as_json)
     if model is not None and not result.verify.passed:
         sys.exit(1)
 
-# ---- end section: fixture + demo -------------------------------------------------------------
 
-# ---- section: native (engine run, verify live, mine) -----------------------------------------
-
-def _engine_settings(f):
-    """llama.cpp evaluation flags, mapping 1:1 to native.llamacpp.engine.EngineSettings."""
-    for opt in reversed([
-        click.option("--n-ctx", default=2048, show_default=True, type=click.IntRange(1), help="Context size."),
-        click.option("--n-batch", default=512, show_default=True, type=click.IntRange(1),
-                     help="Tokens per llama_decode call (1 = token by token)."),
-        click.option("--n-ubatch", default=512, show_default=True, type=click.IntRange(1),
-                     help="Micro-batch the graph runs with (<= n-batch)."),
-        click.option("--threads", "n_threads", default=2, show_default=True, type=click.IntRange(1)),
-        click.option("--flash-attn", type=click.Choice(["off", "on"]), default="off", show_default=True),
-    ]):
-        f = opt(f)
-    return f
-
-
-def _settings(n_ctx, n_batch, n_ubatch, n_threads, flash_attn):
-    from exactedit.native.llamacpp.engine import EngineSettings
-
-    return EngineSettings(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
-                          flash_attn=flash_attn)
-
-
-def _read_tokens_arg(tokens, text, model_path):
-    """Token ids from --tokens (int32 file, the engine contract's layout) or --text (tokenized)."""
-    from exactedit.dumps import contract
-    from exactedit.native.llamacpp.engine import LlamaEngine
-
-    if (tokens is None) == (text is None):
-        raise click.UsageError("give exactly one of --tokens FILE (int32 ids) and --text FILE")
-    if tokens is not None:
-        return contract.read_tokens(tokens)
-    with open(text, encoding="utf-8") as fh, LlamaEngine(model_path) as engine:
-        return engine.tokenize(fh.read())
-
-
-@engine.command("run")
-@click.option("--metal-gguf", "gguf_path", required=True, type=click.Path(dir_okay=False, exists=True),
-              help="The GGUF to load (the production CLI's flag name).")
-@click.option("--tokens-file", required=True, type=click.Path(dir_okay=False, exists=True),
-              help="Little-endian int32 token ids, no header.")
-@click.option("--logits-out", required=True, type=click.Path(dir_okay=False),
-              help="Written: little-endian float32 [T, V], one full-vocabulary row per position.")
+@main.command("generate")
+@click.option("--model", type=MODEL, required=True, help="GGUF path, or a public model name (qwen, gemma).")
+@click.option("--prompt", required=True, help="The user's message.")
+@click.option("--rules", type=click.Path(dir_okay=False, exists=True), help="Compiled shaping rules to run live.")
+@click.option("--persona/--no-persona", default=None, help="Override the rules' persona gate.")
+@_gen_options
 @_engine_settings
 @JSON_FLAG
-def engine_run(gguf_path, tokens_file, logits_out, as_json, **flags) -> None:
-    """The production engine's contract (strata_window_cli), honoured by llama.cpp."""
-    import contextlib
-    import dataclasses
+def generate_cmd(model, prompt, rules, persona, max_new, temperature, top_k, seeds, as_json, **flags) -> None:
+    """Sample one reply with llama.cpp, the shaping rules (if given) between logits and sampler."""
+    from exactedit.native.llamacpp import GenerateConfig
+    from exactedit.native.shaping import generate_text, render_generation
 
-    from exactedit.native.verify.strata import render_contract_run, run_llamacpp
-
-    with contextlib.ExitStack() as stack:
-        res = run_llamacpp(gguf_path, tokens_file, logits_out, _settings(**flags),
-                           progress=_progress(stack, "evaluating"))
-    emit(dataclasses.asdict(res), render_contract_run(res), as_json)
-
-
-@engine.command("model")
-@click.argument("name", type=click.Choice(["qwen", "gemma"]))
-def engine_model(name) -> None:
-    """Assemble the public model NAME from its installed packages (verified) and print its path."""
-    import contextlib
-
-    from exactedit.native.llamacpp.models import locate
-
-    with contextlib.ExitStack() as stack:
-        path = locate(name, progress=_progress(stack, f"assembling {name}"))
-    click.echo(str(path))
+    if len(seeds) > 1:
+        raise click.UsageError("generate takes one --seed")
+    cfg = GenerateConfig(max_new=max_new, temperature=temperature, top_k=top_k, seed=seeds[0] if seeds else 0)
+    r = generate_text(model, prompt, cfg, rules, settings=_settings(**flags), persona=persona)
+    emit(r, render_generation(r), as_json)
 
 
-def _labels(f):
-    """Document labels, mapping 1:1 to the library's tags / source / character."""
-    for opt in reversed([
-        click.option("--tag", "tags", multiple=True,
-                     help="Tag every document (repeatable), e.g. anchor, collateral, slop, blind."),
-        click.option("--source", default=None, help="Document source (what splits group by)."),
-        click.option("--character", default=None, help="Document character (what splits group by)."),
-    ]):
-        f = opt(f)
-    return f
-
-
-@engine.command("dump")
-@click.option("--model", required=True, help="GGUF path, or a public model name (qwen, gemma).")
-@click.option("--tokens", type=click.Path(dir_okay=False, exists=True), help="int32 token ids file.")
-@click.option("--text", type=click.Path(dir_okay=False, exists=True), help="A text file to tokenize.")
-@click.option("--chat", "chat_file", type=click.Path(dir_okay=False, exists=True),
-              help="Conversations, one JSON list of {role, content} per line, rendered with the model's template.")
-@_labels
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Dump directory to write.")
-@click.option("--overwrite", is_flag=True)
-@_engine_settings
+@main.command("inspect")
+@click.argument("model", type=click.Path(dir_okay=False, exists=True, path_type=str))
 @JSON_FLAG
-def engine_dump(model, tokens, text, chat_file, tags, source, character, out, overwrite, as_json, **flags) -> None:
-    """Capture an rmsnorm dump (R = ffn_inp, hh = the FFN hidden) with llama.cpp: labelled documents
-    (stable names, tags plain/chat + --tag, row roles from the model's chat framing)."""
-    import contextlib
-    import json
+def inspect_cmd(model: str, as_json: bool) -> None:
+    """Show MODEL.gguf's tail architecture, the tensors it uses, tied or not, sha256, metadata."""
+    from exactedit.quant import render_summary, summarize
 
-    from exactedit.native.llamacpp.documents import DumpInputs, dump_documents, render_documents
-    from exactedit.native.llamacpp.models import locate
-
-    inputs = DumpInputs(text=text, tokens=tokens, chat=chat_file, tags=tuple(tags), source=source,
-                        character=character or "")
-    with contextlib.ExitStack() as stack:
-        res = dump_documents(locate(model), inputs, out, settings=_settings(**flags), overwrite=overwrite,
-                             progress=_progress(stack, "capturing"))
-    click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_documents(res))
+    summary = with_progress("sha256", summarize, model)
+    emit(summary, render_summary(summary), as_json)
 
 
-@engine.command("perplexity-chunks")
-@click.option("--model", required=True, help="GGUF path, or a public model name (qwen, gemma).")
-@click.option("--text", "text_file", required=True, type=click.Path(dir_okay=False, exists=True),
-              help="The text llama-perplexity reads (its -f).")
-@click.option("--ctx", "n_ctx", default=512, show_default=True, type=click.IntRange(4), help="Its -c: tokens per chunk.")
-@click.option("--chunks", "n_chunks", default=None, type=click.IntRange(1), help="Its --chunks: at most this many.")
-@click.option("--n-batch", default=512, show_default=True, type=click.IntRange(1), help="Its -b.")
-@click.option("--n-ubatch", default=512, show_default=True, type=click.IntRange(1), help="Its -ub.")
-@click.option("--threads", "n_threads", default=2, show_default=True, type=click.IntRange(1), help="Its -t.")
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Dump directory to write.")
-@click.option("--overwrite", is_flag=True)
-@JSON_FLAG
-def engine_perplexity_chunks(model, text_file, n_ctx, n_chunks, n_batch, n_ubatch, n_threads, out, overwrite,
-                             as_json) -> None:
-    """Dump the chunks llama-perplexity evaluates in TEXT, one document each, as it evaluates them
-    (for `exactedit kld --stats llama-perplexity`)."""
-    import contextlib
-    import json
-
-    from exactedit.native.llamacpp.models import locate
-    from exactedit.native.llamacpp.perplexity_chunks import dump_text_chunks, render_chunk_dump
-
-    with contextlib.ExitStack() as stack:
-        res = dump_text_chunks(locate(model), text_file, n_ctx, out, n_chunks=n_chunks, n_batch=n_batch,
-                               n_ubatch=n_ubatch, n_threads=n_threads, overwrite=overwrite,
-                               progress=_progress(stack, "capturing"))
-    click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_chunk_dump(res))
-
-
-@main.command("untie")
-@click.option("--model", required=True, help="GGUF path, or a public model name (gemma).")
-@click.option("--out", required=True, type=click.Path(dir_okay=False), help="The untied copy to write.")
-@click.option("--overwrite", is_flag=True)
-@JSON_FLAG
-def untie_cmd(model, out, overwrite, as_json) -> None:
-    """Add output.weight as a byte copy of token_embd.weight (every other tensor byte-identical)."""
-    import contextlib
-    import dataclasses
-
-    from exactedit.native.llamacpp.models import locate
-    from exactedit.quant.untie import render_untie, untie
-
-    with contextlib.ExitStack() as stack:
-        res = untie(locate(model), out, overwrite=overwrite, progress=_progress(stack, "writing"))
-    emit(dataclasses.asdict(res), render_untie(res), as_json)
-
-
-@verify.command("live")
-@click.option("--engine", "engine_name", type=click.Choice(["llamacpp"]), default="llamacpp", show_default=True)
-@click.option("--model", required=True, help="Base GGUF path, or a public model name (qwen).")
-@click.option("--bundle", required=True, type=click.Path(file_okay=False, exists=True), help="Bundle directory.")
-@click.option("--tokens", type=click.Path(dir_okay=False, exists=True), help="int32 token ids file.")
-@click.option("--text", type=click.Path(dir_okay=False, exists=True), help="A text file to tokenize.")
-@click.option("--edited", type=click.Path(dir_okay=False, exists=True),
-              help="Check this already edited GGUF instead of applying the bundle.")
-@click.option("--kl-mean", default=1e-8, show_default=True, type=float)
-@click.option("--kl-max", default=1e-5, show_default=True, type=float)
-@click.option("--top1", default=1.0, show_default=True, type=float)
-@click.option("--max-abs-rel", default=1e-4, show_default=True, type=float)
-@_engine_settings
-@JSON_FLAG
-def verify_live_cmd(engine_name, model, bundle, tokens, text, edited, kl_mean, kl_max, top1, max_abs_rel,
-                    as_json, **flags) -> None:
-    """Apply BUNDLE, run the engine on base and edited models, compare with the offline prediction."""
-    import contextlib
-    import json
-
-    from exactedit.native.llamacpp.models import locate
-    from exactedit.native.verify.live import Tolerance, render_report, verify_live
-
-    path = locate(model)
-    toks = _read_tokens_arg(tokens, text, path)
-    tol = Tolerance(kl_mean=kl_mean, kl_max=kl_max, top1=top1, max_abs_rel=max_abs_rel)
-    with contextlib.ExitStack() as stack:
-        report = verify_live(path, bundle, toks, settings=_settings(**flags), tolerance=tol, edited=edited,
-                             progress=_progress(stack, "live check"))
-    click.echo(json.dumps(report.to_json(), indent=1) if as_json else render_report(report))
-    if not report.passed:
-        sys.exit(1)
-
-
-@verify.command("engine")
-@click.option("--command", "template", default=None,
-              help="Engine command template with {gguf} {tokens} {logits} "
-                   "(default: strata_window_cli --metal-gguf {gguf} --tokens-file {tokens} --logits-out {logits}).")
-@click.option("--extra", default="", help="Extra flags appended to the command.")
-@click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True), help="Base GGUF.")
-@click.option("--bundle", required=True, type=click.Path(file_okay=False, exists=True), help="Bundle directory.")
-@click.option("--dump", "dump_dir", required=True, type=click.Path(file_okay=False, exists=True),
-              help="Dump whose tokens the engine reads and whose activations predict its logits.")
+@main.command("kld")
+@click.option("--model", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="Base GGUF (not with --base-file, which holds the base side).")
+@click.option("--dump", "dump_dirs", required=True, multiple=True, type=click.Path(file_okay=False, exists=True),
+              help="Activation dump directory of the base model; repeat to combine dumps into one report.")
+@click.option("--edited", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="Edited GGUF (may be left out with --write-base: then only the base file is written).")
+@click.option("--rows", multiple=True, metavar="A:B",
+              help="Row range of each dump (default: all); once for every dump, or once per --dump.")
+@click.option("--doc-rows", default=None, metavar="A:B",
+              help="Row range within every document instead (e.g. 256:511: what llama-perplexity scores "
+                   "in chunks of 512).")
 @click.option("--match-engine", type=click.Choice(["llamacpp"]), default=None,
-              help="Predict with this engine's arithmetic (default: exact float arithmetic).")
-@click.option("--kl-mean", default=1e-8, show_default=True, type=float)
-@click.option("--kl-max", default=1e-5, show_default=True, type=float)
-@click.option("--top1", default=1.0, show_default=True, type=float)
-@click.option("--max-abs-rel", default=1e-4, show_default=True, type=float)
+              help="Both models' logits as this engine computes them (needs dumps it captured). "
+                   "Default: exact float arithmetic (the edit's own effect).")
+@click.option("--stats", "stats", type=click.Choice(["exact", "llama-perplexity"]), default=None,
+              help="exact (default): KL over the whole vocabulary in float64; llama-perplexity: the "
+                   "tool's 16-bit base codes and -16-nat cutoff, its report (default with base files).")
+@click.option("--base-file", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="A llama-perplexity --kl-divergence-base file: the base side, as the tool recorded it.")
+@click.option("--write-base", default=None, type=click.Path(dir_okay=False),
+              help="Write the base side as a --kl-divergence-base file llama-perplexity reads.")
+@click.option("--rows-out", default=None, type=click.Path(dir_okay=False),
+              help="Write the per-row KLD as .npy (float64); --json then leaves it out.")
+@TILE_ROWS
 @JSON_FLAG
-def verify_engine_cmd(template, extra, model, bundle, dump_dir, match_engine, kl_mean, kl_max, top1, max_abs_rel,
-                      as_json) -> None:
-    """Apply BUNDLE, run the production engine's command on base and edited files, compare with the
-    offline prediction from DUMP; exit 1 on a failure."""
-    import contextlib
-    import json
+def kld_cmd(model, dump_dirs, edited, rows, doc_rows, match_engine, stats, base_file, write_base, rows_out,
+            tile_rows, as_json) -> None:
+    """KL divergence of EDITED against MODEL on the dumps (llama.cpp's perplexity-tool statistics)."""
+    from exactedit.evals.kl import KldConfig
+    from exactedit.native.runs import KldFiles, render_kld_run, run_kld
 
-    from exactedit.native.verify.strata import EngineCommand
-    from exactedit.native.verify.live import Tolerance, render_report
-    from exactedit.native.verify.engine import verify_engine
-
-    tol = Tolerance(kl_mean=kl_mean, kl_max=kl_max, top1=top1, max_abs_rel=max_abs_rel)
-    with contextlib.ExitStack() as stack:
-        report = verify_engine(EngineCommand.parse(template, extra), model, bundle, dump_dir, tolerance=tol,
-                               match_engine=match_engine, progress=_progress(stack, "engine check"))
-    click.echo(json.dumps(report.to_json(), indent=1) if as_json else render_report(report))
-    if not report.passed:
-        sys.exit(1)
+    if stats is None:
+        stats = "llama-perplexity" if (base_file or write_base) else "exact"
+    cfg = KldConfig(dumps=dump_dirs, model=model, edited=edited, rows=rows, doc_rows=doc_rows,
+                    match_engine=match_engine, stats=stats, tile_rows=tile_rows)
+    res = with_progress("KL pass", run_kld, cfg, KldFiles(base_file, write_base, rows_out))
+    emit(res, render_kld_run(res), as_json)
 
 
-def _lines(path) -> list[str]:
-    with open(path, encoding="utf-8") as fh:
-        return [line.strip() for line in fh if line.strip() and not line.lstrip().startswith("#")]
+@main.command("logits")
+@click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True), help="GGUF model.")
+@click.option("--dump", "dump_dir", required=True, type=click.Path(file_okay=False, exists=True),
+              help="Activation dump directory.")
+@click.option("--rows", default=None, metavar="A:B", help="Row range of the dump (default: all).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output .npy [rows, V] float32.")
+@TILE_ROWS
+@click.option("--match-engine", type=click.Choice(["llamacpp"]), default=None,
+              help="Compute the logits as this engine does (quantized activations, its summation order; "
+                   "needs a dump captured by that engine). Default: exact float arithmetic.")
+@click.option("--verify/--no-verify", "verify_hashes", default=True, show_default=True,
+              help="Re-hash the dump's field files first (--no-verify is recorded in the output manifest).")
+@JSON_FLAG
+def logits_cmd(model, dump_dir, rows, out, tile_rows, match_engine, verify_hashes, as_json) -> None:
+    """Full-vocabulary logits of MODEL recomputed from the dump rows, written to OUT."""
+    from exactedit.solvers.tail import render_logits, write_logits
+
+    res = with_progress("vocab pass", write_logits, model, dump_dir, out, rows=rows, tile_rows=tile_rows,
+                        match_engine=match_engine, verify_hashes=verify_hashes)
+    emit(res, render_logits(res), as_json)
 
 
 @main.command("mine")
 @click.option("--engine", "engine_name", type=click.Choice(["llamacpp"]), default="llamacpp", show_default=True)
-@click.option("--model", required=True, help="GGUF path, or a public model name (qwen).")
+@click.option("--model", type=MODEL, required=True, help="GGUF path, or a public model name (qwen).")
 @click.option("--prompts", required=True, type=click.Path(dir_okay=False, exists=True),
               help="One user prompt per line.")
 @click.option("--phrases", required=True, type=click.Path(dir_okay=False, exists=True),
@@ -728,27 +430,230 @@ def mine_cmd(engine_name, model, prompts, phrases, out, edited, max_new, samples
              capitalized, n_boot, tags, source, character, png, shape_rules, overwrite, as_json, **flags) -> None:
     """Sample replies to the turn end, find prefix-exact slop contexts, dump them; phrase rates
     (base and --edited) and style rates of the generation."""
-    import contextlib
-    import json
-
-    from exactedit.evals.rates.report import plot_phrase_rates
-    from exactedit.native.runs.mine import MineConfig, mine, render_mine
-    from exactedit.native.llamacpp.models import locate
+    from exactedit.evals.rates import plot_phrase_rates
+    from exactedit.native.runs import MineConfig, render_mine, run_mine
+    from exactedit.native.shaping import shape_processors
 
     cfg = MineConfig(max_new=max_new, temperature=temperature, top_k=top_k, seed=seed, samples=samples,
                      capitalized=capitalized, n_boot=n_boot, tags=tuple(tags), source=source or "mine",
                      character=character)
-    from exactedit.native.shaping.live import shape_processors
-
-    path = locate(model)
-    with contextlib.ExitStack() as stack:
-        res = mine(path, _lines(prompts), _lines(phrases), out, edited=edited, config=cfg,
-                   settings=_settings(**flags), processors=shape_processors(path, shape_rules, edited),
-                   overwrite=overwrite, progress=_progress(stack, "sampling"))
+    res = with_progress("sampling", run_mine, model, _lines(prompts), _lines(phrases), out, edited=edited, config=cfg,
+                        settings=_settings(**flags), processors=shape_processors(model, shape_rules, edited),
+                        overwrite=overwrite)
     if png:
         plot_phrase_rates(res.phrase_rates, png)
-    click.echo(json.dumps(res.to_dict(), indent=1, allow_nan=False) if as_json else render_mine(res))
+    emit(res, render_mine(res), as_json, allow_nan=False)
 
+
+@main.command("untie")
+@click.option("--model", type=MODEL, required=True, help="GGUF path, or a public model name (gemma).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="The untied copy to write.")
+@click.option("--overwrite", is_flag=True)
+@JSON_FLAG
+def untie_cmd(model, out, overwrite, as_json) -> None:
+    """Add output.weight as a byte copy of token_embd.weight (every other tensor byte-identical)."""
+    from exactedit.quant import render_untie, untie_gguf
+
+    res = with_progress("writing", untie_gguf, model, out, overwrite=overwrite)
+    emit(res, render_untie(res), as_json)
+
+
+# ---- bench: dump-verify, engine, generate, gguf-open, head, quant, solve-head, solve-wfld --------
+
+@main.group()
+def bench() -> None:
+    """Benchmarks, reported as ratios against a baseline measured in the same run."""
+
+
+@bench.command("dump-verify")
+@click.option("--mb", default=1024, show_default=True, type=click.IntRange(1), help="Dump size in MiB.")
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1), help="Best of.")
+@click.option("--workdir", type=click.Path(file_okay=False, exists=True), help="Where the dump is written.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def bench_dump_verify(mb, repeats, workdir, as_json) -> None:
+    """Field-hash verification of a production-width dump at open: GB/s, vs a plain read."""
+    from exactedit.bench import DumpVerifyBenchConfig, render_dump_verify, run_dump_verify_bench
+
+    r = with_progress("bench dump-verify", run_dump_verify_bench,
+                      DumpVerifyBenchConfig(mb=mb, repeats=repeats, workdir=workdir))
+    emit(r, render_dump_verify(r), as_json)
+
+
+@bench.command("engine")
+@click.option("--rows", default=395, show_default=True, type=click.IntRange(1), help="Activation rows.")
+@click.option("--vocab", default=151936, show_default=True, type=click.IntRange(1), help="Head rows V.")
+@click.option("--n", default=1536, show_default=True, type=click.IntRange(1), help="Model width.")
+@click.option("--qtype", default="Q6_K", show_default=True, type=click.Choice(["Q6_K", "Q8_0"]))
+@click.option("--ubatch", default=0, show_default=True, type=click.IntRange(0),
+              help="Micro-batch size the engine ran with (0: one micro-batch of all rows).")
+@TILE_ROWS
+@click.option("--repeats", default=1, show_default=True, type=click.IntRange(1), help="Alternating repeats; best kept.")
+@JSON_FLAG
+def bench_engine(rows, vocab, n, qtype, ubatch, tile_rows, repeats, as_json) -> None:
+    """Full-vocab pass with --match-engine llamacpp numerics vs the exact path, same head (ratio)."""
+    from exactedit.bench import EngineBenchConfig, render_engine_bench, run_engine_bench
+
+    cfg = EngineBenchConfig(rows=rows, vocab=vocab, n=n, qtype=qtype, ubatch=ubatch,
+                            tile_rows=tile_rows, repeats=repeats)
+    res = with_progress("bench engine", run_engine_bench, cfg)
+    emit(res, render_engine_bench(res), as_json)
+
+
+@bench.command("generate")
+@click.option("--model", type=MODEL, default="gemma", show_default=True,
+              help="GGUF path, or a public model name (qwen, gemma).")
+@click.option("--prompts", default=8, show_default=True, type=click.IntRange(1, 12), help="The bench's own prompts.")
+@click.option("--seeds", default=1, show_default=True, type=click.IntRange(1), help="Replies per prompt.")
+@click.option("--max-new", default=64, show_default=True, type=click.IntRange(1), help="Tokens per reply (cap).")
+@click.option("--slots", default=16, show_default=True, type=click.IntRange(1), help="Replies decoded together.")
+@click.option("--rules", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Compiled shaping rules run live on both sides.")
+@click.option("--repeats", default=1, show_default=True, type=click.IntRange(1), help="Alternating repeats; best kept.")
+@JSON_FLAG
+def bench_generate(model, prompts, seeds, max_new, slots, rules, repeats, as_json) -> None:
+    """Batched sampling vs the one-at-a-time loop on a real model, same replies (tokens/s ratio)."""
+    from exactedit.bench import GenerateBenchConfig, render_generate_bench, run_generate_bench
+
+    cfg = GenerateBenchConfig(str(model), prompts=prompts, seeds=seeds, max_new=max_new, slots=slots,
+                              rules=rules, repeats=repeats)
+    res = with_progress("bench generate", run_generate_bench, cfg)
+    emit(res, render_generate_bench(res), as_json)
+
+
+@bench.command("gguf-open")
+@click.option("--vocab", default=262_144, show_default=True, type=click.IntRange(1), help="Tokens.")
+@click.option("--merges/--no-merges", default=True, show_default=True, help="Also as many merges.")
+@click.option("--layers", default=48, show_default=True, type=click.IntRange(0), help="Blocks of tensors.")
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1), help="Our opens (best).")
+@click.option("--gguf-py-repeats", default=1, show_default=True, type=click.IntRange(1),
+              help="gguf-py opens (best); each takes seconds to minutes at 262K tokens.")
+@JSON_FILE
+def bench_gguf_open(vocab, merges, layers, repeats, gguf_py_repeats, json_out) -> None:
+    """Open + list tensors of a synthetic GGUF with a big vocabulary: ours vs gguf-py's GGUFReader."""
+    from exactedit.bench import GGUFOpenBenchConfig, render_gguf_open_bench, run_gguf_open_bench
+
+    cfg = GGUFOpenBenchConfig(vocab=vocab, merges=merges, layers=layers, repeats=repeats,
+                              gguf_py_repeats=gguf_py_repeats)
+    r = with_progress("bench gguf-open", run_gguf_open_bench, cfg)
+    emit_json_file(r, render_gguf_open_bench(r), json_out)
+
+
+@bench.command("head")
+@click.option("--rows", default=512, show_default=True, type=click.IntRange(1), help="Activation rows.")
+@click.option("--vocab", default=248320, show_default=True, type=click.IntRange(1), help="Head rows V.")
+@click.option("--n", default=2560, show_default=True, type=click.IntRange(1), help="Model width (multiple of 256).")
+@TILE_ROWS
+@click.option("--repeats", default=1, show_default=True, type=click.IntRange(1), help="Alternating repeats; best time kept.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default="cpu", show_default=True,
+              help="gpu: the JAX device pass (exact, tf32, bf16) vs the device matmul; auto: gpu if JAX sees one.")
+@JSON_FLAG
+def bench_head(rows, vocab, n, tile_rows, repeats, seed, device, as_json) -> None:
+    """Streaming full-vocab pass over a synthetic Q6_K head vs numpy sgemm of the same shape."""
+    from exactedit.bench import (
+        BenchHeadConfig, GpuHeadConfig, device_bench, render_bench_head, render_gpu_head, run_bench_head, run_gpu_head,
+    )
+
+    if device_bench(device):
+        res = with_progress("bench head (device)", run_gpu_head,
+                            GpuHeadConfig(rows, vocab, n, tile_rows, repeats, seed, device))
+        emit(res, render_gpu_head(res), as_json)
+        return
+    with _bad_parameter():
+        cfg = BenchHeadConfig(rows, vocab, n, tile_rows, repeats, seed)
+    res = with_progress("bench head", run_bench_head, cfg)
+    emit(res, render_bench_head(res), as_json)
+
+
+@bench.command("quant")
+@click.option("--rows", default=4096, show_default=True, type=click.IntRange(1), help="Rows per run.")
+@click.option("--cols", default=2560, show_default=True, type=click.IntRange(1), help="Row width.")
+@click.option("--threads", default=1, show_default=True, type=click.IntRange(1),
+              help="Threads for both sides (numba.set_num_threads / C row chunks).")
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1), help="Best of.")
+@click.option("--qtype", "qtypes", multiple=True,
+              help="Only this ggml type (repeatable); default: every quantized format.")
+@JSON_FILE
+def bench_quant(rows, cols, threads, repeats, qtypes, json_out) -> None:
+    """Quantize/dequantize throughput of each quantized format: our numba paths vs ggml's C."""
+    from exactedit.bench import BENCHED, QuantBenchConfig, format_table, run_quant_bench
+
+    cfg = QuantBenchConfig(rows=rows, cols=cols, threads=threads, repeats=repeats,
+                           qtypes=tuple(qtypes) or BENCHED)
+    result = with_progress("bench quant", run_quant_bench, cfg)
+    emit_json_file(result, format_table(result), json_out)
+
+
+@bench.command("solve-head")
+@click.option("--rows", default=17352, show_default=True, type=click.IntRange(1), help="Rows of the Adam step.")
+@click.option("--k", default=16, show_default=True, type=click.IntRange(1), help="|S|, edited head rows.")
+@click.option("--n", default=2560, show_default=True, type=click.IntRange(1), help="Model width.")
+@click.option("--null-k", default=32, show_default=True, type=click.IntRange(0), help="Null-space directions.")
+@click.option("--steps", default=20, show_default=True, type=click.IntRange(1), help="Timed Adam steps.")
+@click.option("--vocab", default=248320, show_default=True, type=click.IntRange(1), help="Head rows V of the pass.")
+@click.option("--pass-rows", default=512, show_default=True, type=click.IntRange(1), help="Rows of the vocab pass.")
+@TILE_ROWS
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--skip-pass", is_flag=True, help="Time only the Adam steps.")
+@click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default="cpu", show_default=True,
+              help="gpu: mix + one device pass over --rows + 300 steps + dev tracking, timed whole "
+                   "(--pass-rows and --skip-pass do not apply); auto: gpu if JAX sees one.")
+@JSON_FLAG
+def bench_solve_head(as_json, device, **flags) -> None:
+    """One Adam step of solve head at production size, and its full-vocab pass against sgemm."""
+    from exactedit.bench import (
+        BenchSolveHeadConfig, GpuSolveHeadConfig, device_bench, render_bench_solve_head, render_gpu_solve_head,
+        run_bench_solve_head, run_gpu_solve_head,
+    )
+
+    if device_bench(device):
+        f = flags
+        cfg = GpuSolveHeadConfig(rows=f["rows"], k=f["k"], n=f["n"], vocab=f["vocab"], null_k=f["null_k"],
+                                 step_repeats=f["steps"], seed=f["seed"], tile_rows=f["tile_rows"], device=device)
+        r = with_progress("bench solve-head (device)", run_gpu_solve_head, cfg)
+        emit(r, render_gpu_solve_head(r), as_json)
+        return
+    with _bad_parameter():
+        cfg = BenchSolveHeadConfig(**flags)
+    r = with_progress("bench solve-head", run_bench_solve_head, cfg)
+    emit(r, render_bench_solve_head(r), as_json)
+
+
+@bench.command("solve-wfld")
+@click.option("--n", default=2560, show_default=True, type=click.IntRange(1), help="Model width.")
+@click.option("--h", default=640, show_default=True, type=click.IntRange(1), help="Shared-expert hidden width.")
+@click.option("--vocab", default=248320, show_default=True, type=click.IntRange(1), help="Head rows V.")
+@click.option("--d-lo", default=320, show_default=True, type=click.IntRange(1), help="output_hc rank d_lo.")
+@click.option("--rows", default=1024, show_default=True, type=click.IntRange(1), help="Rows per trace (3 traces).")
+@click.option("--slop-every", default=10, show_default=True, type=click.IntRange(6),
+              help="One planted phrase or legitimate use every this many tokens.")
+@click.option("--gn-iters", default=3, show_default=True, type=click.IntRange(1), help="Gauss-Newton rounds.")
+@click.option("--special-rows", default=256, show_default=True, type=click.IntRange(0))
+@TILE_ROWS
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--workdir", type=click.Path(file_okay=False), help="Where the synthetic model and dumps go.")
+@click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default="cpu", show_default=True,
+              help="gpu: the whole solve with its passes and VJPs on the JAX device, timed twice in one "
+                   "process (first call: compiles included); auto: gpu if JAX sees one.")
+@JSON_FLAG
+def bench_solve_wfld(as_json, device, **flags) -> None:
+    """A whole `solve wfld` at production size on synthetic data: where the time goes."""
+    from exactedit.bench import (
+        BenchSolveWfldConfig, device_bench, render_bench_solve_wfld, render_gpu_solve_wfld, run_bench_solve_wfld,
+        run_gpu_solve_wfld,
+    )
+
+    with _bad_parameter():
+        cfg = BenchSolveWfldConfig(**flags)
+    if device_bench(device):
+        r = with_progress("bench solve-wfld (device)", run_gpu_solve_wfld, cfg, device)
+        emit(r, render_gpu_solve_wfld(r), as_json)
+        return
+    r = with_progress("bench solve-wfld", run_bench_solve_wfld, cfg)
+    emit(r, render_bench_solve_wfld(r), as_json)
+
+
+# ---- dataset: build ------------------------------------------------------------------------------
 
 @main.group()
 def dataset() -> None:
@@ -756,7 +661,7 @@ def dataset() -> None:
 
 
 @dataset.command("build")
-@click.option("--model", required=True, help="GGUF path, or a public model name (qwen).")
+@click.option("--model", type=MODEL, required=True, help="GGUF path, or a public model name (qwen).")
 @click.option("--prompts", required=True, type=click.Path(dir_okay=False, exists=True),
               help="One user prompt per line (the split is by prompt).")
 @click.option("--phrases", required=True, type=click.Path(dir_okay=False, exists=True),
@@ -782,155 +687,193 @@ def dataset_build(model, prompts, phrases, texts, out, overwrite, as_json, n_ctx
                   flash_attn, **flags) -> None:
     """Sample the model's replies and write the train / heldout / collateral / anchors dumps
     (tags, roles, split by prompt) with a summary of slop contexts and legitimate uses per set."""
-    import contextlib
-    import json
     from pathlib import Path
 
-    from exactedit.native.runs.dataset import DatasetConfig, build_dataset, render_dataset
-    from exactedit.native.llamacpp.models import locate
+    from exactedit.native.runs import DatasetConfig, build_dataset, render_dataset
 
     cfg = DatasetConfig(**flags)
     files = sorted(Path(texts).glob("*.txt")) if texts else []
-    with contextlib.ExitStack() as stack:
-        res = build_dataset(locate(model), _lines(prompts), _lines(phrases), out, texts=files, config=cfg,
-                            settings=_settings(n_ctx, n_batch, n_ubatch, n_threads, flash_attn), overwrite=overwrite,
-                            progress=_progress(stack, "sampling"))
-    click.echo(json.dumps(res.to_dict(), indent=1) if as_json else render_dataset(res))
+    res = with_progress("sampling", build_dataset, model, _lines(prompts), _lines(phrases), out, texts=files,
+                        config=cfg, settings=_settings(n_ctx, n_batch, n_ubatch, n_threads, flash_attn),
+                        overwrite=overwrite)
+    emit(res, render_dataset(res), as_json)
 
-# ---- end section: native ---------------------------------------------------------------------
 
-# ---- section: sampler-side shaping (shape compile, shape rates, verify shaping) ---------------
+# ---- dump: import, inspect -----------------------------------------------------------------------
 
 @main.group()
-def shape() -> None:
-    """Sampler-side shaping rules: compile for a model, rates in generation (docs/shaping.md)."""
+def dump() -> None:
+    """Activation dumps."""
 
 
-def _gen_config(max_new, temperature, top_k):
-    from exactedit.native.llamacpp.generate import GenerateConfig
-
-    return GenerateConfig(max_new=max_new, temperature=temperature, top_k=top_k)
-
-
-def _gen_options(f):
-    for opt in reversed([
-        click.option("--max-new", default=64, show_default=True, type=click.IntRange(1), help="Tokens per reply (cap)."),
-        click.option("--temperature", default=0.8, show_default=True, type=float),
-        click.option("--top-k", default=40, show_default=True, type=click.IntRange(1)),
-        click.option("--seed", "seeds", multiple=True, type=int, help="Sample seed (repeatable; default 0)."),
-    ]):
-        f = opt(f)
-    return f
-
-
-@shape.command("compile")
-@click.argument("rules", type=click.Path(dir_okay=False, exists=True))
-@click.option("--model", required=True, help="GGUF path, or a public model name (qwen, gemma).")
-@click.option("--out", required=True, type=click.Path(dir_okay=False), help="The compiled rules (JSON) to write.")
+@dump.command("import")
+@click.argument("source", type=click.Path(exists=True, path_type=str))
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="The v1 dump directory to write.")
+@click.option("--model", type=MODEL, default=None,
+              help="GGUF path or public model name: check dims, record its sha256, derive row roles from its chat.")
+@click.option("--overwrite", is_flag=True)
 @JSON_FLAG
-def shape_compile_cmd(rules, model, out, as_json) -> None:
-    """Resolve a rules file (TOML) against MODEL's tokenizer, specials and chat template."""
-    import json
+def dump_import(source, out, model, overwrite, as_json) -> None:
+    """Raw little-endian field files + SOURCE/dump.toml (dtype, shape per field) -> a v1 dump
+    (docs/dump-format.md, "Importing an engine's raw arrays")."""
+    from exactedit.native.llamacpp import import_dump, render_import
 
-    from exactedit.native.llamacpp.models import locate
-    from exactedit.native.shaping.compile import compile_file, render_compile
-
-    r = compile_file(rules, locate(model), out)
-    click.echo(json.dumps(r.to_dict(), indent=1) if as_json else render_compile(r))
+    res = import_dump(source, out, model=model, overwrite=overwrite)
+    emit(res, render_import(res), as_json)
 
 
-@shape.command("rates")
-@click.option("--model", required=True, help="GGUF path, or a public model name (qwen, gemma).")
-@click.option("--rules", required=True, type=click.Path(dir_okay=False, exists=True), help="Compiled rules (JSON).")
-@click.option("--prompts", required=True, type=click.Path(dir_okay=False, exists=True), help="One user prompt per line.")
-@click.option("--edited", type=click.Path(dir_okay=False, exists=True), help="Edited GGUF: adds the weights and both arms.")
-@click.option("--phrases", type=click.Path(dir_okay=False, exists=True), help="Phrases to rate (default: the rules').")
-@_gen_options
-@click.option("--n-boot", default=1000, show_default=True, type=click.IntRange(0), help="Bootstrap resamples.")
-@click.option("--slots", default=16, show_default=True, type=click.IntRange(1),
-              help="Replies decoded together (1: one at a time; up to 3: bitwise the one-at-a-time loop).")
+@dump.command("inspect")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=str))
+@JSON_FLAG
+@click.option("--verify/--no-verify", "verify_hashes", default=True, show_default=True,
+              help="Re-hash every field file against the manifest (--no-verify is recorded in the output).")
+def dump_inspect(directory: str, as_json: bool, verify_hashes: bool) -> None:
+    """Validate the dump DIRECTORY; show arch, rows, fields, documents and role counts."""
+    from exactedit.dumps import format_table, inspect_dump
+
+    summary = with_progress("validating", inspect_dump, directory, verify_hashes=verify_hashes)
+    emit(summary, format_table(summary), as_json)
+
+
+# ---- engine: dump, model, perplexity-chunks, run -------------------------------------------------
+
+@main.group()
+def engine() -> None:
+    """Compiled engines (llama.cpp) behind the production engine's CLI contract."""
+
+
+@engine.command("dump")
+@click.option("--model", type=MODEL, required=True, help="GGUF path, or a public model name (qwen, gemma).")
+@click.option("--tokens", type=click.Path(dir_okay=False, exists=True), help="int32 token ids file.")
+@click.option("--text", type=click.Path(dir_okay=False, exists=True), help="A text file to tokenize.")
+@click.option("--chat", "chat_file", type=click.Path(dir_okay=False, exists=True),
+              help="Conversations, one JSON list of {role, content} per line, rendered with the model's template.")
+@_labels
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Dump directory to write.")
+@click.option("--overwrite", is_flag=True)
 @_engine_settings
 @JSON_FLAG
-def shape_rates_cmd(model, rules, prompts, edited, phrases, max_new, temperature, top_k, seeds, n_boot, slots,
-                    as_json, **flags) -> None:
-    """Phrase rates and KL of base / rules / weights / both on the same prompts and seeds."""
-    import contextlib
-    import json
+def engine_dump(model, tokens, text, chat_file, tags, source, character, out, overwrite, as_json, **flags) -> None:
+    """Capture an rmsnorm dump (R = ffn_inp, hh = the FFN hidden) with llama.cpp: labelled documents
+    (stable names, tags plain/chat + --tag, row roles from the model's chat framing)."""
+    from exactedit.native.llamacpp import DumpInputs, dump_documents, render_documents
 
-    from exactedit.native.llamacpp.models import locate
-    from exactedit.native.shaping.rates import render_shape_rates, shape_rates
-
-    with contextlib.ExitStack() as stack:
-        r = shape_rates(locate(model), rules, _lines(prompts), _lines(phrases) if phrases else None, edited=edited,
-                        config=_gen_config(max_new, temperature, top_k), seeds=seeds or (0,),
-                        settings=_settings(**flags), n_boot=n_boot, slots=slots,
-                        progress=_progress(stack, "sampling"))
-    click.echo(json.dumps(r.to_dict(), indent=1, allow_nan=False) if as_json else render_shape_rates(r))
+    inputs = DumpInputs(text=text, tokens=tokens, chat=chat_file, tags=tuple(tags), source=source,
+                        character=character or "")
+    res = with_progress("capturing", dump_documents, model, inputs, out, settings=_settings(**flags),
+                        overwrite=overwrite)
+    emit(res, render_documents(res), as_json)
 
 
-@verify.command("shaping")
-@click.option("--model", required=True, help="GGUF path, or a public model name (qwen, gemma).")
-@click.option("--rules", required=True, type=click.Path(dir_okay=False, exists=True), help="Compiled rules (JSON).")
-@click.option("--prompts", required=True, type=click.Path(dir_okay=False, exists=True), help="One user prompt per line.")
-@_gen_options
-@click.option("--persona/--no-persona", default=None, help="Override the rules' persona gate.")
+@engine.command("model")
+@click.argument("name", type=click.Choice(["qwen", "gemma"]))
+def engine_model(name) -> None:
+    """Assemble the public model NAME from its installed packages (verified) and print its path."""
+    from exactedit.native.llamacpp import locate
+
+    path = str(with_progress(f"assembling {name}", locate, name))
+    emit(path, path, as_json=False)
+
+
+@engine.command("perplexity-chunks")
+@click.option("--model", type=MODEL, required=True, help="GGUF path, or a public model name (qwen, gemma).")
+@click.option("--text", "text_file", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="The text llama-perplexity reads (its -f).")
+@click.option("--ctx", "n_ctx", default=512, show_default=True, type=click.IntRange(4), help="Its -c: tokens per chunk.")
+@click.option("--chunks", "n_chunks", default=None, type=click.IntRange(1), help="Its --chunks: at most this many.")
+@click.option("--n-batch", default=512, show_default=True, type=click.IntRange(1), help="Its -b.")
+@click.option("--n-ubatch", default=512, show_default=True, type=click.IntRange(1), help="Its -ub.")
+@click.option("--threads", "n_threads", default=2, show_default=True, type=click.IntRange(1), help="Its -t.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Dump directory to write.")
+@click.option("--overwrite", is_flag=True)
+@JSON_FLAG
+def engine_perplexity_chunks(model, text_file, n_ctx, n_chunks, n_batch, n_ubatch, n_threads, out, overwrite,
+                             as_json) -> None:
+    """Dump the chunks llama-perplexity evaluates in TEXT, one document each, as it evaluates them
+    (for `exactedit kld --stats llama-perplexity`)."""
+    from exactedit.native.llamacpp import dump_text_chunks, render_chunk_dump
+
+    res = with_progress("capturing", dump_text_chunks, model, text_file, n_ctx, out, n_chunks=n_chunks,
+                        n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads, overwrite=overwrite)
+    emit(res, render_chunk_dump(res), as_json)
+
+
+@engine.command("run")
+@click.option("--metal-gguf", "gguf_path", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="The GGUF to load (the production CLI's flag name).")
+@click.option("--tokens-file", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Little-endian int32 token ids, no header.")
+@click.option("--logits-out", required=True, type=click.Path(dir_okay=False),
+              help="Written: little-endian float32 [T, V], one full-vocabulary row per position.")
 @_engine_settings
 @JSON_FLAG
-def verify_shaping_cmd(model, rules, prompts, max_new, temperature, top_k, seeds, persona, as_json, **flags) -> None:
-    """Generate with the rules live; the sampler's logits must equal the offline shaping, bitwise."""
-    import contextlib
-    import json
+def engine_run(gguf_path, tokens_file, logits_out, as_json, **flags) -> None:
+    """The production engine's contract (strata_window_cli), honoured by llama.cpp."""
+    from exactedit.native.verify import render_contract_run, run_llamacpp
 
-    from exactedit.native.llamacpp.models import locate
-    from exactedit.native.shaping.verify import render_shaping_verify, verify_shaping
-
-    with contextlib.ExitStack() as stack:
-        r = verify_shaping(locate(model), rules, _lines(prompts), config=_gen_config(max_new, temperature, top_k),
-                           seeds=seeds or (0,), settings=_settings(**flags), persona=persona,
-                           progress=_progress(stack, "generating"))
-    click.echo(json.dumps(r.to_dict(), indent=1) if as_json else render_shaping_verify(r))
-    if not r.passed:
-        sys.exit(1)
+    res = with_progress("evaluating", run_llamacpp, gguf_path, tokens_file, logits_out, _settings(**flags))
+    emit(res, render_contract_run(res), as_json)
 
 
-@main.command("generate")
-@click.option("--model", required=True, help="GGUF path, or a public model name (qwen, gemma).")
-@click.option("--prompt", required=True, help="The user's message.")
-@click.option("--rules", type=click.Path(dir_okay=False, exists=True), help="Compiled shaping rules to run live.")
-@click.option("--persona/--no-persona", default=None, help="Override the rules' persona gate.")
-@_gen_options
-@_engine_settings
+# ---- eval: blind, ledger, register, score, split, test -------------------------------------------
+
+@main.group(name="eval")
+def eval_() -> None:
+    """Pre-registered protocol, splits, bars, blind sign-off."""
+
+
+@eval_.command("blind")
+@click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True))
+@click.option("--bundle", required=True, type=click.Path(file_okay=False, exists=True))
+@click.option("--doc", required=True, type=click.Path(file_okay=False, exists=True), help="The fresh document's dump.")
+@click.option("--dev-report", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="dev-report.json written by `eval score` for this bundle.")
+@click.option("--protocol", type=click.Path(dir_okay=False, exists=True),
+              help="Default: the protocol the dev report names.")
+@click.option("--out", type=click.Path(file_okay=False), help="Directory for signoff.* (default WORKSPACE/blind).")
+@_WORKSPACE
 @JSON_FLAG
-def generate_cmd(model, prompt, rules, persona, max_new, temperature, top_k, seeds, as_json, **flags) -> None:
-    """Sample one reply with llama.cpp, the shaping rules (if given) between logits and sampler."""
-    import json
+def eval_blind(model, bundle, doc, dev_report, protocol, out, workspace, as_json):
+    """The one-shot blind sign-off of BUNDLE on DOC; a second run is refused and recorded."""
+    from pathlib import Path
 
-    from exactedit.native.llamacpp.models import locate
-    from exactedit.native.llamacpp.generate import GenerateConfig
-    from exactedit.native.shaping.live import generate_text, render_generation
+    from exactedit.evals.runs import blind_report, blind_signoff
 
-    if len(seeds) > 1:
-        raise click.UsageError("generate takes one --seed")
-    cfg = GenerateConfig(max_new=max_new, temperature=temperature, top_k=top_k, seed=seeds[0] if seeds else 0)
-    r = generate_text(locate(model), prompt, cfg, rules, settings=_settings(**flags), persona=persona)
-    click.echo(json.dumps(r.to_dict(), indent=1) if as_json else render_generation(r))
-
-# ---- end section: sampler-side shaping ---------------------------------------------------------
+    out = out or str(Path(workspace) / "blind")
+    r = with_progress("blind run", blind_signoff, model, bundle, doc, dev_report, workspace, out, command_line(),
+                      protocol_path=protocol)
+    emit(*blind_report(r), as_json)
 
 
-# ---- section: evals --------------------------------------------------------------------------
+@eval_.command("ledger")
+@click.option("--verify", "check", is_flag=True,
+              help="Check the hash chain and every anchor (--against, the blind registry); exit 1 naming the "
+                   "first bad entry or the first output the ledger no longer backs.")
+@click.option("--against", multiple=True, type=click.Path(exists=True),
+              help="An exported head, bundle, report or sign-off, or a directory of them (repeatable; with --verify).")
+@click.option("--export", "export", type=click.Path(dir_okay=False),
+              help="Write the current head (seq + hash) as JSON to FILE, to commit to git as an anchor.")
+@_WORKSPACE
+@JSON_FLAG
+def eval_ledger(check, against, export, workspace, as_json):
+    """List the ledger's entries, export its head, or verify its chain against recorded heads."""
+    from exactedit.evals.protocol import Ledger, export_head, render_verification, verify_ledger
+    from exactedit.evals.runs import export_report, ledger_report
 
-_WORKSPACE = click.option("--workspace", type=click.Path(file_okay=False), default=".exactedit", show_default=True,
-                          help="Directory holding this project's ledger.")
-
-
-def _eval_config(**kw):
-    from exactedit.evals.scoring.evaluate import ScoreConfig
-
-    try:
-        return ScoreConfig(**kw)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
+    if against and not check:
+        raise click.UsageError("--against is checked by --verify")
+    if export:
+        emit(*export_report(export_head(workspace, export)), as_json)
+    if check:
+        v = verify_ledger(workspace, against)
+        emit(v, render_verification(v), as_json)
+        if not v.ok:
+            sys.exit(1)
+    if export or check:
+        return
+    with Ledger.open(workspace) as ledger:
+        entries = ledger.entries()
+    emit(*ledger_report(entries), as_json)
 
 
 @eval_.command("register")
@@ -939,23 +882,9 @@ def _eval_config(**kw):
 @JSON_FLAG
 def eval_register(protocol, workspace, as_json):
     """Record PROTOCOL's sha256 (and its traces' dump hashes) in the ledger."""
-    from exactedit.evals.runs import render
-    from exactedit.evals.runs import workflow
+    from exactedit.evals.runs import register, register_report
 
-    emit(*render.register_report(workflow.register(protocol, workspace, command_line())), as_json)
-
-
-@eval_.command("split")
-@click.option("--protocol", required=True, type=click.Path(dir_okay=False, exists=True))
-@click.option("--unregistered", is_flag=True, help="Allow an unregistered or changed protocol (marked).")
-@_WORKSPACE
-@JSON_FLAG
-def eval_split(protocol, unregistered, workspace, as_json):
-    """Split the traces' documents into train / dev / test by the protocol's rule; record it."""
-    from exactedit.evals.runs import render
-    from exactedit.evals.runs import workflow
-
-    emit(*render.split_report(workflow.split(protocol, workspace, command_line(), unregistered)), as_json)
+    emit(*register_report(register(protocol, workspace, command_line())), as_json)
 
 
 @eval_.command("score")
@@ -973,17 +902,26 @@ def eval_split(protocol, unregistered, workspace, as_json):
 @JSON_FLAG
 def eval_score(protocol, model, bundle, edited, shapes, bars, persona_tag, out, unregistered, workspace, as_json):
     """Dev bars of MODEL + a bundle / edited GGUF / shaping rules; the report is recorded."""
-    import contextlib
+    from exactedit.evals.runs import score, score_report
+    from exactedit.evals.scoring import ScoreConfig
 
-    from exactedit.evals.runs import render
+    with _bad_parameter():
+        config = ScoreConfig(heldout_role="dev", bars=bars, shapes=tuple(shapes), persona_tag=persona_tag)
+    r = with_progress("scoring", score, protocol, workspace, model, out, command_line(), bundle=bundle, edited=edited,
+                      config=config, unregistered=unregistered)
+    emit(*score_report(r), as_json)
 
-    from exactedit.evals.runs import workflow
 
-    config = _eval_config(heldout_role="dev", bars=bars, shapes=tuple(shapes), persona_tag=persona_tag)
-    with contextlib.ExitStack() as stack:
-        r = workflow.score(protocol, workspace, model, out, command_line(), bundle=bundle, edited=edited,
-                           config=config, unregistered=unregistered, progress=_progress(stack, "scoring"))
-    emit(*render.score_report(r), as_json)
+@eval_.command("split")
+@click.option("--protocol", required=True, type=click.Path(dir_okay=False, exists=True))
+@click.option("--unregistered", is_flag=True, help="Allow an unregistered or changed protocol (marked).")
+@_WORKSPACE
+@JSON_FLAG
+def eval_split(protocol, unregistered, workspace, as_json):
+    """Split the traces' documents into train / dev / test by the protocol's rule; record it."""
+    from exactedit.evals.runs import split, split_report
+
+    emit(*split_report(split(protocol, workspace, command_line(), unregistered)), as_json)
 
 
 @eval_.command("test")
@@ -997,90 +935,70 @@ def eval_score(protocol, model, bundle, edited, shapes, bars, persona_tag, out, 
 @JSON_FLAG
 def eval_test(protocol, model, bundle, bars, out, unregistered, workspace, as_json):
     """Score the test split of BUNDLE, once. A repeat prints the recorded result and fails."""
-    import contextlib
+    from exactedit.evals.protocol import LedgerRefusal
+    from exactedit.evals.runs import recorded_test_report, score_test, test_report
+    from exactedit.evals.scoring import ScoreConfig
 
-    from exactedit.evals.runs import render
-
-    from exactedit.evals.runs import workflow
-    from exactedit.evals.protocol.ledger import LedgerRefusal
-
-    config = _eval_config(heldout_role="test", bars=bars)
+    with _bad_parameter():
+        config = ScoreConfig(heldout_role="test", bars=bars)
     try:
-        with contextlib.ExitStack() as stack:
-            r = workflow.score_test(protocol, workspace, model, bundle, out, command_line(), config=config,
-                                    unregistered=unregistered, progress=_progress(stack, "scoring test"))
+        r = with_progress("scoring test", score_test, protocol, workspace, model, bundle, out, command_line(),
+                          config=config, unregistered=unregistered)
     except LedgerRefusal as exc:
         if exc.recorded is not None:
-            emit(*render.recorded_test_report(exc.recorded), as_json)
+            emit(*recorded_test_report(exc.recorded), as_json)
         raise
-    emit(*render.test_report(r), as_json)
+    emit(*test_report(r), as_json)
 
 
-@eval_.command("blind")
-@click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True))
-@click.option("--bundle", required=True, type=click.Path(file_okay=False, exists=True))
-@click.option("--doc", required=True, type=click.Path(file_okay=False, exists=True), help="The fresh document's dump.")
-@click.option("--dev-report", required=True, type=click.Path(dir_okay=False, exists=True),
-              help="dev-report.json written by `eval score` for this bundle.")
-@click.option("--protocol", type=click.Path(dir_okay=False, exists=True),
-              help="Default: the protocol the dev report names.")
-@click.option("--out", type=click.Path(file_okay=False), help="Directory for signoff.* (default WORKSPACE/blind).")
-@_WORKSPACE
+# ---- shape: compile, rates -----------------------------------------------------------------------
+
+@main.group()
+def shape() -> None:
+    """Sampler-side shaping rules: compile for a model, rates in generation (docs/shaping.md)."""
+
+
+@shape.command("compile")
+@click.argument("rules", type=click.Path(dir_okay=False, exists=True))
+@click.option("--model", type=MODEL, required=True, help="GGUF path, or a public model name (qwen, gemma).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="The compiled rules (JSON) to write.")
 @JSON_FLAG
-def eval_blind(model, bundle, doc, dev_report, protocol, out, workspace, as_json):
-    """The one-shot blind sign-off of BUNDLE on DOC; a second run is refused and recorded."""
-    import contextlib
-    from pathlib import Path
+def shape_compile_cmd(rules, model, out, as_json) -> None:
+    """Resolve a rules file (TOML) against MODEL's tokenizer, specials and chat template."""
+    from exactedit.native.shaping import compile_file, render_compile
 
-    from exactedit.evals.runs import render
-
-    from exactedit.evals.runs import workflow
-
-    out = out or str(Path(workspace) / "blind")
-    with contextlib.ExitStack() as stack:
-        r = workflow.blind(model, bundle, doc, dev_report, workspace, out, command_line(),
-                           protocol_path=protocol, progress=_progress(stack, "blind run"))
-    emit(*render.blind_report(r), as_json)
+    r = compile_file(rules, model, out)
+    emit(r, render_compile(r), as_json)
 
 
-@eval_.command("ledger")
-@click.option("--verify", "check", is_flag=True,
-              help="Check the hash chain and every anchor (--against, the blind registry); exit 1 naming the "
-                   "first bad entry or the first output the ledger no longer backs.")
-@click.option("--against", multiple=True, type=click.Path(exists=True),
-              help="An exported head, bundle, report or sign-off, or a directory of them (repeatable; with --verify).")
-@click.option("--export", "export", type=click.Path(dir_okay=False),
-              help="Write the current head (seq + hash) as JSON to FILE, to commit to git as an anchor.")
-@_WORKSPACE
+@shape.command("rates")
+@click.option("--model", type=MODEL, required=True, help="GGUF path, or a public model name (qwen, gemma).")
+@click.option("--rules", required=True, type=click.Path(dir_okay=False, exists=True), help="Compiled rules (JSON).")
+@click.option("--prompts", required=True, type=click.Path(dir_okay=False, exists=True), help="One user prompt per line.")
+@click.option("--edited", type=click.Path(dir_okay=False, exists=True), help="Edited GGUF: adds the weights and both arms.")
+@click.option("--phrases", type=click.Path(dir_okay=False, exists=True), help="Phrases to rate (default: the rules').")
+@_gen_options
+@click.option("--n-boot", default=1000, show_default=True, type=click.IntRange(0), help="Bootstrap resamples.")
+@click.option("--slots", default=16, show_default=True, type=click.IntRange(1),
+              help="Replies decoded together (1: one at a time; up to 3: bitwise the one-at-a-time loop).")
+@_engine_settings
 @JSON_FLAG
-def eval_ledger(check, against, export, workspace, as_json):
-    """List the ledger's entries, export its head, or verify its chain against recorded heads."""
-    from exactedit.evals.runs import render
-    from exactedit.evals.protocol.anchors import export_head, render_verification, verify_ledger
-    from exactedit.evals.protocol.ledger import Ledger
+def shape_rates_cmd(model, rules, prompts, edited, phrases, max_new, temperature, top_k, seeds, n_boot, slots,
+                    as_json, **flags) -> None:
+    """Phrase rates and KL of base / rules / weights / both on the same prompts and seeds."""
+    from exactedit.native.shaping import render_shape_rates, shape_rates
 
-    if against and not check:
-        raise click.UsageError("--against is checked by --verify")
-    if export:
-        emit(*render.export_report(export_head(workspace, export)), as_json)
-    if check:
-        v = verify_ledger(workspace, against)
-        emit(v.to_dict(), render_verification(v), as_json)
-        if not v.ok:
-            sys.exit(1)
-    if export or check:
-        return
-    with Ledger.open(workspace) as ledger:
-        entries = ledger.entries()
-    emit(*render.ledger_report(entries), as_json)
+    r = with_progress("sampling", shape_rates, model, rules, _lines(prompts), _lines(phrases) if phrases else None,
+                      edited=edited, config=_gen_config(max_new, temperature, top_k), seeds=seeds or (0,),
+                      settings=_settings(**flags), n_boot=n_boot, slots=slots)
+    emit(r, render_shape_rates(r), as_json, allow_nan=False)
 
-# ---- end section: evals ----------------------------------------------------------------------
 
-# ---- section: solve head + apply -------------------------------------------------------------
+# ---- solve: head, wfld ---------------------------------------------------------------------------
 
-def _head_tokens(values) -> tuple:
-    """Token flags: the token's text as the model's table decodes it, or #ID for an id."""
-    return tuple(int(v[1:]) if v.startswith("#") and v[1:].isdigit() else v for v in values)
+@main.group()
+def solve() -> None:
+    """Solvers: `solve head`, `solve wfld`."""
 
 
 @solve.command("head")
@@ -1126,88 +1044,15 @@ def _head_tokens(values) -> tuple:
 def solve_head_cmd(model, train, dev, test, protocol, out, workspace, overwrite, as_json, openers, closers, device,
                    **flags) -> None:
     """Solve an exact edit of output-head rows under a registered protocol; write a bundle."""
-    import contextlib
+    from exactedit.evals.runs import head_solve_report, solve_head, write_head_bundle
+    from exactedit.solvers.head import HeadSolveConfig
 
-    from exactedit.solvers.head.config import HeadSolveConfig
-    from exactedit.evals.runs.head_report import solve_report
-    from exactedit.evals.runs.head_run import solve_head, write_head_bundle
-
-    try:
+    with _bad_parameter():
         cfg = HeadSolveConfig(openers=_head_tokens(openers), closers=_head_tokens(closers), **flags)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-    command = command_line()
-    with contextlib.ExitStack() as stack:
-        result = solve_head(cfg, model=model, train=train, dev=dev, test=test, protocol=protocol,
-                            workspace=workspace, command=command, device=device,
-                            progress=_progress(stack, "solve head"))
+    result = with_progress("solve head", solve_head, cfg, model=model, train=train, dev=dev, test=test,
+                           protocol=protocol, workspace=workspace, command=command_line(), device=device)
     bundle = write_head_bundle(result, out, overwrite=overwrite)
-    emit(*solve_report(result, bundle), as_json)
-
-
-@main.command("apply")
-@click.argument("bundle", type=click.Path(file_okay=False, exists=True))
-@click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True), help="The base GGUF.")
-@click.option("--out", required=True, type=click.Path(dir_okay=False), help="The edited GGUF to write.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing output file.")
-@JSON_FLAG
-def apply_cmd(bundle, model, out, overwrite, as_json) -> None:
-    """Write BUNDLE's edits into a copy of MODEL (every other byte kept)."""
-    import contextlib
-
-    from exactedit.solvers.apply import apply_bundle, apply_json, render_apply
-
-    with contextlib.ExitStack() as stack:
-        r = apply_bundle(bundle, model, out, overwrite=overwrite, progress=_progress(stack, "apply"))
-    emit(apply_json(r), render_apply(r), as_json)
-
-
-@bench.command("solve-head")
-@click.option("--rows", default=17352, show_default=True, type=click.IntRange(1), help="Rows of the Adam step.")
-@click.option("--k", default=16, show_default=True, type=click.IntRange(1), help="|S|, edited head rows.")
-@click.option("--n", default=2560, show_default=True, type=click.IntRange(1), help="Model width.")
-@click.option("--null-k", default=32, show_default=True, type=click.IntRange(0), help="Null-space directions.")
-@click.option("--steps", default=20, show_default=True, type=click.IntRange(1), help="Timed Adam steps.")
-@click.option("--vocab", default=248320, show_default=True, type=click.IntRange(1), help="Head rows V of the pass.")
-@click.option("--pass-rows", default=512, show_default=True, type=click.IntRange(1), help="Rows of the vocab pass.")
-@TILE_ROWS
-@click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--skip-pass", is_flag=True, help="Time only the Adam steps.")
-@click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default="cpu", show_default=True,
-              help="gpu: mix + one device pass over --rows + 300 steps + dev tracking, timed whole "
-                   "(--pass-rows and --skip-pass do not apply); auto: gpu if JAX sees one.")
-@JSON_FLAG
-def bench_solve_head(as_json, device, **flags) -> None:
-    """One Adam step of solve head at production size, and its full-vocab pass against sgemm."""
-    import contextlib
-    import json
-
-    from exactedit.bench.gpu import device_bench
-    from exactedit.bench.gpu_solve import GpuSolveHeadConfig, render_gpu_solve_head, run_gpu_solve_head
-    from exactedit.bench.solve_head import BenchSolveHeadConfig, render_bench_solve_head, run_bench_solve_head
-
-    if device_bench(device):
-        f = flags
-        with contextlib.ExitStack() as stack:
-            r = run_gpu_solve_head(GpuSolveHeadConfig(rows=f["rows"], k=f["k"], n=f["n"], vocab=f["vocab"],
-                                                      null_k=f["null_k"], step_repeats=f["steps"], seed=f["seed"],
-                                                      tile_rows=f["tile_rows"], device=device),
-                                   progress=_progress(stack, "bench solve-head (device)"))
-        click.echo(json.dumps(r.to_dict(), indent=1) if as_json else render_gpu_solve_head(r))
-        return
-    try:
-        cfg = BenchSolveHeadConfig(**flags)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-    with contextlib.ExitStack() as stack:
-        r = run_bench_solve_head(cfg, progress=_progress(stack, "bench solve-head"))
-    click.echo(json.dumps(r.to_dict(), indent=1) if as_json else render_bench_solve_head(r))
-
-# ---- end section: solve head -----------------------------------------------------------------
-
-# ---- section: solve wfld ---------------------------------------------------------------------
-
-_DUMP = click.Path(file_okay=False, exists=True)
+    emit(*head_solve_report(result, bundle), as_json)
 
 
 @solve.command("wfld")
@@ -1289,66 +1134,96 @@ _DUMP = click.Path(file_okay=False, exists=True)
 def solve_wfld_cmd(model, phrases, train, heldout, collateral, anchors, null_, protocol, out, phrase_margins,
                    same_sense, specials, workspace, overwrite, as_json, device, **flags) -> None:
     """Solve the anti-slop edit of the last layer's shared-expert down projection; write a bundle."""
-    import contextlib
+    from exactedit.evals.runs import WfldInputs, solve_wfld, wfld_solve_report
+    from exactedit.solvers.wfld import WfldConfig, parse_phrase_margin, parse_same_sense
 
-    from exactedit.solvers.wfld.config import WfldConfig, parse_phrase_margin, parse_same_sense
-    from exactedit.evals.runs.wfld_run import WfldInputs, solve_report, solve_wfld
-
-    try:
+    with _bad_parameter():
         cfg = WfldConfig(phrase_margins=tuple(parse_phrase_margin(p) for p in phrase_margins),
                          same_sense=tuple(parse_same_sense(p) for p in same_sense),
                          specials=tuple(specials), **flags)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
     inputs = WfldInputs(model, phrases, tuple(train), tuple(heldout), tuple(collateral), tuple(anchors),
                         tuple(null_), protocol)
-    with contextlib.ExitStack() as stack:
-        r = solve_wfld(cfg, inputs, out, overwrite=overwrite, workspace=workspace, device=device,
-                       command=command_line(),
-                       progress=_progress(stack, "solve wfld"))
-    emit(*solve_report(r), as_json)
+    r = with_progress("solve wfld", solve_wfld, cfg, inputs, out, overwrite=overwrite, workspace=workspace,
+                      device=device, command=command_line())
+    emit(*wfld_solve_report(r), as_json)
 
 
-@bench.command("solve-wfld")
-@click.option("--n", default=2560, show_default=True, type=click.IntRange(1), help="Model width.")
-@click.option("--h", default=640, show_default=True, type=click.IntRange(1), help="Shared-expert hidden width.")
-@click.option("--vocab", default=248320, show_default=True, type=click.IntRange(1), help="Head rows V.")
-@click.option("--d-lo", default=320, show_default=True, type=click.IntRange(1), help="output_hc rank d_lo.")
-@click.option("--rows", default=1024, show_default=True, type=click.IntRange(1), help="Rows per trace (3 traces).")
-@click.option("--slop-every", default=10, show_default=True, type=click.IntRange(6),
-              help="One planted phrase or legitimate use every this many tokens.")
-@click.option("--gn-iters", default=3, show_default=True, type=click.IntRange(1), help="Gauss-Newton rounds.")
-@click.option("--special-rows", default=256, show_default=True, type=click.IntRange(0))
-@TILE_ROWS
-@click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--workdir", type=click.Path(file_okay=False), help="Where the synthetic model and dumps go.")
-@click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default="cpu", show_default=True,
-              help="gpu: the whole solve with its passes and VJPs on the JAX device, timed twice in one "
-                   "process (first call: compiles included); auto: gpu if JAX sees one.")
+# ---- verify: engine, live, shaping ---------------------------------------------------------------
+
+@main.group()
+def verify() -> None:
+    """Live verification on a compiled engine."""
+
+
+@verify.command("engine")
+@click.option("--command", "template", default=None,
+              help="Engine command template with {gguf} {tokens} {logits} "
+                   "(default: strata_window_cli --metal-gguf {gguf} --tokens-file {tokens} --logits-out {logits}).")
+@click.option("--extra", default="", help="Extra flags appended to the command.")
+@click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True), help="Base GGUF.")
+@click.option("--bundle", required=True, type=click.Path(file_okay=False, exists=True), help="Bundle directory.")
+@click.option("--dump", "dump_dir", required=True, type=click.Path(file_okay=False, exists=True),
+              help="Dump whose tokens the engine reads and whose activations predict its logits.")
+@click.option("--match-engine", type=click.Choice(["llamacpp"]), default=None,
+              help="Predict with this engine's arithmetic (default: exact float arithmetic).")
+@_tolerance
 @JSON_FLAG
-def bench_solve_wfld(as_json, device, **flags) -> None:
-    """A whole `solve wfld` at production size on synthetic data: where the time goes."""
-    import contextlib
-    import json
+def verify_engine_cmd(template, extra, model, bundle, dump_dir, match_engine, kl_mean, kl_max, top1, max_abs_rel,
+                      as_json) -> None:
+    """Apply BUNDLE, run the production engine's command on base and edited files, compare with the
+    offline prediction from DUMP; exit 1 on a failure."""
+    from exactedit.native.verify import EngineCommand, render_report, verify_engine
 
-    from exactedit.bench.gpu import device_bench
-    from exactedit.bench.gpu_wfld import render_gpu_solve_wfld, run_gpu_solve_wfld
-    from exactedit.bench.solve_wfld import BenchSolveWfldConfig, render_bench_solve_wfld, run_bench_solve_wfld
+    report = with_progress("engine check", verify_engine, EngineCommand.parse(template, extra), model, bundle,
+                           dump_dir, tolerance=_tolerance_of(kl_mean, kl_max, top1, max_abs_rel),
+                           match_engine=match_engine)
+    emit(report, render_report(report), as_json)
+    if not report.passed:
+        sys.exit(1)
 
-    try:
-        cfg = BenchSolveWfldConfig(**flags)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-    if device_bench(device):
-        with contextlib.ExitStack() as stack:
-            r = run_gpu_solve_wfld(cfg, device, progress=_progress(stack, "bench solve-wfld (device)"))
-        click.echo(json.dumps(r.to_dict(), indent=1) if as_json else render_gpu_solve_wfld(r))
-        return
-    with contextlib.ExitStack() as stack:
-        r = run_bench_solve_wfld(cfg, progress=_progress(stack, "bench solve-wfld"))
-    click.echo(json.dumps(r.to_dict(), indent=1) if as_json else render_bench_solve_wfld(r))
 
-# ---- end section: solve wfld -----------------------------------------------------------------
+@verify.command("live")
+@click.option("--engine", "engine_name", type=click.Choice(["llamacpp"]), default="llamacpp", show_default=True)
+@click.option("--model", type=MODEL, required=True, help="Base GGUF path, or a public model name (qwen).")
+@click.option("--bundle", required=True, type=click.Path(file_okay=False, exists=True), help="Bundle directory.")
+@click.option("--tokens", type=click.Path(dir_okay=False, exists=True), help="int32 token ids file.")
+@click.option("--text", type=click.Path(dir_okay=False, exists=True), help="A text file to tokenize.")
+@click.option("--edited", type=click.Path(dir_okay=False, exists=True),
+              help="Check this already edited GGUF instead of applying the bundle.")
+@_tolerance
+@_engine_settings
+@JSON_FLAG
+def verify_live_cmd(engine_name, model, bundle, tokens, text, edited, kl_mean, kl_max, top1, max_abs_rel,
+                    as_json, **flags) -> None:
+    """Apply BUNDLE, run the engine on base and edited models, compare with the offline prediction."""
+    from exactedit.native.verify import render_report, verify_live
+
+    toks = _read_tokens_arg(tokens, text, model)
+    report = with_progress("live check", verify_live, model, bundle, toks, settings=_settings(**flags),
+                           tolerance=_tolerance_of(kl_mean, kl_max, top1, max_abs_rel), edited=edited)
+    emit(report, render_report(report), as_json)
+    if not report.passed:
+        sys.exit(1)
+
+
+@verify.command("shaping")
+@click.option("--model", type=MODEL, required=True, help="GGUF path, or a public model name (qwen, gemma).")
+@click.option("--rules", required=True, type=click.Path(dir_okay=False, exists=True), help="Compiled rules (JSON).")
+@click.option("--prompts", required=True, type=click.Path(dir_okay=False, exists=True), help="One user prompt per line.")
+@_gen_options
+@click.option("--persona/--no-persona", default=None, help="Override the rules' persona gate.")
+@_engine_settings
+@JSON_FLAG
+def verify_shaping_cmd(model, rules, prompts, max_new, temperature, top_k, seeds, persona, as_json, **flags) -> None:
+    """Generate with the rules live; the sampler's logits must equal the offline shaping, bitwise."""
+    from exactedit.native.shaping import render_shaping_verify, verify_shaping
+
+    r = with_progress("generating", verify_shaping, model, rules, _lines(prompts),
+                      config=_gen_config(max_new, temperature, top_k), seeds=seeds or (0,),
+                      settings=_settings(**flags), persona=persona)
+    emit(r, render_shaping_verify(r), as_json)
+    if not r.passed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,8 @@ class DumpSummary:
             "meta": dict(self.meta), "hashes_verified": self.hashes_verified,
         }
 
+    to_dict = to_json  # the name every printed result answers to (cli.emit)
+
 
 def summarize(dump: Dump, hashes_verified: bool = False) -> DumpSummary:
     fields = tuple(FieldInfo(name, dump.manifest.fields[name], tuple(arr.shape), arr.dtype.name,

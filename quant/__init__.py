@@ -15,10 +15,19 @@ from typing import Callable
 
 import numpy as np
 
-from exactedit.quant.errors import QuantError
+from exactedit import lazy_exports
+from exactedit.quant.errors import ExacteditError, QuantError
 
-__all__ = ["CHUNK_ROWS", "SUPPORTED", "QuantError", "dequantize", "quantize", "row_bytes", "runtime_q8_0",
-           "runtime_view"]
+# imported on first use: `inspect`'s summary, atomic text files, `untie`
+_lazy, __getattr__ = lazy_exports(__name__, {
+    "atomic_write_text": "files",
+    "render_summary": "arch",
+    "render_untie": "untie",
+    "summarize": "arch",
+    "untie_gguf": "untie:untie",
+})
+__all__ = _lazy + ["CHUNK_ROWS", "SUPPORTED", "ExacteditError", "QuantError", "dequantize", "quantize",
+                   "row_bytes", "runtime_q8_0", "runtime_view"]
 
 SUPPORTED: tuple[str, ...] = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q4_K",
                               "Q5_K")

@@ -10,7 +10,7 @@ every other tensor byte-identical (checked by the transplant). `solve head` refu
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -41,6 +41,9 @@ class UntieResult:
     type_name: str
     shape: tuple[int, ...]
     head_sha256: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 def untie(model, out, *, overwrite: bool = False, progress: Callable[[int, int], None] | None = None) -> UntieResult:

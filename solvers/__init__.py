@@ -14,5 +14,6 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "apply_bundle": "apply",
     "bundle_identity": "bundle",
     "read_bundle": "bundle",
+    "render_apply": "apply",
     "write_bundle": "bundle",
 })

@@ -39,6 +39,9 @@ class ApplyResult:
     edits: tuple[AppliedEdit, ...]
     transplant: TransplantResult
 
+    def to_dict(self) -> dict:
+        return apply_json(self)
+
 
 def apply_bundle(bundle, model, out, *, overwrite: bool = False, check_model: bool = True,
                  progress: Progress | None = None) -> ApplyResult:

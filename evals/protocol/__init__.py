@@ -9,8 +9,12 @@ from exactedit import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "DEFAULT_WORKSPACE": "ledger",
     "Ledger": "ledger",
+    "LedgerRefusal": "ledger",
     "build_splits": "splits",
+    "export_head": "anchors",
     "load_protocol": "protocol",
     "record_splits": "splits",
+    "render_verification": "anchors",
     "resolve_tokens": "protocol",
+    "verify_ledger": "anchors",
 })

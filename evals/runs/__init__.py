@@ -10,7 +10,22 @@ from exactedit import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
     "WfldInputs": "wfld_run",
+    "blind_report": "render",
+    "blind_signoff": "workflow:blind",
+    "export_report": "render",
+    "head_solve_report": "head_report:solve_report",
+    "ledger_report": "render",
+    "recorded_test_report": "render",
+    "register": "workflow",
+    "register_report": "render",
+    "score": "workflow",
+    "score_report": "render",
+    "score_test": "workflow",
     "solve_head": "head_run",
     "solve_wfld": "wfld_run",
+    "split": "workflow",
+    "split_report": "render",
+    "test_report": "render",
+    "wfld_solve_report": "wfld_run:solve_report",
     "write_head_bundle": "head_run",
 })

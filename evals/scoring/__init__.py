@@ -9,6 +9,7 @@ from exactedit import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "BarContext": "bars",
     "BarReport": "report",
+    "ScoreConfig": "evaluate",
     "anti_slop_bars": "bars",
     "collateral_lines": "collateral",
     "collateral_uses": "collateral",

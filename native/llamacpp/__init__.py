@@ -9,11 +9,18 @@ The names below are imported on first use (their modules pull in numba / JAX).
 from exactedit import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
+    "DumpInputs": "documents",
     "EngineError": "engine",
     "EngineSettings": "engine",
     "GenerateConfig": "generate",
     "LlamaEngine": "engine",
+    "dump_documents": "documents",
+    "dump_text_chunks": "perplexity_chunks",
     "generate": "generate",
     "generate_batched": "batched",
+    "import_dump": "documents",
     "locate": "models",
+    "render_chunk_dump": "perplexity_chunks",
+    "render_documents": "documents",
+    "render_import": "documents",
 })

@@ -150,3 +150,10 @@ def import_dump(src, out, *, model=None, overwrite: bool = False) -> dict:
             "docs": [{"name": x.name, "rows": x.rows, "source": x.source, "character": x.character,
                       "tags": list(x.tags)} for x in d.docs],
             "role_rows": {n: int(np.count_nonzero(r & b)) for n, b in ROLE_NAMES.items()}}
+
+
+def render_import(res: dict) -> str:
+    """`exactedit dump import`'s line (`res` as import_dump returns it)."""
+    roles = ", ".join(f"{k} {v}" for k, v in res["role_rows"].items() if v) or "none"
+    return (f"wrote {res['dump']}: {res['rows']} rows, {len(res['docs'])} documents, sha256 {res['sha256']}; "
+            f"roles: {roles}")

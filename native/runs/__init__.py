@@ -7,6 +7,16 @@ The names below are imported on first use (their modules pull in numba / JAX).
 from exactedit import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
+    "DatasetConfig": "dataset",
+    "KldFiles": "kld",
+    "MineConfig": "mine",
+    "RealDemoConfig": "real_demo",
     "build_dataset": "dataset",
+    "real_demo_report": "real_demo",
+    "render_dataset": "dataset",
+    "render_kld_run": "kld",
+    "render_mine": "mine",
+    "run_kld": "kld",
+    "run_mine": "mine:mine",
     "run_real_demo": "real_demo",
 })

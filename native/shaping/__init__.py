@@ -8,6 +8,14 @@ The names below are imported on first use (their modules pull in numba / JAX).
 from exactedit import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
+    "compile_file": "compile",
+    "generate_text": "live",
     "open_rules": "live",
+    "render_compile": "compile",
+    "render_generation": "live",
+    "render_shape_rates": "rates",
+    "render_shaping_verify": "verify",
+    "shape_processors": "live",
     "shape_rates": "rates",
+    "verify_shaping": "verify",
 })

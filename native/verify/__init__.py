@@ -6,7 +6,12 @@ The names below are imported on first use (their modules pull in numba / JAX).
 from exactedit import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
+    "EngineCommand": "strata",
+    "Tolerance": "live",
     "check_edit": "live",
+    "render_contract_run": "strata",
+    "render_report": "live",
+    "run_llamacpp": "strata",
     "verify_engine": "engine",
     "verify_live": "live",
 })

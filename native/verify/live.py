@@ -136,6 +136,8 @@ class VerifyReport:
             obj["passed"] = c.passed
         return d
 
+    to_dict = to_json  # the name every printed result answers to (cli.emit)
+
 
 def predict_rmsnorm(g: gguf.GGUFFile, R: np.ndarray, hh: np.ndarray, match: MatchEngine,
                     raw: Mapping[str, np.ndarray] | None = None,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import shlex
 import subprocess
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -97,6 +97,9 @@ class ContractRun:
     vocab: int
     settings: dict
     ubatch_sizes: tuple[int, ...]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 def run_llamacpp(gguf, tokens_file, logits_out, settings=None,

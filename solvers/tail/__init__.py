@@ -17,7 +17,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "gguf_rows": "vocab_pass",
     "KlRows": "kl_pass", "kl_rows": "kl_pass",
     "head_pass": "logits", "open_pair": "logits", "parse_rows": "logits", "tail_mix": "logits",
-    "write_logits": "logits",
+    "render_logits": "logits", "write_logits": "logits",
     "TokenTable": "model", "load_tail": "model", "load_tokens": "model",
     "DocMeta": "scores", "RowScores": "scores", "concat": "scores", "rows_from_logits": "scores",
 })

@@ -15,6 +15,8 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "format_report": "report",
     "linearize": "jacobian",
     "load_phrases": "mining",
+    "parse_phrase_margin": "config",
+    "parse_same_sense": "config",
     "score_traces": "rescore",
     "solve_min_norm": "gauss_newton",
 })
