@@ -1,6 +1,6 @@
 """`exactedit kld` against llama.cpp's own `llama-perplexity --kl-divergence` (the prebuilt tool of
 llama-cpp-python 0.3.36's source, ../shared/tools/llama-perplexity-0.3.36) on Qwen: base vs a copy
-with rows of blk.27.ffn_down edited, on the two 512-token chunks of tests/native/data/kld_text.txt
+with rows of blk.27.ffn_down edited, on the two 512-token chunks of tests/native/runs/data/kld_text.txt
 (510 scored rows).
 
 1. the tool records the base (`--kl-divergence-base`) and scores the edited file;
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.live
 
 TEXT = Path(__file__).parent / "data" / "kld_text.txt"
 TOOL_ENV = "EXACTEDIT_LLAMA_PERPLEXITY"
-TOOL = Path(__file__).resolve().parents[2].parent / "shared" / "tools" / "llama-perplexity-0.3.36" / "llama-perplexity"
+TOOL = Path(__file__).resolve().parents[3].parent / "shared" / "tools" / "llama-perplexity-0.3.36" / "llama-perplexity"
 N_CTX = 512
 DOWN_ROWS = np.arange(0, 1536, 24)      # 64 of blk.27.ffn_down's 1,536 output rows
 
