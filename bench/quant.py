@@ -14,7 +14,6 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import importlib.util
-import json
 import os
 import sys
 import time
@@ -310,12 +309,3 @@ def format_table(result: QuantBenchResult) -> str:
         lines.append(f"{r.qtype:<6}{r.op:<12}{r.ours_rows_per_s:>14,.0f}{r.ggml_rows_per_s:>14,.0f}"
                      f"{r.ratio:>7.2f}x{r.target:>7.1f}x  {str(r.identical):<9} {mark}")
     return "\n".join(lines)
-
-
-def write_json(result: QuantBenchResult, path: str | os.PathLike) -> str:
-    """Write the result as JSON (temporary name, fsync, rename); returns its sha256."""
-    from exactedit.quant.files import atomic_write_bytes
-
-    data = (json.dumps(result.to_dict(), indent=2) + "\n").encode()
-    atomic_write_bytes(path, data)
-    return hashlib.sha256(data).hexdigest()

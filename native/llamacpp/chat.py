@@ -148,7 +148,7 @@ def render_prompt(template, user: str) -> str:
     return template.render([{"role": "user", "content": user}], add_generation_prompt=True)
 
 
-def prompt_tokens(engine: LlamaEngine, text: str, bos: int | None = None) -> np.ndarray:
+def prompt_tokens(engine, text: str, bos: int | None = None) -> np.ndarray:
     """A rendered prompt's tokens (specials parsed); `bos` is prepended when the vocabulary adds
     one and the template did not already write it."""
     toks = engine.tokenize(text, parse_special=True)
