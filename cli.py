@@ -167,7 +167,7 @@ _labels = _options(
     click.option("--character", default=None, help="Document character (what splits group by)."),
 )
 
-# sampling, mapping to native.llamacpp.GenerateConfig (see _gen_config) and the seeds
+# sampling, mapping to native.llamacpp.Sampling (see _gen_config) and the seeds
 _gen_options = _options(
     click.option("--max-new", default=64, show_default=True, type=click.IntRange(1), help="Tokens per reply (cap)."),
     click.option("--temperature", default=0.8, show_default=True, type=float),
@@ -192,9 +192,9 @@ def _settings(n_ctx, n_batch, n_ubatch, n_threads, flash_attn):
 
 
 def _gen_config(max_new, temperature, top_k):
-    from exactedit.native.llamacpp import GenerateConfig
+    from exactedit.native.llamacpp import Sampling
 
-    return GenerateConfig(max_new=max_new, temperature=temperature, top_k=top_k)
+    return Sampling(max_new=max_new, temperature=temperature, top_k=top_k)
 
 
 def _tolerance_of(kl_mean, kl_max, top1, max_abs_rel):
@@ -317,12 +317,12 @@ def demo_cmd(out, fixture, model, phrases, prompts, rate_prompts, watch, texts, 
 @JSON_FLAG
 def generate_cmd(model, prompt, rules, persona, max_new, temperature, top_k, seeds, as_json, **flags) -> None:
     """Sample one reply with llama.cpp, the shaping rules (if given) between logits and sampler."""
-    from exactedit.native.llamacpp import GenerateConfig
+    from exactedit.native.llamacpp import Sampling
     from exactedit.native.shaping import generate_text, render_generation
 
     if len(seeds) > 1:
         raise click.UsageError("generate takes one --seed")
-    cfg = GenerateConfig(max_new=max_new, temperature=temperature, top_k=top_k, seed=seeds[0] if seeds else 0)
+    cfg = Sampling(max_new=max_new, temperature=temperature, top_k=top_k, seed=seeds[0] if seeds else 0)
     r = generate_text(model, prompt, cfg, rules, settings=_settings(**flags), persona=persona)
     emit(r, render_generation(r), as_json)
 

@@ -77,7 +77,7 @@ def run_generate_bench(cfg: GenerateBenchConfig, progress: Progress | None = Non
     from exactedit.native.llamacpp.batched import generate_batched
     from exactedit.native.llamacpp.chat import model_chat
     from exactedit.native.llamacpp.engine import LlamaEngine
-    from exactedit.native.llamacpp.generate import GenerateConfig, generate
+    from exactedit.native.llamacpp.generate import Sampling, generate
     from exactedit.native.llamacpp.chat import prompt_tokens, render_prompt
     from exactedit.native.shaping.live import open_rules, shaper_for
 
@@ -102,9 +102,9 @@ def run_generate_bench(cfg: GenerateBenchConfig, progress: Progress | None = Non
             ptoks = [engine.tokenize(chat.prompt(p)) for p in PROMPTS[:cfg.prompts]]
         else:                               # no chat template in the GGUF: the questions as plain text
             ptoks = [engine.tokenize(f"Question: {p}\nAnswer:") for p in PROMPTS[:cfg.prompts]]
-        jobs = [(p, GenerateConfig(cfg.max_new, cfg.temperature, cfg.top_k, seed))
+        jobs = [(p, Sampling(cfg.max_new, cfg.temperature, cfg.top_k, seed))
                 for p in ptoks for seed in range(cfg.seeds)]
-        generate(engine, jobs[0][0], GenerateConfig(1, cfg.temperature, cfg.top_k, 0))   # warm the weights' pages
+        generate(engine, jobs[0][0], Sampling(1, cfg.temperature, cfg.top_k, 0))   # warm the weights' pages
         best = {"one": float("inf"), "batched": float("inf")}
         out = {}
         for rep in range(cfg.repeats):

@@ -12,7 +12,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "DumpInputs": "documents",
     "EngineError": "engine",
     "EngineSettings": "engine",
-    "GenerateConfig": "generate",
+    "Sampling": "generate",
     "LlamaEngine": "engine",
     "dump_documents": "documents",
     "dump_text_chunks": "perplexity_chunks",

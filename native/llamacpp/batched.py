@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from exactedit.native.llamacpp.engine import EngineError, LlamaEngine, sampler_chain
-from exactedit.native.llamacpp.generate import GenerateConfig, Generation, StepShaping
+from exactedit.native.llamacpp.generate import Sampling, Generation, StepShaping
 
 __all__ = ["DEFAULT_SLOTS", "generate_batched"]
 
@@ -39,7 +39,7 @@ DEFAULT_SLOTS = 16
 class _Slot:
     job: int
     prompt: np.ndarray
-    config: GenerateConfig
+    config: Sampling
     chain: object
     pending: list            # tokens still to decode (the prompt, then each sampled token)
     out: list
@@ -48,7 +48,7 @@ class _Slot:
     stopped: bool = False
 
 
-def generate_batched(engine: LlamaEngine, prompts: Sequence[np.ndarray], configs: Sequence[GenerateConfig], *,
+def generate_batched(engine: LlamaEngine, prompts: Sequence[np.ndarray], configs: Sequence[Sampling], *,
                      stop_ids: Sequence[int] | None = None, slots: int = DEFAULT_SLOTS,
                      shapers: Callable[[], object] | None = None,
                      progress: Callable[[int, int], None] | None = None) -> list[Generation]:

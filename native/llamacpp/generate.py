@@ -30,7 +30,10 @@ _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 
 
 @dataclass(frozen=True)
-class GenerateConfig:
+class Sampling:
+    """How replies are sampled: the one config of every generation here (this loop, the batched
+    loop, `sample.sample_all`, and the commands built on them); `seed` seeds llama.cpp's `dist`."""
+
     max_new: int = 64
     temperature: float = 0.8
     top_k: int = 40
@@ -38,7 +41,7 @@ class GenerateConfig:
 
     def __post_init__(self):
         if self.max_new < 1 or self.top_k < 1 or not self.temperature > 0:
-            raise EngineError("GenerateConfig", "values", "max_new, top_k >= 1 and temperature > 0")
+            raise EngineError("Sampling", "values", "max_new, top_k >= 1 and temperature > 0")
 
 
 @dataclass(frozen=True, eq=False)
@@ -171,7 +174,7 @@ class StepShaping:
                           not stopped, stack("raw"), stack("received"), stack("engine"), kl_rules)
 
 
-def generate(engine: LlamaEngine, prompt, config: GenerateConfig, shaper=None, *, record: bool = False,
+def generate(engine: LlamaEngine, prompt, config: Sampling, shaper=None, *, record: bool = False,
              stop_ids=None) -> Generation:
     """Sample up to `config.max_new` tokens after `prompt`, `shaper` (solvers.shaping.rules.Shaper, or
     None) applied at every step; stops after a token of `stop_ids` (default: the vocabulary's

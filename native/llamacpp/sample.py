@@ -19,7 +19,7 @@ import numpy as np
 
 from exactedit.native.llamacpp.engine import EngineError, LlamaEngine
 from exactedit.native.llamacpp.batched import DEFAULT_SLOTS, generate_batched
-from exactedit.native.llamacpp.generate import GenerateConfig, generate
+from exactedit.native.llamacpp.generate import Sampling, generate
 
 
 class _Shaper(Protocol):
@@ -87,7 +87,7 @@ def _sample(g, seed: int, turn_end: int | None, fired) -> Sample:
     return Sample(g.prompt, g.tokens, int(seed), stop, fired)
 
 
-def sample_all(engine: LlamaEngine, prompt_tokens: Sequence[np.ndarray], cfg: GenerateConfig, seeds: Sequence[int], *,
+def sample_all(engine: LlamaEngine, prompt_tokens: Sequence[np.ndarray], cfg: Sampling, seeds: Sequence[int], *,
                stop_ids: Sequence[int], turn_end: int | None = None, processor: LogitsProcessor | None = None,
                sequential: bool = False, slots: int = DEFAULT_SLOTS,
                progress: Callable[[int, int], None] | None = None) -> list[list[Sample]]:

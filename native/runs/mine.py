@@ -33,7 +33,7 @@ from exactedit.evals.rates.phrase_rates import PhraseRates, Reply, phrase_rates
 from exactedit.native.llamacpp.capture import capture_dump
 from exactedit.native.llamacpp.chat import ModelChat, model_chat, reply_name, short_hash
 from exactedit.native.llamacpp.documents import labelled
-from exactedit.native.llamacpp.generate import GenerateConfig
+from exactedit.native.llamacpp.generate import Sampling
 from exactedit.native.llamacpp.sample import LogitsProcessor, Sample, sample_all
 from exactedit.native.llamacpp.engine import EngineError, EngineSettings, LlamaEngine
 from exactedit.solvers.phrases import PhraseMatcher, Span, TokenBytes, parse_phrases
@@ -65,8 +65,8 @@ class MineConfig:
             object.__setattr__(self, name, tuple(getattr(self, name)))
         self.sampling()
 
-    def sampling(self) -> GenerateConfig:
-        return GenerateConfig(self.max_new, self.temperature, self.top_k, self.seed)
+    def sampling(self) -> Sampling:
+        return Sampling(self.max_new, self.temperature, self.top_k, self.seed)
 
     def seeds(self) -> tuple[int, ...]:
         return tuple(self.seed + s for s in range(self.samples))

@@ -9,7 +9,7 @@ import numpy as np
 
 from exactedit.native.llamacpp.chat import prompt_tokens, render_prompt
 from exactedit.native.llamacpp.engine import EngineError, LlamaEngine
-from exactedit.native.llamacpp.generate import GenerateConfig, generate
+from exactedit.native.llamacpp.generate import Sampling, generate
 
 
 def open_rules(model, rules_path, g=None):
@@ -89,7 +89,7 @@ class TextGeneration:
         return dict(self.__dict__)
 
 
-def generate_text(model, prompt: str, config: GenerateConfig, rules_path=None, settings=None,
+def generate_text(model, prompt: str, config: Sampling, rules_path=None, settings=None,
                   persona: bool | None = None) -> TextGeneration:
     """One reply to `prompt` (the model's chat template; the rules' when given), rules live."""
     from exactedit.quant import chat_template as ct

@@ -19,7 +19,7 @@ import numpy as np
 
 from exactedit.native.llamacpp.batched import DEFAULT_SLOTS, generate_batched
 from exactedit.native.llamacpp.engine import EngineError, EngineSettings, LlamaEngine
-from exactedit.native.llamacpp.generate import GenerateConfig
+from exactedit.native.llamacpp.generate import Sampling
 from exactedit.native.llamacpp.chat import prompt_tokens, render_prompt
 from exactedit.native.shaping.live import open_rules, same_tokenizer, shaper_for
 
@@ -75,7 +75,7 @@ def _run_arm(name, path, ptoks, seeds, cfg, compiled, settings, slots, progress)
     jobs = [(i, int(seed)) for i in range(len(ptoks)) for seed in seeds]
     with LlamaEngine(path, settings) as engine:
         gens = generate_batched(engine, [ptoks[i] for i, _ in jobs],
-                                [GenerateConfig(cfg.max_new, cfg.temperature, cfg.top_k, seed) for _, seed in jobs],
+                                [Sampling(cfg.max_new, cfg.temperature, cfg.top_k, seed) for _, seed in jobs],
                                 stop_ids=tuple(compiled.vocab.turn_end), slots=slots, shapers=shapers,
                                 progress=None if progress is None else lambda *_: progress())
     replies = tuple(Reply(i, seed, g.prompt, g.tokens, g.truncated) for g, (i, seed) in zip(gens, jobs))
@@ -90,7 +90,7 @@ def _run_arm(name, path, ptoks, seeds, cfg, compiled, settings, slots, progress)
 
 
 def shape_rates(model, rules_path, prompts: Sequence[str], phrases: Sequence[str] | None = None, *, edited=None,
-                config: GenerateConfig | None = None, seeds: Sequence[int] = (0,),
+                config: Sampling | None = None, seeds: Sequence[int] = (0,),
                 settings: EngineSettings | None = None, n_boot: int = 1000, level: float = 0.95,
                 slots: int = DEFAULT_SLOTS, progress: Callable[[int, int], None] | None = None) -> ShapeRates:
     """Generate every arm and compare each with `base`. `phrases`: the rates' phrases (default:
@@ -101,7 +101,7 @@ def shape_rates(model, rules_path, prompts: Sequence[str], phrases: Sequence[str
     from exactedit.solvers.phrases import PhraseMatcher, TokenBytes, parse_phrases
     from exactedit.solvers.tail.model import load_tokens
 
-    cfg = config or GenerateConfig()
+    cfg = config or Sampling()
     if not prompts:
         raise EngineError(model, "prompts", "no prompts")
     g = gguf.open(model)

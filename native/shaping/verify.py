@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from exactedit.native.llamacpp.engine import EngineSettings, LlamaEngine
-from exactedit.native.llamacpp.generate import GenerateConfig, generate
+from exactedit.native.llamacpp.generate import Sampling, generate
 from exactedit.native.llamacpp.chat import prompt_tokens, render_prompt
 from exactedit.native.shaping.live import offline_rules, open_rules, shaper_for
 
@@ -89,14 +89,14 @@ def check_generation(gen, compiled, persona: bool, top_k: int) -> dict:
             "max_abs_diff": float(np.nan_to_num(diff, nan=np.inf).max()) if diff.size else 0.0}
 
 
-def verify_shaping(model, rules_path, prompts: Sequence[str], *, config: GenerateConfig | None = None,
+def verify_shaping(model, rules_path, prompts: Sequence[str], *, config: Sampling | None = None,
                    seeds: Sequence[int] = (0,), settings: EngineSettings | None = None, persona: bool | None = None,
                    live=None, progress: Callable[[int, int], None] | None = None) -> ShapingVerify:
     """Generate with the compiled rules live and check every step against the offline shaping.
     `live`: other compiled rules to run in the engine instead (tests: a changed rule must fail)."""
     from exactedit.quant import gguf
 
-    cfg = config or GenerateConfig()
+    cfg = config or Sampling()
     g = gguf.open(model)
     compiled, tpl = open_rules(model, rules_path, g)
     act = compiled.persona if persona is None else persona
@@ -107,7 +107,7 @@ def verify_shaping(model, rules_path, prompts: Sequence[str], *, config: Generat
         for i, p in enumerate(prompts):
             ptoks = prompt_tokens(engine, render_prompt(tpl, p))
             for seed in seeds:
-                c = GenerateConfig(cfg.max_new, cfg.temperature, cfg.top_k, int(seed))
+                c = Sampling(cfg.max_new, cfg.temperature, cfg.top_k, int(seed))
                 gen = generate(engine, ptoks, c, shaper, record=True)
                 res = check_generation(gen, compiled, act, cfg.top_k)
                 text = b"".join(engine.piece(int(t)) for t in gen.tokens).decode("utf-8", "replace")

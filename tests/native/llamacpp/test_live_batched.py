@@ -27,10 +27,10 @@ def engine():
 
 @pytest.fixture(scope="module")
 def jobs(engine):
-    from exactedit.native.llamacpp.generate import GenerateConfig
+    from exactedit.native.llamacpp.generate import Sampling
 
     prompts = [engine.tokenize(p) for p in PROMPTS]
-    return [(p, GenerateConfig(MAX_NEW, 0.8, 40, seed)) for p in prompts for seed in (0, 1)]
+    return [(p, Sampling(MAX_NEW, 0.8, 40, seed)) for p in prompts for seed in (0, 1)]
 
 
 def _run(engine, jobs, slots):
@@ -98,18 +98,18 @@ def test_more_slots_keep_the_first_token_and_the_seed(engine, jobs):
 
 
 def _one_token(c):
-    from exactedit.native.llamacpp.generate import GenerateConfig
+    from exactedit.native.llamacpp.generate import Sampling
 
-    return GenerateConfig(1, c.temperature, c.top_k, c.seed)
+    return Sampling(1, c.temperature, c.top_k, c.seed)
 
 
 def test_bad_slots_and_long_prompts_are_refused(engine, jobs):
     from exactedit.native.llamacpp.batched import generate_batched
     from exactedit.native.llamacpp.engine import EngineError
-    from exactedit.native.llamacpp.generate import GenerateConfig
+    from exactedit.native.llamacpp.generate import Sampling
 
     with pytest.raises(EngineError, match="slots"):
         generate_batched(engine, [jobs[0][0]], [jobs[0][1]], slots=0)
     long = np.zeros(engine.settings.n_ctx, np.int32) + jobs[0][0][0]
     with pytest.raises(EngineError, match=r"prompt\[0\]"):
-        generate_batched(engine, [long], [GenerateConfig(8)])
+        generate_batched(engine, [long], [Sampling(8)])

@@ -106,7 +106,7 @@ def test_qwen_verify_shaping_passes_bitwise(qwen, work):
 def test_qwen_c_reference_on_recorded_steps_and_a_changed_rule_fails(qwen, dll):
     from exactedit.solvers.shaping.rules import Step0Guard
     from exactedit.native.llamacpp.engine import LlamaEngine
-    from exactedit.native.llamacpp.generate import GenerateConfig, generate
+    from exactedit.native.llamacpp.generate import Sampling, generate
     from exactedit.native.llamacpp.chat import prompt_tokens, render_prompt
     from exactedit.native.shaping.live import open_rules, shaper_for
     from exactedit.native.shaping.verify import check_generation, verify_shaping
@@ -114,7 +114,7 @@ def test_qwen_c_reference_on_recorded_steps_and_a_changed_rule_fails(qwen, dll):
     path, rules, _ = qwen
     c, tpl = open_rules(path, rules)
     with LlamaEngine(path) as e:
-        g = generate(e, prompt_tokens(e, render_prompt(tpl, PROMPTS[0])), GenerateConfig(max_new=12, seed=3),
+        g = generate(e, prompt_tokens(e, render_prompt(tpl, PROMPTS[0])), Sampling(max_new=12, seed=3),
                      shaper_for(c), record=True)
     assert check_generation(g, c, c.persona, 40)["logits_bitwise"]
     cr = CRules(dll, c.to_dict())
@@ -125,7 +125,7 @@ def test_qwen_c_reference_on_recorded_steps_and_a_changed_rule_fails(qwen, dll):
         assert mask == sum(1 << i for i, f in enumerate(g.fired[k]) if f), k
     changed = dataclasses.replace(c, rules=tuple(Step0Guard(5.0, r.targets) if r.name == "step0-guard" else r
                                                  for r in c.rules))
-    bad = verify_shaping(path, rules, PROMPTS[:1], config=GenerateConfig(max_new=4), live=changed)
+    bad = verify_shaping(path, rules, PROMPTS[:1], config=Sampling(max_new=4), live=changed)
     assert not bad.passed and bad.checks[0].bad_steps[:1] == (0,) and not bad.checks[0].logits_bitwise
 
 
@@ -152,11 +152,11 @@ def _edited(qwen_path, out_dir):
 
 def test_qwen_rates_three_arms(qwen, work):
     from exactedit.native.shaping.rates import render_shape_rates, shape_rates
-    from exactedit.native.llamacpp.generate import GenerateConfig
+    from exactedit.native.llamacpp.generate import Sampling
 
     path, rules, _ = qwen
     edited = _edited(path, work)
-    r = shape_rates(path, rules, PROMPTS, edited=edited, config=GenerateConfig(max_new=14), n_boot=50)
+    r = shape_rates(path, rules, PROMPTS, edited=edited, config=Sampling(max_new=14), n_boot=50)
     assert list(r.arms) == ["base", "rules", "weights", "both"] and set(r.vs_base) == {"rules", "weights", "both"}
     for arm in ("rules", "both"):
         kl = r.arms[arm].kl
@@ -172,7 +172,7 @@ def test_qwen_rates_three_arms(qwen, work):
 
 def test_gemma_own_specials_verify_and_c_reference(gemma, work, dll):
     from exactedit.native.llamacpp.engine import LlamaEngine
-    from exactedit.native.llamacpp.generate import GenerateConfig, generate
+    from exactedit.native.llamacpp.generate import Sampling, generate
     from exactedit.native.llamacpp.chat import prompt_tokens, render_prompt
     from exactedit.native.shaping.live import open_rules, shaper_for
     from exactedit.native.shaping.verify import verify_shaping
@@ -184,14 +184,14 @@ def test_gemma_own_specials_verify_and_c_reference(gemma, work, dll):
         assert c.vocab.turn_start == (sot,) and eot in c.vocab.turn_end
         assert c.vocab.role == tuple(int(t) for t in e.tokenize("model"))
         assert c.chat["template_from"] == "rules" and c.vocab.tool_open is None
-        g = generate(e, prompt_tokens(e, render_prompt(tpl, PROMPTS[0])), GenerateConfig(max_new=16), shaper_for(c),
+        g = generate(e, prompt_tokens(e, render_prompt(tpl, PROMPTS[0])), Sampling(max_new=16), shaper_for(c),
                      record=True)
     assert g.prompt[0] == int(np.asarray(c.vocab.turn_start)[0]) or g.prompt.size > 1
     cr = CRules(dll, c.to_dict())
     for k in range(g.tokens.size):
         got, _ = cr.shape(g.sequence[:g.prompt.size + k], g.raw[k])
         assert np.array_equal(got.view(np.uint32), g.received[k].view(np.uint32)), k
-    r = verify_shaping(path, rules, PROMPTS, config=GenerateConfig(max_new=24))
+    r = verify_shaping(path, rules, PROMPTS, config=Sampling(max_new=24))
     assert r.passed, r.to_dict()
     assert sum(ch.fired["step0-guard"] for ch in r.checks) == 2
 
@@ -213,7 +213,7 @@ def test_gemma_rules_in_batched_replies_are_the_live_loops(gemma):
     rule's firing steps and each step's KL are those of the one-at-a-time loop with the same rules."""
     from exactedit.native.llamacpp.batched import generate_batched
     from exactedit.native.llamacpp.engine import LlamaEngine
-    from exactedit.native.llamacpp.generate import GenerateConfig, generate
+    from exactedit.native.llamacpp.generate import Sampling, generate
     from exactedit.native.llamacpp.chat import prompt_tokens, render_prompt
     from exactedit.native.shaping.live import open_rules, shaper_for
 
@@ -227,7 +227,7 @@ def test_gemma_rules_in_batched_replies_are_the_live_loops(gemma):
 
     with LlamaEngine(path) as e:
         ptoks = [prompt_tokens(e, render_prompt(tpl, p)) for p in PROMPTS]
-        jobs = [(p, GenerateConfig(12, 0.8, 40, seed)) for p in ptoks for seed in (0, 1)]
+        jobs = [(p, Sampling(12, 0.8, 40, seed)) for p in ptoks for seed in (0, 1)]
         got = generate_batched(e, [p for p, _ in jobs], [g for _, g in jobs], stop_ids=c.vocab.turn_end, slots=3,
                                shapers=shapers)
         want = [generate(e, p, g, shaper_for(c), stop_ids=c.vocab.turn_end) for p, g in jobs]
