@@ -4,17 +4,19 @@ The file fixes, before any solve, which traces play which role, how pooled docum
 (by source and character, never by row; seeded), the stopping rule, the bars and their thresholds
 (SPEC.md section 7) and the edit-set rule. Its sha256 is what the ledger registers. The format is
 documented in docs/evals.md; every error names the file, the field and what was expected.
+`write_protocol` writes one (a TOML writer, every string escaped) and reads it back the same way.
 """
 from __future__ import annotations
 
 import hashlib
 import math
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from exactedit.quant.errors import FieldError
+from exactedit.quant.files import atomic_write_bytes
 
 TRACE_ROLES = ("pool", "train", "dev", "test", "blind", "anchors", "collateral")
 SPLIT_KEYS = ("source", "character")
@@ -192,6 +194,38 @@ def load_protocol(path) -> Protocol:
         raw = path.read_bytes()
     except OSError as exc:
         raise ProtocolError(path, "file", f"cannot read: {exc.strerror}") from exc
+    return _parse(path, raw)
+
+
+def write_protocol(path, name: str, traces: Sequence[Trace], *, description: str = "",
+                   split: SplitRule | None = None, stopping: StoppingRule | None = None, bars: Bars | None = None,
+                   edit_set: EditSetRule | None = None, tokens: TokenSets | None = None) -> Protocol:
+    """Write a protocol file at `path` (written by tomli_w, so every string is escaped; *.tmp,
+    fsync, rename) and return it as `load_protocol` reads it. Each section given is written whole;
+    one left out takes its defaults when read. The text is validated before anything is written."""
+    import tomli_w
+
+    path = Path(path)
+    doc: dict = {"name": name}
+    if description:
+        doc["description"] = description
+    doc["traces"] = [{"name": t.name, "path": str(t.path), "role": t.role, **({"domain": t.domain} if t.domain else {})}
+                     for t in traces]
+    for key, value in (("split", split), ("stopping", stopping), ("bars", bars), ("edit_set", edit_set),
+                       ("tokens", tokens)):
+        if value is not None:
+            doc[key] = {f.name: _toml_value(getattr(value, f.name)) for f in fields(value)}
+    raw = tomli_w.dumps(doc).encode("utf-8")
+    protocol = _parse(path, raw)
+    atomic_write_bytes(path, raw)
+    return protocol
+
+
+def _toml_value(v):
+    return [_toml_value(x) for x in v] if isinstance(v, (tuple, list)) else v
+
+
+def _parse(path: Path, raw: bytes) -> Protocol:
     try:
         doc = tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:

@@ -24,8 +24,9 @@ import numpy as np
 from exactedit.dumps import ROLE_REPLY, VerifyCache, read_dump
 from exactedit.evals.scoring.bars import BarContext, anti_slop_bars, verdict
 from exactedit.evals.scoring.collateral import collateral_lines, collateral_uses
+from exactedit.evals.scoring.evaluate import token_texts
 from exactedit.evals.protocol.ledger import DEFAULT_WORKSPACE, Ledger, head_json, require_registered
-from exactedit.evals.protocol.protocol import Bars, ResolvedTokens, load_protocol
+from exactedit.evals.protocol.protocol import Bars, ResolvedTokens, load_protocol, resolve_tokens
 from exactedit.evals.protocol.splits import Splits, same_doc_heldout
 from exactedit.quant import gguf
 from exactedit.quant.files import file_sha256
@@ -34,6 +35,7 @@ from exactedit.solvers.bundle import InputRef, TensorEdit, write_bundle
 from exactedit.solvers.wfld import gauss_newton as wfld
 from exactedit.solvers.wfld.config import WfldConfig, WfldError
 from exactedit.solvers.wfld.jacobian import with_weights
+from exactedit.solvers.phrases import PhraseError
 from exactedit.solvers.wfld.mining import Mining, load_phrases, mine
 from exactedit.solvers.wfld.problem import build_problem, ftpo_rows, uses_by_word
 from exactedit.solvers.wfld.report import build_report
@@ -166,11 +168,26 @@ def _heldout_mask(trace: Trace, tm, tuples, cfg: WfldConfig) -> np.ndarray:
     return same_doc_heldout(splits, key, names, np.asarray(tm.rows, np.int64) - starts, words)
 
 
+def _mine(protocol, tail, dumps: dict, phrases, cfg: WfldConfig) -> Mining:
+    """The FTPO positions and legitimate uses: with a protocol that lists phrase tuples, those
+    tuples and its collateral words, resolved as `eval score` resolves them (so both see the same
+    tuples, positions and words; the phrases file only names each tuple's phrase); else whatever
+    the matcher finds of the phrases in every dump."""
+    if protocol is None or not protocol.tokens.phrases:
+        return mine(dumps, phrases, tail.tokens, capitalized=cfg.capitalized)
+    tokens = resolve_tokens(protocol, token_texts(tail))
+    try:
+        return mine(dumps, phrases, tail.tokens, capitalized=cfg.capitalized, tuples=tokens.phrases,
+                    words=tokens.collateral_words)
+    except PhraseError as exc:
+        raise WfldError(protocol.path, "tokens.phrases", str(exc)) from None
+
+
 def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = False,
                workspace=DEFAULT_WORKSPACE, command: str = "exactedit solve wfld", device=None,
                progress: Progress | None = None) -> WfldResult:
-    """Mine, solve, re-score and write the bundle at `out`. With a protocol, its bars' thresholds
-    and special tokens are used, and it must be registered in the workspace's ledger (or the run
+    """Mine, solve, re-score and write the bundle at `out`. With a protocol, its bars' thresholds,
+    special tokens and phrase tuples (`_mine`) are used, and it must be registered in the workspace's ledger (or the run
     is marked `unregistered` in every report). `device`: None for the host passes, or a jax.Device
     for the device ones (`vocab_pass_jax`, `kl_pass_jax`, exact mode; the head goes up once)."""
     st = _Stages(5 + cfg.gn_iters, progress)
@@ -201,7 +218,7 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
     by_role = {r: [t for t in traces if t.role == r] for r in ROLES}
     st.mark("open")
 
-    mining = mine({t.name: t.dump for t in traces}, phrases, tail.tokens, capitalized=cfg.capitalized)
+    mining = _mine(protocol, tail, {t.name: t.dump for t in traces}, phrases, cfg)
     held = {t.name: _heldout_mask(t, mining.trace(t.name), mining.tuples, cfg) for t in by_role["train"]}
     named = {r: [(t.name, t.dump) for t in by_role[r]] for r in ROLES}
     ftpo = ftpo_rows(named["train"], mining, held)

@@ -21,7 +21,8 @@ From prompts, banned phrases and a few plain texts:
      `plain`): the background metric, the special-token holds, bar (e).
 The summary counts what `solve wfld` will mine in each set (solvers/wfld/mining.py, the same
 matcher): slop contexts per phrase, legitimate uses per word, complete turn ends, and warns
-where a set is too small for its bar.
+where a set is too small for its bar. The result keeps each set's mining (`DatasetResult.tuples`):
+the demo's protocol lists the tuples found here, so the replies are matched once.
 """
 from __future__ import annotations
 
@@ -101,10 +102,16 @@ class DatasetResult:
     sets: tuple[SetSummary, ...]
     warnings: tuple[str, ...]
     chat: dict = field(default_factory=dict)
+    mining: dict = field(default_factory=dict, compare=False, repr=False)   # set -> its Mining (not in to_dict)
 
     def to_dict(self) -> dict:
         return {"out": str(self.out), "prompts": self.prompts, "sets": [asdict(s) for s in self.sets],
                 "warnings": list(self.warnings), "chat": self.chat}
+
+    def tuples(self, *sets: str) -> tuple[tuple[int, ...], ...]:
+        """Every phrase tuple the build's matcher found in these sets, sorted (as one `mine` over
+        their dumps gives them): a protocol's phrase list without matching the replies again."""
+        return tuple(sorted({t for s in sets if s in self.mining for t in self.mining[s].tuples}))
 
 
 def split_prompts(prompts: Sequence[str], cfg: DatasetConfig) -> dict[str, list[int]]:
@@ -216,13 +223,13 @@ def build_dataset(model, prompts: Sequence[str], phrases: Sequence[str], out, *,
         sets[name] += docs
     tags = {"train": ("slop",), "heldout": ("slop",), "collateral": ("collateral",), "anchors": ("anchor",)}
     trunc_of = {reply_name(prompts[i], s.seed): s.truncated for i, row in enumerate(samples) for s in row}
-    summaries, warnings = [], []
+    summaries, warnings, minings = [], [], {}
     for name in SETS:
         docs = sets[name]
         if not docs:
             warnings.append(f"{name}: no documents (give more prompts{' or --texts' if name != 'train' else ''})")
             continue
-        found = mine_dumps({name: _Mem(docs)}, phrases, chat.table, capitalized=cfg.capitalized)
+        found = minings[name] = mine_dumps({name: _Mem(docs)}, phrases, chat.table, capitalized=cfg.capitalized)
         tm = found.trace(name)
         per_doc = np.bincount(tm.doc, minlength=len(docs)) if tm.rows.size else np.zeros(len(docs), int)
         docs = [_retag(d, *(tags[name] if (name not in ("train", "heldout") or per_doc[k]) else ())) for k, d in enumerate(docs)]
@@ -240,7 +247,7 @@ def build_dataset(model, prompts: Sequence[str], phrases: Sequence[str], out, *,
         summaries.append(s)
         warnings += _warn(s)
     res = DatasetResult(out, {g: [short_hash(prompts[i]) for i in idx] for g, idx in groups.items()},
-                        tuple(summaries), tuple(warnings), chat.to_dict())
+                        tuple(summaries), tuple(warnings), chat.to_dict(), minings)
     atomic_write_text(out / "dataset.json", json.dumps(res.to_dict(), indent=1) + "\n")
     return res
 

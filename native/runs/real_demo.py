@@ -3,8 +3,10 @@
 1. the data, from the model's own replies (`dataset build`): train / held-out / collateral /
    anchor dumps, split by prompt;
 2. a protocol for those dumps (held-out as dev; the bars; the model's own specials and turn end;
-   the phrases as the token tuples the shared matcher found), registered and split in DIR/ws;
-3. `solve wfld` under that protocol -> DIR/wfld/ (bars (a)-(g), shipping residuals, alternatives);
+   the phrases as the token tuples the dataset build's matcher found in train and held-out),
+   registered and split in DIR/ws;
+3. `solve wfld` under that protocol -> DIR/wfld/ (bars (a)-(g), shipping residuals, alternatives):
+   it solves on the protocol's tuples, the ones `eval score` (6) reads;
 4. `apply` -> DIR/edited.gguf, every other byte of the base kept;
 5. `verify live`: llama.cpp on base and edited files against the engine-faithful offline prediction,
    on a held-out reply (bitwise where it passes);
@@ -122,21 +124,19 @@ class RealDemoResult:
 
 def write_protocol(path: Path, data: Path, name: str, specials: Sequence[int], turn_end: int,
                    tuples: Sequence[Sequence[int]]) -> Path:
-    """The demo's protocol: the dataset's four dumps with fixed roles (held-out is dev), the model's
-    specials and turn end, the matched phrase tuples as ids, the default bars."""
-    traces = [("train", "train", ""), ("heldout", "dev", ""), ("collateral", "collateral", ""),
-              ("anchors", "anchors", "anchors")]
-    lines = [f'name = "{name}"',
-             'description = "exactedit demo --model: the model\'s own replies, split by prompt by dataset build."', ""]
-    for trace, role, domain in traces:
-        lines += ["[[traces]]", f'name = "{trace}"', f'path = "{(data / trace).resolve()}"', f'role = "{role}"']
-        lines += ([f'domain = "{domain}"'] if domain else []) + [""]
-    lines += ["[split]", 'by = ["source", "character"]', "seed = 0", "train = 0.6", "dev = 0.2", "test = 0.2",
-              "same_doc_heldout = 0.33", "", "[tokens]",
-              f"specials = {[int(s) for s in specials]}", f"turn_end = {int(turn_end)}",
-              "phrases = [" + ", ".join(str([int(t) for t in tup]) for tup in tuples) + "]", ""]
-    atomic_write_text(path, "\n".join(lines))
-    return path
+    """The demo's protocol (written by evals.protocol.protocol.write_protocol): the dataset's four
+    dumps with fixed roles (held-out is dev), the model's specials and turn end, the matched phrase
+    tuples as ids (what `solve wfld` and `eval score` both read), the default split and bars."""
+    from exactedit.evals.protocol.protocol import SplitRule, TokenSets, Trace, write_protocol as write
+
+    traces = [Trace(trace, (data / trace).resolve(), role, domain) for trace, role, domain in
+              (("train", "train", ""), ("heldout", "dev", ""), ("collateral", "collateral", ""),
+               ("anchors", "anchors", "anchors"))]
+    tokens = TokenSets(specials=tuple(int(s) for s in specials), turn_end=int(turn_end),
+                       phrases=tuple(tuple(int(t) for t in tup) for tup in tuples))
+    write(path, name, traces, split=SplitRule(), tokens=tokens,
+          description="exactedit demo --model: the model's own replies, split by prompt by dataset build.")
+    return Path(path)
 
 
 def _verify_tokens(heldout_dump: Path, count: int):
@@ -162,8 +162,6 @@ def run_real_demo(cfg: RealDemoConfig, out, *, progress: Progress | None = None)
     from exactedit.quant.specials import model_specials
     from exactedit.solvers.apply import apply_bundle
     from exactedit.solvers.wfld.config import WfldConfig
-    from exactedit.solvers.wfld.mining import mine as mine_dumps
-    from exactedit.dumps import read_dump
 
     out = Path(out)
     if out.exists() and any(out.iterdir()):
@@ -187,15 +185,12 @@ def run_real_demo(cfg: RealDemoConfig, out, *, progress: Progress | None = None)
     mark("dataset")
     with gguf.open(model) as g:
         ms = model_specials(g)
-        from exactedit.solvers.tail.model import load_tokens
-
-        table = load_tokens(g)
-    found = mine_dumps({s: read_dump(out / "data" / s) for s in ("train", "heldout")}, phrases, table)
-    if not found.tuples:
+    tuples = ds.tuples("train", "heldout")       # the dataset build's own matching, not matched again
+    if not tuples:
         raise RealDemoError(f"none of the phrases of {phrases_file} occurs in the model's replies: nothing to "
                             "edit (pick phrases by measurement: `exactedit mine`)")
     protocol = write_protocol(out / "protocol.toml", out / "data", f"demo-{cfg.model}", ms.guards, ms.turn_end,
-                              found.tuples)
+                              tuples)
     ws = out / "ws"
     cmd = f"exactedit demo --model {cfg.model} --out {out}"
     workflow.register(protocol, ws, cmd)

@@ -68,3 +68,46 @@ def test_stopping_rule_keeps_last_qualifying_step():
     dev = [0.09, 0.16, 0.24, 0.25, 0.20, 0.10, 0.60]  # ratios .9 .8 .8 .625 .4 .17; 35 is past max
     assert rule.choose(steps, train, dev) == 15
     assert rule.choose(steps, train, [-x for x in dev]) is None  # no dev gain: ship no edit
+
+
+def test_write_protocol_round_trips_every_section(protocol_file, tmp_path):
+    """A protocol written by `write_protocol` reads back as the Protocol it was written from
+    (every section written whole), and its sha256 is of the bytes on disk."""
+    from dataclasses import replace
+
+    from exactedit.evals.protocol.protocol import write_protocol
+
+    p = load_protocol(protocol_file)
+    out = write_protocol(tmp_path / "w.toml", p.name, p.traces, description=p.description, split=p.split,
+                         stopping=p.stopping, bars=p.bars, edit_set=p.edit_set, tokens=p.tokens)
+    back = load_protocol(tmp_path / "w.toml")
+    assert out == back and out.sha256 == hashlib.sha256((tmp_path / "w.toml").read_bytes()).hexdigest()
+    assert replace(back, path=p.path, sha256=p.sha256) == p
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_write_protocol_escapes_what_it_writes(tmp_path):
+    """Quotes, backslashes, newlines and non-ASCII in names, paths and tokens survive the round
+    trip (string concatenation would have written broken TOML or another protocol)."""
+    from exactedit.evals.protocol.protocol import TokenSets, Trace, write_protocol
+
+    odd = 'a "quoted" \\ back\\slash\nnew line, tab\t, é ✨'
+    traces = (Trace(odd, tmp_path / 'dir "x"\\y' / "train", "train"),
+              Trace("anchors", tmp_path / "anchors", "anchors", domain=odd))
+    tokens = TokenSets(specials=("<|im_end|>", 7), turn_end="<|im_end|>", style=(odd, ' "'),
+                       phrases=((" \"end", "\\to", 5), (1, 2)))
+    p = write_protocol(tmp_path / "p.toml", odd, traces, description=odd, tokens=tokens)
+    back = load_protocol(tmp_path / "p.toml")
+    assert back == p and back.name == odd and back.description == odd
+    assert back.traces == traces and back.tokens == tokens
+
+
+def test_write_protocol_validates_before_writing(tmp_path):
+    from exactedit.evals.protocol.protocol import Trace, write_protocol
+
+    t = Trace("x", tmp_path / "x", "train")
+    with pytest.raises(ProtocolError, match="unique"):
+        write_protocol(tmp_path / "p.toml", "dup", (t, t))
+    with pytest.raises(ProtocolError, match="name"):
+        write_protocol(tmp_path / "p.toml", " ", (t,))
+    assert not list(tmp_path.iterdir())                     # nothing written, not even a *.tmp

@@ -71,3 +71,43 @@ def test_same_sense_file_parses_and_names_its_bad_line(tmp_path):
     bad.write_text("you can use utilize\n", encoding="utf-8")
     with pytest.raises(RealDemoError, match=r"bad\.txt.*PHRASE=WORD"):
         RealDemoConfig(same_sense=str(bad)).same_sense_words()
+
+
+def _former_protocol_text(data, name, specials, turn_end, tuples) -> str:
+    """The demo's protocol as it was written before by string concatenation (the reference)."""
+    lines = [f'name = "{name}"',
+             'description = "exactedit demo --model: the model\'s own replies, split by prompt by dataset build."', ""]
+    for trace, role, domain in [("train", "train", ""), ("heldout", "dev", ""), ("collateral", "collateral", ""),
+                                ("anchors", "anchors", "anchors")]:
+        lines += ["[[traces]]", f'name = "{trace}"', f'path = "{(data / trace).resolve()}"', f'role = "{role}"']
+        lines += ([f'domain = "{domain}"'] if domain else []) + [""]
+    lines += ["[split]", 'by = ["source", "character"]', "seed = 0", "train = 0.6", "dev = 0.2", "test = 0.2",
+              "same_doc_heldout = 0.33", "", "[tokens]",
+              f"specials = {[int(s) for s in specials]}", f"turn_end = {int(turn_end)}",
+              "phrases = [" + ", ".join(str([int(t) for t in tup]) for tup in tuples) + "]", ""]
+    return "\n".join(lines)
+
+
+def test_protocol_is_the_one_string_concatenation_wrote(tmp_path):
+    """Written by the protocol module now: the same Protocol as the former text (only the bytes,
+    hence the sha256, differ)."""
+    from dataclasses import replace
+
+    args = (tmp_path / "data", "demo-x", (3, 1), 2, [(10, 11, 12), (20, 21)])
+    old = tmp_path / "old.toml"
+    old.write_text(_former_protocol_text(*args), encoding="utf-8")
+    new = load_protocol(write_protocol(tmp_path / "protocol.toml", *args))
+    assert replace(new, path=old, sha256="") == replace(load_protocol(old), sha256="")
+
+
+def test_dataset_tuples_are_one_mining_of_the_sets():
+    """DatasetResult.tuples: the sets' tuples, sorted, as one mine over their dumps lists them."""
+    from types import SimpleNamespace as NS
+
+    from exactedit.native.runs.dataset import DatasetResult
+
+    r = DatasetResult("out", {}, (), (), mining={"train": NS(tuples=((5, 6), (1, 2, 3))),
+                                                 "heldout": NS(tuples=((1, 2, 3), (0, 9))),
+                                                 "anchors": NS(tuples=((7, 7),))})
+    assert r.tuples("train", "heldout") == ((0, 9), (1, 2, 3), (5, 6))
+    assert r.tuples("collateral") == () and "mining" not in r.to_dict()

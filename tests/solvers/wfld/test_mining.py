@@ -95,3 +95,56 @@ def test_fixture_planted_positions():
         assert sorted((int(r), phrases[p]) for r, p in zip(tm.rows, tm.phrase)) == want, n
         legit = sorted(e["row"] for e in planted if e["dump"] == n and e["kind"] == "legit")
         assert sorted(int(r) for r in tm.coll_rows) == legit, n
+
+
+def _two_docs(ids):
+    text = ("we should test it end to end. keep the end of it.\nEnd to end, it is better. do it now rather "
+            "than later, more than an hour. right away, far away.")
+    toks = ids.text(text)
+    return {"x": _D(toks, [DocInfo("a", 0, 20, "", ""), DocInfo("b", 20, len(toks) - 20, "", "")])}
+
+
+def test_given_tuples_reproduce_the_matcher(table, ids):
+    """mine(tuples=its own tuples, words=its own words) finds what the matcher found: the same
+    positions, phrases, tuple ids, legitimate uses and words (a protocol written from a mining
+    gives a solve the same targets)."""
+    dumps = _two_docs(ids)
+    m = mine(dumps, synth.PHRASES, table)
+    g = mine(dumps, synth.PHRASES, table, tuples=m.tuples, words=m.words)
+    assert g.tuples == m.tuples and g.words == m.words and g.tuple_phrase == m.tuple_phrase
+    assert g.word_phrases == m.word_phrases and g.canonical == m.canonical
+    a, b = m.trace("x"), g.trace("x")
+    for f in ("rows", "phrase", "tuple_id", "doc", "coll_rows", "coll_word"):
+        assert np.array_equal(getattr(a, f), getattr(b, f)), f
+    assert a.occurrences == b.occurrences
+
+
+def test_given_tuples_are_the_tuples_in_their_order(table, ids):
+    """Given a subset of the tuples (in a protocol's order), only those are positions, the rest
+    of their rows are legitimate uses of the word, and the words default to the tuples' finals."""
+    dumps = _two_docs(ids)
+    m = mine(dumps, synth.PHRASES, table)
+    keep = tuple(t for t in m.tuples if m.tuple_phrase[m.tuples.index(t)] != 2)[::-1]   # no "right away"
+    g = mine(dumps, synth.PHRASES, table, tuples=keep)
+    assert g.tuples == keep and g.words == tuple(sorted({t[-1] for t in keep}))
+    tm = g.trace("x")
+    assert [g.tuples[i] for i in tm.tuple_id] == [m.tuples[i] for i in m.trace("x").tuple_id if m.tuple_phrase[i] != 2]
+    assert 2 not in set(tm.phrase)
+    d = dumps["x"]
+    z = np.zeros(d.tokens.size)
+    s = RowScores(d.tokens, d.next, np.zeros(d.tokens.size, np.uint8), d.doc_index(), z, z, z, z.astype(np.int32),
+                  z.astype(np.int32), (), np.zeros((d.tokens.size, 0)), np.zeros((d.tokens.size, 0)),
+                  docs=(DocMeta("a", "x", "train"), DocMeta("b", "x", "train")))
+    assert list(np.flatnonzero(slop_positions(s, keep) >= 0)) == list(tm.rows)
+
+
+def test_a_given_tuple_must_spell_a_phrase(table, ids):
+    from exactedit.solvers.phrases import PhraseError
+
+    dumps = _two_docs(ids)
+    with pytest.raises(PhraseError, match=r"tuples\[0\].*no form of the phrases"):
+        mine(dumps, synth.PHRASES, table, tuples=[ids(" end", " of")])
+    with pytest.raises(PhraseError, match=r"tuples\[0\]"):               # " test" is no boundary: not a form
+        mine(dumps, synth.PHRASES, table, tuples=[ids(" test", " end", " to", " end")])
+    with pytest.raises(PhraseError, match="listed twice"):
+        mine(dumps, synth.PHRASES, table, tuples=[ids(" rather", " than"), ids(" rather", " than")])
