@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from numba import prange
 
 from exactedit.quant.f32 import f32_bits
-from exactedit.quant.rows import parallel_rows
 
 NAME = "BF16"
 
@@ -50,6 +50,15 @@ def _dequantize_row(raw, out):
         bits[j] = (np.uint32(raw[2 * j]) << 16) | (np.uint32(raw[2 * j + 1]) << 24)
 
 
-# fast paths: float32 [rows, cols] <-> uint8 [rows, 2 * cols], rows in parallel
-quantize_into = parallel_rows(_quantize_row)
-dequantize_into = parallel_rows(_dequantize_row)
+@numba.njit(parallel=True, error_model="numpy", cache=True)
+def quantize_into(x, out):
+    """Fast path: float32 [rows, cols] -> uint8 [rows, 2 * cols], rows in parallel."""
+    for r in prange(x.shape[0]):
+        _quantize_row(x[r], out[r])
+
+
+@numba.njit(parallel=True, error_model="numpy", cache=True)
+def dequantize_into(raw, out):
+    """Fast path: uint8 [rows, 2 * cols] -> float32 [rows, cols], rows in parallel."""
+    for r in prange(out.shape[0]):
+        _dequantize_row(raw[r], out[r])

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from numba import prange
 
 from exactedit.quant.f32 import bits_f32, f32_bits
-from exactedit.quant.rows import parallel_rows
 
 NAME = "F16"
 
@@ -110,6 +110,19 @@ def _dequantize_row(raw, out, fp16):
         out[j] = fp16[np.int64(raw[2 * j]) | (np.int64(raw[2 * j + 1]) << 8)]
 
 
-# fast paths: float32 [rows, cols] <-> uint8 [rows, 2 * cols], rows in parallel
-quantize_into = parallel_rows(_quantize_row)
-dequantize_into = parallel_rows(_dequantize_row, FP16_TO_FP32)
+@numba.njit(parallel=True, error_model="numpy", cache=True)
+def quantize_into(x, out):
+    """Fast path: float32 [rows, cols] -> uint8 [rows, 2 * cols], rows in parallel."""
+    for r in prange(x.shape[0]):
+        _quantize_row(x[r], out[r])
+
+
+@numba.njit(parallel=True, error_model="numpy", cache=True)
+def _dequantize_rows(raw, out, fp16):
+    for r in prange(out.shape[0]):
+        _dequantize_row(raw[r], out[r], fp16)
+
+
+def dequantize_into(raw: np.ndarray, out: np.ndarray) -> None:
+    """Fast path: uint8 [rows, 2 * cols] -> float32 [rows, cols], rows in parallel."""
+    _dequantize_rows(raw, out, FP16_TO_FP32)

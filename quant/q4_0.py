@@ -14,10 +14,10 @@ from __future__ import annotations
 import gguf
 import numba
 import numpy as np
+from numba import prange
 
 from exactedit.quant.c_int import trunc_int8, trunc_int8_ref
 from exactedit.quant.f16 import FP16_TO_FP32, fp32_to_fp16_bits
-from exactedit.quant.rows import parallel_rows
 
 NAME = "Q4_0"
 QK, BLOCK_BYTES = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q4_0]
@@ -104,6 +104,19 @@ def _dequantize_row(raw, out, fp16):
             y[b, j + half] = np.float32((np.int32(blocks[b, OFF_QS + j]) >> 4) - np.int32(8)) * d
 
 
-# fast paths: float32 [rows, cols] <-> uint8 [rows, row_bytes], rows in parallel
-quantize_into = parallel_rows(_quantize_row)
-dequantize_into = parallel_rows(_dequantize_row, FP16_TO_FP32)
+@numba.njit(parallel=True, error_model="numpy", cache=True)
+def quantize_into(x, out):
+    """Fast path: float32 [rows, cols] -> uint8 [rows, row_bytes], rows in parallel."""
+    for r in prange(x.shape[0]):
+        _quantize_row(x[r], out[r])
+
+
+@numba.njit(parallel=True, error_model="numpy", cache=True)
+def _dequantize_rows(raw, out, fp16):
+    for r in prange(out.shape[0]):
+        _dequantize_row(raw[r], out[r], fp16)
+
+
+def dequantize_into(raw: np.ndarray, out: np.ndarray) -> None:
+    """Fast path: uint8 [rows, row_bytes] -> float32 [rows, cols], rows in parallel."""
+    _dequantize_rows(raw, out, FP16_TO_FP32)

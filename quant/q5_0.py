@@ -14,11 +14,11 @@ from __future__ import annotations
 import gguf
 import numba
 import numpy as np
+from numba import prange
 
 from exactedit.quant.c_int import trunc_int8, trunc_int8_ref
 from exactedit.quant.f16 import FP16_TO_FP32, fp32_to_fp16_bits
 from exactedit.quant.q4_0 import signed_max_ref
-from exactedit.quant.rows import parallel_rows
 
 NAME = "Q5_0"
 QK, BLOCK_BYTES = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q5_0]
@@ -106,6 +106,19 @@ def _dequantize_row(raw, out, fp16):
             y[b, j + HALF] = np.float32(c1 - 16) * d
 
 
-# fast paths: float32 [rows, cols] <-> uint8 [rows, row_bytes], rows in parallel
-quantize_into = parallel_rows(_quantize_row)
-dequantize_into = parallel_rows(_dequantize_row, FP16_TO_FP32)
+@numba.njit(parallel=True, error_model="numpy", cache=True)
+def quantize_into(x, out):
+    """Fast path: float32 [rows, cols] -> uint8 [rows, row_bytes], rows in parallel."""
+    for r in prange(x.shape[0]):
+        _quantize_row(x[r], out[r])
+
+
+@numba.njit(parallel=True, error_model="numpy", cache=True)
+def _dequantize_rows(raw, out, fp16):
+    for r in prange(out.shape[0]):
+        _dequantize_row(raw[r], out[r], fp16)
+
+
+def dequantize_into(raw: np.ndarray, out: np.ndarray) -> None:
+    """Fast path: uint8 [rows, row_bytes] -> float32 [rows, cols], rows in parallel."""
+    _dequantize_rows(raw, out, FP16_TO_FP32)

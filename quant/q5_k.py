@@ -15,10 +15,10 @@ from __future__ import annotations
 import gguf
 import numba
 import numpy as np
+from numba import prange
 
 from exactedit.quant import k_scale_min as ksm
 from exactedit.quant.f16 import FP16_TO_FP32
-from exactedit.quant.rows import parallel_rows
 
 NAME = "Q5_K"
 QK_K, BLOCK_BYTES = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q5_K]
@@ -111,6 +111,23 @@ def _dequantize_row(raw, out, fp16):
                 y[b, 64 * g + 32 + l] = db * np.float32(c) - mb
 
 
-# fast paths: float32 [rows, cols] <-> uint8 [rows, row_bytes], rows in parallel
-quantize_into = parallel_rows(_quantize_row, *SEARCH.args())
-dequantize_into = parallel_rows(_dequantize_row, FP16_TO_FP32)
+@numba.njit(parallel=True, error_model="numpy", cache=True)
+def _quantize_rows(x, out, nmax, rmin, rdelta, nstep):
+    for r in prange(x.shape[0]):
+        _quantize_row(x[r], out[r], nmax, rmin, rdelta, nstep)
+
+
+def quantize_into(x: np.ndarray, out: np.ndarray) -> None:
+    """Fast path: float32 [rows, cols] -> uint8 [rows, row_bytes], rows in parallel."""
+    _quantize_rows(x, out, *SEARCH.args())
+
+
+@numba.njit(parallel=True, error_model="numpy", cache=True)
+def _dequantize_rows(raw, out, fp16):
+    for r in prange(out.shape[0]):
+        _dequantize_row(raw[r], out[r], fp16)
+
+
+def dequantize_into(raw: np.ndarray, out: np.ndarray) -> None:
+    """Fast path: uint8 [rows, row_bytes] -> float32 [rows, cols], rows in parallel."""
+    _dequantize_rows(raw, out, FP16_TO_FP32)

@@ -23,10 +23,10 @@ from __future__ import annotations
 import gguf
 import numba
 import numpy as np
+from numba import prange
 
 from exactedit.quant.f16 import FP16_TO_FP32, fp16_bits_to_fp32, fp32_to_fp16_bits
 from exactedit.quant.f32 import f32_bits
-from exactedit.quant.rows import parallel_rows
 
 NAME = "Q6_K"
 QK_K, BLOCK_BYTES = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q6_K]
@@ -275,6 +275,19 @@ def _dequantize_row(raw, out, fp16):
                 out[y + l + 96] = ds[t + 6] * np.float32(((c >> 4) | (((h >> 6) & 3) << 4)) - 32)
 
 
-# fast paths: float32 [rows, cols] <-> uint8 [rows, row_bytes], rows in parallel
-quantize_into = parallel_rows(_quantize_row)
-dequantize_into = parallel_rows(_dequantize_row, FP16_TO_FP32)
+@numba.njit(parallel=True, error_model="numpy", cache=True)
+def quantize_into(x, out):
+    """Fast path: float32 [rows, cols] -> uint8 [rows, row_bytes], rows in parallel."""
+    for r in prange(x.shape[0]):
+        _quantize_row(x[r], out[r])
+
+
+@numba.njit(parallel=True, error_model="numpy", cache=True)
+def _dequantize_rows(raw, out, fp16):
+    for r in prange(out.shape[0]):
+        _dequantize_row(raw[r], out[r], fp16)
+
+
+def dequantize_into(raw: np.ndarray, out: np.ndarray) -> None:
+    """Fast path: uint8 [rows, row_bytes] -> float32 [rows, cols], rows in parallel."""
+    _dequantize_rows(raw, out, FP16_TO_FP32)

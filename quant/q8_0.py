@@ -13,9 +13,9 @@ from __future__ import annotations
 import gguf
 import numba
 import numpy as np
+from numba import prange
 
 from exactedit.quant.f16 import FP16_TO_FP32, fp32_to_fp16_bits
-from exactedit.quant.rows import parallel_rows
 
 NAME = "Q8_0"
 QK, BLOCK_BYTES = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0]
@@ -107,9 +107,22 @@ def _dequantize_row(raw, out, fp16):
             y[b, j] = np.float32(np.int8(blocks[b, 2 + j])) * d
 
 
-# fast paths: float32 [rows, cols] <-> uint8 [rows, row_bytes], rows in parallel
-quantize_into = parallel_rows(_quantize_row)
-dequantize_into = parallel_rows(_dequantize_row, FP16_TO_FP32)
+@numba.njit(parallel=True, error_model="numpy", cache=True)
+def quantize_into(x, out):
+    """Fast path: float32 [rows, cols] -> uint8 [rows, row_bytes], rows in parallel."""
+    for r in prange(x.shape[0]):
+        _quantize_row(x[r], out[r])
+
+
+@numba.njit(parallel=True, error_model="numpy", cache=True)
+def _dequantize_rows(raw, out, fp16):
+    for r in prange(out.shape[0]):
+        _dequantize_row(raw[r], out[r], fp16)
+
+
+def dequantize_into(raw: np.ndarray, out: np.ndarray) -> None:
+    """Fast path: uint8 [rows, row_bytes] -> float32 [rows, cols], rows in parallel."""
+    _dequantize_rows(raw, out, FP16_TO_FP32)
 
 
 # ---- the activation quantizer of ggml-cpu's x86 build (`quantize_row_q8_0`, AVX2 path) -------
@@ -156,8 +169,11 @@ def _quantize_x86_row(x, out):
             out[o + 2 + j] = q & 0xFF
 
 
-# fast path of `quantize_x86_ref`: float32 [rows, cols] -> uint8 [rows, row_bytes]
-quantize_x86_into = parallel_rows(_quantize_x86_row)
+@numba.njit(parallel=True, error_model="numpy", cache=True)
+def quantize_x86_into(x, out):
+    """Fast path of `quantize_x86_ref`: float32 [rows, cols] -> uint8 [rows, row_bytes]."""
+    for r in prange(x.shape[0]):
+        _quantize_x86_row(x[r], out[r])
 
 
 def quantize_x86(x: np.ndarray) -> np.ndarray:

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from numba import prange
 
 from exactedit.quant.errors import QuantError
 from exactedit.quant.f16 import fp32_to_fp16_bits
-from exactedit.quant.rows import parallel_rows
 
 NAME = "Q8_1"
 QK = 32
@@ -85,7 +85,10 @@ def _quantize_row(x, out):
         out[o + 3] = h >> 8
 
 
-_quantize_rows = parallel_rows(_quantize_row)
+@numba.njit(parallel=True, error_model="numpy", cache=True)
+def _quantize_rows(x, out):
+    for r in prange(x.shape[0]):
+        _quantize_row(x[r], out[r])
 
 
 def quantize_x86(x: np.ndarray) -> np.ndarray:
