@@ -4,7 +4,7 @@ the head, never holding a [T, V] logits array. Three implementations, side by si
 | implementation | module | heads | arithmetic |
 |---|---|---|---|
 | `kl_rows` (reference) | this module | base and edited head (any two RowSources) | numpy, float64 folds |
-| `kl_rows_numba` | kl_pass_numba.py | one head, two activations | one sgemm per tile, numba fold |
+| `kl_rows_numba` | kl_pass_numba.py | one head, two activations | two sgemms of one shape per tile, numba fold |
 | `kl_pass_jax` | kl_pass_jax.py | one head on a JAX device, two activations | device tiles, float64 host fold |
 
 Per row t, with p = softmax(base logits) and q = softmax(edited logits), d = l - l':

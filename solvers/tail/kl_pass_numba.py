@@ -1,5 +1,7 @@
-"""The KL pass's numba path: both activations against one head, one sgemm per tile for both,
-the two logits tiles folded into per-row running sums by a small kernel (`_fold_tile`, no fastmath):
+"""The KL pass's numba path: both activations against one head tile, two sgemms of one shape per
+tile (identical rows in identically shaped products round identically, so a row without an edit
+gives KL exactly 0; one sgemm over the rows stacked did not under OpenBLAS 0.3.31, whose kernels
+round a row by its position), the two logits tiles folded into per-row running sums by a small kernel (`_fold_tile`, no fastmath):
     S = sum_v e^(l_v - m),  A = sum_v e^(l_v - m) d_v,  Cc = sum_v e^(l_v - m) expm1(-d_v),  d = l - l'
     KL = A / S + log1p(Cc / S),  LSE = m + log S,  LSE' = m + log(S + Cc)
 with m the running max of the base logits (expm1 keeps small KLs exact). Same fields as the numpy
@@ -70,11 +72,10 @@ def _fold_tile(lb, le, start, nxt, m, S, A, Cc, arg_b, best_b, arg_e, best_e, se
 def kl_rows_numba(mix_base, mix_edited, head, *, next_ids=None, softcap: float | None = None,
               tile_rows: int = 8192, progress: Progress | None = None) -> KlRows:
     """KL(base || edited), both LSEs, argmaxes and next-token log-probs for activations
-    [T, n] (base and edited) over one head; one sgemm per tile for both."""
+    [T, n] (base and edited) over one head; one head tile read per step, two sgemms of one shape."""
     mb = np.ascontiguousarray(mix_base, dtype=np.float32)
     me = np.ascontiguousarray(mix_edited, dtype=np.float32)
     T, V = mb.shape[0], head.rows
-    both = np.concatenate([mb, me], axis=0)
     nxt = np.full(T, -1, np.int64) if next_ids is None else np.ascontiguousarray(next_ids, dtype=np.int64)
     m = np.full(T, -np.inf)
     S, A, Cc = np.zeros(T), np.zeros(T), np.zeros(T)
@@ -84,10 +85,11 @@ def kl_rows_numba(mix_base, mix_edited, head, *, next_ids=None, softcap: float |
     step = tile_size(2 * T, tile_rows)
     for start in range(0, V, step):
         stop = min(start + step, V)
-        tile = both @ head.read(start, stop).T
+        w = head.read(start, stop).T
+        lb, le = mb @ w, me @ w
         if softcap is not None:
-            tile = apply_softcap(tile, softcap).astype(np.float32)
-        _fold_tile(tile[:T], tile[T:], start, nxt, m, S, A, Cc, arg_b, best_b, arg_e, best_e, sel_b, sel_e)
+            lb, le = apply_softcap(lb, softcap).astype(np.float32), apply_softcap(le, softcap).astype(np.float32)
+        _fold_tile(lb, le, start, nxt, m, S, A, Cc, arg_b, best_b, arg_e, best_e, sel_b, sel_e)
         if progress is not None:
             progress(stop, V)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -100,9 +100,31 @@ def test_fast_rows_batch_documents_without_changing_a_row(tmp_path):
     big = score_traces(protocol, model, traces, ScoreConfig(), edited=edited, splits=splits).scores
     assert small.rows == big.rows and len({int(d) for d in big.doc}) > 3   # many documents in a pass
     assert np.nanmax(np.abs(big.logp_edit - big.logp_base)) > 1e-3          # the edited side differs
-    for name in ("tokens", "next", "roles", "doc", "argmax_base", "argmax_edit"):
+    for name in ("tokens", "next", "roles", "doc"):
         np.testing.assert_array_equal(getattr(small, name), getattr(big, name))
+    # an argmax may differ only at a tie within float32 rounding: the BLAS rounds a row's logits by
+    # the product's shape (OpenBLAS 0.3.31 does, at 2 of these 536 rows)
+    for name, side in (("argmax_base", model), ("argmax_edit", edited)):
+        for i in np.flatnonzero(getattr(small, name) != getattr(big, name)):
+            _assert_float32_tie(protocol, side, small, int(i), int(getattr(small, name)[i]), int(getattr(big, name)[i]))
     np.testing.assert_allclose(small.logp_base, big.logp_base, rtol=0, atol=1e-5)
     np.testing.assert_allclose(small.logp_edit, big.logp_edit, rtol=0, atol=1e-5)
     np.testing.assert_allclose(small.p_special_base, big.p_special_base, rtol=1e-5, atol=1e-9)
     assert [d.name for d in small.docs] == [d.name for d in big.docs]
+
+
+def _assert_float32_tie(protocol, model, scores, i, a, b):
+    """Tokens a and b at score row i: their float64 logits (from the float32 mix) lie within twice
+    the float32 rounding bound of a length-n dot product, gamma_n |mix|.|W_v|, of each other."""
+    doc = scores.docs[int(scores.doc[i])]
+    trace = next(t for t in protocol.traces if t.name == doc.trace)
+    tail = load_tail(gguf.open(model))
+    d = read_dump(trace.path, expect=tail.dump_expect())
+    info = next(x for x in d.docs if x.name == doc.name)
+    row = info.first_row + i - int(np.flatnonzero(scores.doc == scores.doc[i])[0])
+    mix = tail_mix(tail, d, (row, row + 1)).astype(np.float64)[0]
+    W = tail.head.read(0, tail.head.rows).astype(np.float64)[[a, b]]
+    n = mix.size
+    gamma = n * 2.0 ** -24 / (1 - n * 2.0 ** -24)
+    gap, bound = abs(float(W[0] @ mix - W[1] @ mix)), 2 * gamma * float((np.abs(W) @ np.abs(mix)).max())
+    assert gap <= bound, (i, a, b, gap, bound)

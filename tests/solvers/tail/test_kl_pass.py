@@ -44,7 +44,7 @@ def _jax(mb, me, src, nxt, softcap, tile):
 #  with a softcap, reason)
 IMPLS = [
     ("reference", _reference, 1e-5, True, "numpy: float32 logits and exp tiles, float64 folds"),
-    ("numba", _numba, 1e-5, True, "one sgemm for both activations, exp and fold in float64 per element"),
+    ("numba", _numba, 1e-5, True, "two sgemms of one shape per tile, exp and fold in float64 per element"),
     ("jax", _jax, 1e-5, False, "device logits (HIGHEST fp32) and tile partials in float32, host fold in "
      "float64; XLA may fuse the two sides' softcap differently, so an unedited row is ~1e-16, not 0"),
 ]
