@@ -17,4 +17,5 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "render_verification": "anchors",
     "resolve_tokens": "protocol",
     "verify_ledger": "anchors",
+    "write_protocol": "protocol",
 })

@@ -36,7 +36,8 @@ from exactedit.solvers.wfld import gauss_newton as wfld
 from exactedit.solvers.wfld.config import WfldConfig, WfldError
 from exactedit.solvers.wfld.jacobian import with_weights
 from exactedit.solvers.phrases import PhraseError
-from exactedit.solvers.wfld.mining import Mining, load_phrases, mine
+from exactedit.solvers.phrases import load_phrases
+from exactedit.solvers.wfld.mining import Mining, mine
 from exactedit.solvers.wfld.problem import build_problem, ftpo_rows, uses_by_word
 from exactedit.solvers.wfld.report import build_report
 from exactedit.solvers.wfld.rescore import ScoredTrace, score_traces

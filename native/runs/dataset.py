@@ -210,7 +210,6 @@ def build_dataset(model, prompts: Sequence[str], phrases: Sequence[str], out, *,
     for i, (p, row) in enumerate(zip(prompts, samples)):
         replies[i] = [labelled(chat, reply_name(p, s.seed), s.sequence, source="dataset", character=f"p-{short_hash(p)}",
                                tags=(), kind="chat") for s in row]
-    truncated = {i: sum(s.truncated for s in row) for i, row in enumerate(samples)}
     sets: dict[str, list[CaptureDoc]] = {k: [] for k in SETS}
     for g, idx in groups.items():
         sets[PROMPT_SETS[g]] += [d for i in idx for d in replies[i]]

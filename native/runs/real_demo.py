@@ -275,7 +275,7 @@ def _rate_line(p: dict) -> str:
     return line + (f"  | edited {side(p['edited'])}" if p.get("edited") else "")
 
 
-CONTINUATION_CUT = 0.70      # issue 14's target: continuation at the prefix down >= 70% per solved phrase
+CONTINUATION_CUT = 0.70      # the target: continuation at the prefix down >= 70% per solved phrase
 
 
 def demo_targets(rates: Sequence[dict], solved: Sequence[str], bars: Sequence[dict], verify_passed: bool,
@@ -342,7 +342,7 @@ def real_demo_report(r: RealDemoResult) -> tuple[dict, str]:
     lines += [_rate_line(p) for p in rates]
     lines += ["", f"variant artefacts: base {len(r.artefacts['base'])}, edited {len(r.artefacts['edited'])}"]
     lines += [f"  {a.found!r} (reply {a.reply})" for a in r.artefacts["edited"]]
-    lines += ["", "## targets (issue 14)"]
+    lines += ["", "## targets"]
     shown = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)   # noqa: E731
     lines += [f"  {t['name']:<52} {shown(t['value']):>14}  target {t['target']!s:<12} {'pass' if t['pass'] else 'FAIL'}"
               + (f"  ({'; '.join(t['failed'])})" if t.get("failed") else "") for t in targets]

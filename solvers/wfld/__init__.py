@@ -1,8 +1,10 @@
 """The WFLD anti-slop edit of the last layer's down projection (SPEC.md section 5): prefix-exact
 mining (`mining`), natural alternatives (`alternatives`), the vector-Jacobian products (`jacobian`),
-the K x K Gram solve and Gauss-Newton loop (`gauss_newton`), the constraint-keeping ship (`ship`),
-the exact rescore (`rescore`) and the report (`report`). The phrase matcher is solvers.phrases; the
-protocol-driven run is evals.runs.wfld_run.
+the K x K Gram solve and Gauss-Newton loop (`gauss_newton`), the problem a solve stands on
+(conditions, targets, null basis, background metric, shipper: `problem`), the solve and its
+summaries (`solve`), the constraint-keeping ship (`ship`), the exact rescore (`rescore`) and the
+report (`report`). The phrase matcher is solvers.phrases; the protocol-driven run is
+evals.runs.wfld_run.
 
 The names below are imported on first use (their modules pull in numba / JAX).
 """
@@ -14,7 +16,8 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "build_report": "report",
     "format_report": "report",
     "linearize": "jacobian",
-    "load_phrases": "mining",
+    "WfldProblem": "problem",
+    "build_problem": "problem",
     "parse_phrase_margin": "config",
     "parse_same_sense": "config",
     "score_traces": "rescore",

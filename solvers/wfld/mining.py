@@ -26,10 +26,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from exactedit.solvers.phrases import (  # noqa: F401 - re-exported: mining's public names
-    MAX_PHRASE_BYTES, PhraseError, PhraseMatcher, TokenBytes, canonical, load_phrases, phrase_forms,
-    text_occurrences, tokenizations,
-)
+from exactedit.solvers.phrases import PhraseError, PhraseMatcher, TokenBytes, canonical, text_occurrences
 from exactedit.solvers.tail.scores import slop_positions
 
 

@@ -7,16 +7,12 @@ products with their head rows) and the LSEs.
 """
 from __future__ import annotations
 
-import math
 from typing import Callable, NamedTuple, Sequence
 
-import numba
 import numpy as np
-from numba import prange
 
 from exactedit.solvers.tail.scores import DocMeta, RowScores, concat
 from exactedit.solvers.tail.head_ref import apply_softcap
-from exactedit.solvers.tail.vocab_pass import tile_size
 from exactedit.solvers.wfld.jacobian import token_rows
 from exactedit.solvers.tail.kl_pass_numba import kl_rows_numba
 from exactedit.solvers.tail.logits import tail_mix

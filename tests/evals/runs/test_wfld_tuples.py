@@ -15,7 +15,8 @@ from exactedit.evals.scoring.evaluate import ScoreConfig
 from exactedit.quant import gguf
 from exactedit.solvers.tail.model import load_tail
 from exactedit.solvers.wfld.config import WfldConfig, WfldError
-from exactedit.solvers.wfld.mining import load_phrases, mine
+from exactedit.solvers.phrases import load_phrases
+from exactedit.solvers.wfld.mining import mine
 from tests.solvers.wfld.synth import SPECIALS, Ids, build_world
 
 CFG = WfldConfig(gn_iters=1, special_rows=32, tile_rows=64)

@@ -13,7 +13,8 @@ import pytest
 
 from exactedit.dumps import DocInfo
 from exactedit.solvers.tail.scores import DocMeta, RowScores, slop_positions
-from exactedit.solvers.wfld.mining import load_phrases, mine
+from exactedit.solvers.phrases import load_phrases
+from exactedit.solvers.wfld.mining import mine
 from exactedit.solvers.tail.model import TokenTable
 from tests.solvers.wfld import synth
 

@@ -21,7 +21,8 @@ from exactedit.solvers.wfld import gauss_newton as wfld
 from exactedit.solvers.wfld import ship as ship_mod
 from exactedit.solvers.wfld.config import WfldConfig, WfldError
 from exactedit.solvers.wfld.jacobian import editable_weight, gather_rows, linearize, with_weights
-from exactedit.solvers.wfld.mining import load_phrases, mine
+from exactedit.solvers.phrases import load_phrases
+from exactedit.solvers.wfld.mining import mine
 from exactedit.solvers.wfld.problem import anchor_rows, background_rows, build_problem, ftpo_rows, uses_by_word
 from exactedit.solvers.wfld.solve import null_summary, solve, summaries
 from tests.solvers.wfld.synth import build_world

@@ -16,7 +16,7 @@ from exactedit.solvers.apply import apply_bundle
 from exactedit.solvers.bundle import read_bundle
 from exactedit.solvers.wfld import gauss_newton as wfld
 from exactedit.solvers.wfld.config import WfldConfig, WfldError
-from exactedit.solvers.wfld.mining import load_phrases
+from exactedit.solvers.phrases import load_phrases
 from exactedit.evals.runs.wfld_run import WfldInputs, solve_wfld
 from exactedit.solvers.tail.logits import write_logits
 from tests.solvers.wfld.synth import build_world
@@ -146,7 +146,12 @@ def test_fixture_solve_passes_the_bars_and_matches_the_applied_gguf(tmp_path):
     nxt = np.asarray(read_dump(d / "test").next)
     r = np.flatnonzero(nxt >= 0)
     np.testing.assert_allclose(s.logp_edit[sel][r], lg[r, nxt[r]], rtol=0, atol=2e-5)
-    np.testing.assert_array_equal(s.argmax_edit[sel], lg.argmax(axis=1))
+    # the argmaxes agree but at ties: the fixture's head has identical rows (tokens 1335 and 1607), whose
+    # float32 logits the BLAS may round apart by the product's shape; a differing argmax is within
+    # the logp tolerance of the engine-side maximum
+    got, want = s.argmax_edit[sel], lg.argmax(axis=1)
+    rows = np.arange(lg.shape[0])
+    np.testing.assert_allclose(lg[rows, got], lg[rows, want], rtol=0, atol=2e-5)
 
 
 def test_device_path_matches_the_host_path(solved, tmp_path):
