@@ -105,6 +105,21 @@ def emit_json_file(result, text: str, json_out: str | None) -> None:
     emit(result, text, as_json=False)
 
 
+def _refuse_clobber(outputs: dict, inputs: dict, *, holds_inputs: bool = False) -> None:
+    """Refuse outputs that would overwrite an input, for the commands whose library function does not
+    know its inputs (quant.files.refuse_clobber; apply, logits and kld check in the library)."""
+    from exactedit.quant import refuse_clobber as refuse
+
+    refuse(outputs, inputs, holds_inputs=holds_inputs)
+
+
+def _existing(path):
+    """A model flag's value when it names a file (not a public model's name), else None."""
+    import os
+
+    return path if path is not None and os.path.exists(path) else None
+
+
 def command_line() -> str:
     """The command line as run, shell-quoted (recorded in ledgers, bundles and blind.cmd)."""
     import shlex
@@ -284,6 +299,9 @@ def demo_cmd(out, fixture, model, phrases, prompts, rate_prompts, watch, texts, 
     score, and the one-shot blind sign-off (its command line in OUT/blind.cmd). With --model: the
     anti-slop loop on a real model (data from its own replies, solve, apply, verify live, dev score,
     phrase rates on held-out prompts; OUT/report.md, report.json and PNGs)."""
+    _refuse_clobber({"--out": out}, {"--fixture": fixture, "--model": _existing(model), "--phrases": phrases,
+                                    "--prompts": prompts, "--rate-prompts": rate_prompts, "--watch": watch,
+                                    "--texts": texts, "--same-sense": same_sense})
     with contextlib.ExitStack() as stack:
         bars: dict = {}
 
@@ -434,6 +452,8 @@ def mine_cmd(engine_name, model, prompts, phrases, out, edited, max_new, samples
     from exactedit.native.runs import MineConfig, render_mine, run_mine
     from exactedit.native.shaping import shape_processors
 
+    _refuse_clobber({"--out": out, "--png": png}, {"--model": model, "--prompts": prompts, "--phrases": phrases,
+                                                  "--edited": edited, "--shape": shape_rules})
     cfg = MineConfig(max_new=max_new, temperature=temperature, top_k=top_k, seed=seed, samples=samples,
                      capitalized=capitalized, n_boot=n_boot, tags=tuple(tags), source=source or "mine",
                      character=character)
@@ -454,6 +474,7 @@ def untie_cmd(model, out, overwrite, as_json) -> None:
     """Add output.weight as a byte copy of token_embd.weight (every other tensor byte-identical)."""
     from exactedit.quant import render_untie, untie_gguf
 
+    _refuse_clobber({"--out": out}, {"--model": model})
     res = with_progress("writing", untie_gguf, model, out, overwrite=overwrite)
     emit(res, render_untie(res), as_json)
 
@@ -691,6 +712,7 @@ def dataset_build(model, prompts, phrases, texts, out, overwrite, as_json, n_ctx
 
     from exactedit.native.runs import DatasetConfig, build_dataset, render_dataset
 
+    _refuse_clobber({"--out": out}, {"--model": model, "--prompts": prompts, "--phrases": phrases, "--texts": texts})
     cfg = DatasetConfig(**flags)
     files = sorted(Path(texts).glob("*.txt")) if texts else []
     res = with_progress("sampling", build_dataset, model, _lines(prompts), _lines(phrases), out, texts=files,
@@ -718,6 +740,7 @@ def dump_import(source, out, model, overwrite, as_json) -> None:
     (docs/dump-format.md, "Importing an engine's raw arrays")."""
     from exactedit.native.llamacpp import import_dump, render_import
 
+    _refuse_clobber({"--out": out}, {"SOURCE": source, "--model": model})
     res = import_dump(source, out, model=model, overwrite=overwrite)
     emit(res, render_import(res), as_json)
 
@@ -758,6 +781,7 @@ def engine_dump(model, tokens, text, chat_file, tags, source, character, out, ov
     (stable names, tags plain/chat + --tag, row roles from the model's chat framing)."""
     from exactedit.native.llamacpp import DumpInputs, dump_documents, render_documents
 
+    _refuse_clobber({"--out": out}, {"--model": model, "--tokens": tokens, "--text": text, "--chat": chat_file})
     inputs = DumpInputs(text=text, tokens=tokens, chat=chat_file, tags=tuple(tags), source=source,
                         character=character or "")
     res = with_progress("capturing", dump_documents, model, inputs, out, settings=_settings(**flags),
@@ -793,6 +817,7 @@ def engine_perplexity_chunks(model, text_file, n_ctx, n_chunks, n_batch, n_ubatc
     (for `exactedit kld --stats llama-perplexity`)."""
     from exactedit.native.llamacpp import dump_text_chunks, render_chunk_dump
 
+    _refuse_clobber({"--out": out}, {"--model": model, "--text": text_file})
     res = with_progress("capturing", dump_text_chunks, model, text_file, n_ctx, out, n_chunks=n_chunks,
                         n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads, overwrite=overwrite)
     emit(res, render_chunk_dump(res), as_json)
@@ -811,6 +836,7 @@ def engine_run(gguf_path, tokens_file, logits_out, as_json, **flags) -> None:
     """The production engine's contract (strata_window_cli), honoured by llama.cpp."""
     from exactedit.native.verify import render_contract_run, run_llamacpp
 
+    _refuse_clobber({"--logits-out": logits_out}, {"--metal-gguf": gguf_path, "--tokens-file": tokens_file})
     res = with_progress("evaluating", run_llamacpp, gguf_path, tokens_file, logits_out, _settings(**flags))
     emit(res, render_contract_run(res), as_json)
 
@@ -840,6 +866,8 @@ def eval_blind(model, bundle, doc, dev_report, protocol, out, workspace, as_json
     from exactedit.evals.runs import blind_report, blind_signoff
 
     out = out or str(Path(workspace) / "blind")
+    _refuse_clobber({"--out": out}, {"--model": model, "--bundle": bundle, "--doc": doc, "--dev-report": dev_report,
+                                    "--protocol": protocol}, holds_inputs=True)
     r = with_progress("blind run", blind_signoff, model, bundle, doc, dev_report, workspace, out, command_line(),
                       protocol_path=protocol)
     emit(*blind_report(r), as_json)
@@ -863,6 +891,7 @@ def eval_ledger(check, against, export, workspace, as_json):
     if against and not check:
         raise click.UsageError("--against is checked by --verify")
     if export:
+        _refuse_clobber({"--export": export}, {"--workspace": workspace})
         emit(*export_report(export_head(workspace, export)), as_json)
     if check:
         v = verify_ledger(workspace, against)
@@ -907,6 +936,8 @@ def eval_score(protocol, model, bundle, edited, shapes, bars, persona_tag, out, 
 
     with _bad_parameter():
         config = ScoreConfig(heldout_role="dev", bars=bars, shapes=tuple(shapes), persona_tag=persona_tag)
+    _refuse_clobber({"--out": out}, {"--protocol": protocol, "--model": model, "--bundle": bundle, "--edited": edited},
+                   holds_inputs=True)
     r = with_progress("scoring", score, protocol, workspace, model, out, command_line(), bundle=bundle, edited=edited,
                       config=config, unregistered=unregistered)
     emit(*score_report(r), as_json)
@@ -941,6 +972,7 @@ def eval_test(protocol, model, bundle, bars, out, unregistered, workspace, as_js
 
     with _bad_parameter():
         config = ScoreConfig(heldout_role="test", bars=bars)
+    _refuse_clobber({"--out": out}, {"--protocol": protocol, "--model": model, "--bundle": bundle}, holds_inputs=True)
     try:
         r = with_progress("scoring test", score_test, protocol, workspace, model, bundle, out, command_line(),
                           config=config, unregistered=unregistered)
@@ -967,6 +999,7 @@ def shape_compile_cmd(rules, model, out, as_json) -> None:
     """Resolve a rules file (TOML) against MODEL's tokenizer, specials and chat template."""
     from exactedit.native.shaping import compile_file, render_compile
 
+    _refuse_clobber({"--out": out}, {"RULES": rules, "--model": model})
     r = compile_file(rules, model, out)
     emit(r, render_compile(r), as_json)
 
@@ -1049,6 +1082,8 @@ def solve_head_cmd(model, train, dev, test, protocol, out, workspace, overwrite,
 
     with _bad_parameter():
         cfg = HeadSolveConfig(openers=_head_tokens(openers), closers=_head_tokens(closers), **flags)
+    _refuse_clobber({"--out": out}, {"--model": model, "--train": train, "--dev": dev, "--test": test,
+                                    "--protocol": protocol})
     result = with_progress("solve head", solve_head, cfg, model=model, train=train, dev=dev, test=test,
                            protocol=protocol, workspace=workspace, command=command_line(), device=device)
     bundle = write_head_bundle(result, out, overwrite=overwrite)
@@ -1143,6 +1178,9 @@ def solve_wfld_cmd(model, phrases, train, heldout, collateral, anchors, null_, p
                          specials=tuple(specials), **flags)
     inputs = WfldInputs(model, phrases, tuple(train), tuple(heldout), tuple(collateral), tuple(anchors),
                         tuple(null_), protocol)
+    _refuse_clobber({"--out": out}, {"--model": model, "--phrases": phrases, "--train": train, "--heldout": heldout,
+                                    "--collateral": collateral, "--anchors": anchors, "--null": null_,
+                                    "--protocol": protocol})
     r = with_progress("solve wfld", solve_wfld, cfg, inputs, out, overwrite=overwrite, workspace=workspace,
                       device=device, command=command_line())
     emit(*wfld_solve_report(r), as_json)

@@ -18,9 +18,11 @@ import numpy as np
 from exactedit import lazy_exports
 from exactedit.quant.errors import ExacteditError, QuantError
 
-# imported on first use: `inspect`'s summary, atomic text files, `untie`
+# imported on first use: `inspect`'s summary, atomic text files, the outputs-vs-inputs guard, `untie`
 _lazy, __getattr__ = lazy_exports(__name__, {
+    "ClobberError": "files",
     "atomic_write_text": "files",
+    "refuse_clobber": "files",
     "render_summary": "arch",
     "render_untie": "untie",
     "summarize": "arch",

@@ -8,19 +8,40 @@
 
     writing(path)                                     context: an OSError without a file name (a full
                                                       disk on write or fsync) gets `path` attached
+    tmp_path(path) -> Path                            the temporary sibling `path.tmp`
+    claim_tmp(path)                                   context: `path.tmp` held (flock) for this run; a
+                                                      stale one of a killed run is reused, one a live
+                                                      run holds is refused (OutputBusyError); removed
+                                                      when the block raises
+    preallocate(fd, size)                             reserve a file's blocks (ENOSPC now, not SIGBUS
+                                                      later through a memory map)
+    refuse_clobber(outputs, inputs, ...)              an output that is, holds or lies inside an input
+                                                      is refused (ClobberError), whatever --overwrite says
 
 Errors are the plain OSErrors of the underlying calls (the CLI reports them as `PATH: reason`);
-callers wrap them where they know the field.
+callers wrap them where they know the field. `ClobberError` and `OutputBusyError` are FieldErrors.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
+
+from exactedit.quant.errors import FieldError
 
 CHUNK = 1 << 24
+
+
+class ClobberError(FieldError):
+    """An output path that is one of the run's inputs (same path, a symlink or a hard link to it),
+    lies inside an input directory (a dump, a bundle), or is a directory holding an input."""
+
+
+class OutputBusyError(FieldError):
+    """The temporary file of an output is held by another run writing the same output."""
 
 
 def file_sha256(path, progress: Callable[[int, int], None] | None = None, chunk: int = CHUNK) -> str:
@@ -64,17 +85,155 @@ def fsync_replace(tmp, dst) -> None:
 
 
 def atomic_write_bytes(path, data: bytes) -> None:
-    """Write `data` to `path.tmp`, fsync it, and rename it over `path`."""
+    """Write `data` to `path.tmp` (claimed: `claim_tmp`), fsync it, and rename it over `path`."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with writing(tmp), open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    with claim_tmp(path) as tmp:
+        with writing(tmp), open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
     fsync_dir(path.parent)
 
 
 def atomic_write_text(path, text: str, encoding: str = "utf-8") -> None:
     """`atomic_write_bytes` of `text` encoded (no newline translation)."""
     atomic_write_bytes(path, text.encode(encoding))
+
+
+def tmp_path(path) -> Path:
+    """The temporary sibling a writer fills before renaming it over `path`: `path.tmp`."""
+    path = Path(path)
+    return path.with_name(path.name + ".tmp")
+
+
+def _lock(fd: int) -> bool:
+    """An exclusive, non-blocking flock on `fd`; False when another process holds one."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def claim_tmp(path) -> Iterator[Path]:
+    """Hold `path.tmp` for this run: it is created (or, left by a killed run, truncated: it is ours by
+    name) and flocked until the block ends; the writer fills it by name and renames it over `path`.
+    Another live run writing the same output holds the lock: refused (OutputBusyError) rather than
+    writing into its file. When the block raises, the temporary file is removed."""
+    tmp = tmp_path(path)
+    while True:
+        with writing(tmp):
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT, 0o644)
+        if not _lock(fd):
+            os.close(fd)
+            raise OutputBusyError(path, "output", f"{tmp} is being written by another run of the same "
+                                                  "output; wait for it, or choose another output path")
+        if _same_inode(tmp, fd):
+            break
+        os.close(fd)     # its holder renamed or removed the file we opened before we locked it: again
+    try:
+        os.ftruncate(fd, 0)
+        yield tmp
+    except BaseException:
+        if _same_inode(tmp, fd):
+            os.unlink(tmp)
+        raise
+    finally:
+        os.close(fd)
+
+
+def _same_inode(path: Path, fd: int) -> bool:
+    """`path` still names the file open as `fd`."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
+def preallocate(fd: int, size: int) -> None:
+    """Reserve the first `size` bytes of the open file `fd` on disk, so that a full disk is an
+    OSError (ENOSPC) here rather than a SIGBUS when a memory map of the file is written. Where the
+    file system cannot fallocate, every block is rewritten with its own bytes instead (the same
+    reservation, slower)."""
+    if size <= 0:
+        return
+    try:
+        os.posix_fallocate(fd, 0, size)
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+    for at in range(0, size, CHUNK):
+        n = min(CHUNK, size - at)
+        data = os.pread(fd, n, at)
+        os.pwrite(fd, data + bytes(n - len(data)), at)
+
+
+def _roles(paths, default: str) -> list[tuple[str, Path]]:
+    """(role, path) pairs from a mapping role -> path(s), a path, or an iterable of paths; None skipped."""
+    if paths is None:
+        return []
+    if isinstance(paths, (str, os.PathLike)):
+        return [(default, Path(paths))]
+    if isinstance(paths, Mapping):
+        return [pair for role, p in paths.items() for pair in _roles(p, role)]
+    return [pair for p in paths for pair in _roles(p, default)]
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _same(a: Path, b: Path) -> bool:
+    """Same file: equal after resolving symlinks, or the same inode (a hard link, a bind mount)."""
+    if a.resolve() == b.resolve():
+        return True
+    ia = _identity(a)
+    return ia is not None and ia == _identity(b)
+
+
+def _within(inner: Path, outer: Path) -> bool:
+    """`inner` is `outer` or lies somewhere below it (symlinks resolved, inodes compared)."""
+    inner, outer = inner.resolve(), outer.resolve()
+    if inner == outer or outer in inner.parents:
+        return True
+    target = _identity(outer)
+    return target is not None and any(_identity(p) == target for p in (inner, *inner.parents))
+
+
+def refuse_clobber(outputs, inputs, *, holds_inputs: bool = False) -> None:
+    """Refuse a run whose output would destroy an input, whatever its overwrite flag says (it replaces
+    a previous output, never an input). `outputs` and `inputs`: a path, paths, or a mapping from a
+    role (the flag, e.g. "--out") to path(s); None entries are skipped. An output is refused when it
+    is an input (the same path, a symlink or a hard link to it), lies inside an input directory (a
+    dump, a bundle), has an input as its temporary file `OUT.tmp`, equals another output, or (unless
+    `holds_inputs`: a directory reports are written into, never replaced whole) is a directory
+    holding an input. Raises ClobberError naming both paths."""
+    outs, ins = _roles(outputs, "output"), _roles(inputs, "input")
+    for k, (role, out) in enumerate(outs):
+        for role_in, inp in ins:
+            if _same(out, inp):
+                raise ClobberError(out, role, f"is the {role_in} input {inp}; refusing to overwrite an input")
+            if _same(tmp_path(out), inp):
+                raise ClobberError(out, role, f"its temporary file {tmp_path(out)} is the {role_in} input {inp}; "
+                                               "refusing to overwrite an input")
+            if inp.is_dir() and _within(out, inp):
+                raise ClobberError(out, role, f"lies inside the {role_in} input directory {inp}; refusing "
+                                               "to write into an input")
+            if not holds_inputs and out.is_dir() and _within(inp, out):
+                raise ClobberError(out, role, f"holds the {role_in} input {inp}; refusing to replace a "
+                                               "directory an input lies in")
+        for role2, other in outs[k + 1:]:
+            if _same(out, other):
+                raise ClobberError(out, role, f"is also the {role2} output {other}; refusing to write "
+                                               "both to one path")

@@ -23,8 +23,7 @@ import numpy as np
 
 from exactedit.quant import gguf
 from exactedit.quant.errors import GGUFFormatError, QuantError
-from exactedit.quant.files import writing
-from exactedit.quant.files import fsync_dir
+from exactedit.quant.files import atomic_write_text, claim_tmp, fsync_dir, writing
 from exactedit.quant.gguf_write import TensorData, align_up, encode_tensor_info
 
 _CHUNK = 1 << 24
@@ -216,14 +215,7 @@ def _record(name: str, type_name: str, shape, offset: int, raw: np.ndarray) -> T
 
 
 def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh, indent=2)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync_dir(Path(path).parent)
+    atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
 
 
 def transplant(src, dst, replace: Mapping[str, np.ndarray],
@@ -254,16 +246,12 @@ def transplant(src, dst, replace: Mapping[str, np.ndarray],
 
         src_sha = g.sha256(on_hash)
         tick(g.size - hashed[0])
-        tmp = dst.with_name(dst.name + ".tmp")
-        try:
+        with claim_tmp(dst) as tmp:     # a stale dst.tmp of a killed run is reused; a live run's refused
             with open(src, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as src_mm:
                 _write(tmp, src_mm, segs, tick)
                 dst_sha, from_src = _verify(tmp, src_mm, segs, tick)
             _check_structure(g, tmp, offsets, shift, adds)
             os.replace(tmp, dst)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
         fsync_dir(Path(dst).parent)
         replaced = tuple(_record(n, g.tensors[n].type_name, g.tensors[n].shape, offsets[n], r)
                          for n, r in repl.items())

@@ -3,7 +3,9 @@
 The model must be the one the bundle was solved on (its sha256 is in the bundle's inputs), and
 every edited tensor must exist there with the bundle's type and shape. Row patches replace only
 their rows (all other rows keep their bytes); the copy is written by `quant.transplant`, which keeps
-every other byte of the file and writes its own JSON manifest beside the output.
+every other byte of the file and writes its own JSON manifest beside the output. `overwrite`
+replaces a previous output, never an input: an output that is the model (a symlink or hard link
+included) or lies inside the bundle directory is refused.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Callable
 import numpy as np
 
 from exactedit.quant import gguf
+from exactedit.quant.files import refuse_clobber
 from exactedit.quant.patch import RowPatch, apply_row_patch
 from exactedit.quant.transplant import TransplantResult, transplant
 from exactedit.solvers.bundle import Bundle, BundleError, read_bundle
@@ -46,9 +49,13 @@ class ApplyResult:
 def apply_bundle(bundle, model, out, *, overwrite: bool = False, check_model: bool = True,
                  progress: Progress | None = None) -> ApplyResult:
     """Write `out`: `model` with the bundle's edits. Refuses a model whose sha256 differs from the
-    one the bundle records (unless `check_model=False`), and a tensor whose type or shape differ."""
-    b = bundle if isinstance(bundle, Bundle) else read_bundle(bundle)
+    one the bundle records (unless `check_model=False`), a tensor whose type or shape differ, and
+    an output (or its manifest) that is the model or lies in the bundle, even with `overwrite`."""
     model, out = Path(model), Path(out)
+    manifest = out.with_name(out.name + ".manifest.json")
+    refuse_clobber({"out": out, "manifest": manifest},
+                   {"bundle": bundle.path if isinstance(bundle, Bundle) else bundle, "model": model})
+    b = bundle if isinstance(bundle, Bundle) else read_bundle(bundle)
     with gguf.open(model) as g:
         if check_model:
             want = b.input("model").sha256

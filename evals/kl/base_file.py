@@ -22,6 +22,7 @@ size; `BaseFileWriter` streams rows into `F.tmp` and fsyncs and renames it when 
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import struct
@@ -32,7 +33,7 @@ import numpy as np
 
 from exactedit.evals.kl.llamacpp import BaseRows
 from exactedit.quant.errors import FieldError
-from exactedit.quant.files import file_sha256, fsync_dir, writing
+from exactedit.quant.files import claim_tmp, file_sha256, fsync_dir, writing
 
 MAGIC = b"_logits_"
 HEADER = struct.Struct("<8siii")
@@ -184,9 +185,15 @@ class BaseFileWriter:
         self.n_ctx, self.n_vocab, self.n_chunk = n_ctx, n_vocab, toks.size // n_ctx
         self.expected = rows_per_chunk(n_ctx) * self.n_chunk
         self.written = 0
-        self.tmp = self.path.with_name(self.path.name + ".tmp")
         self._hash = hashlib.sha256()
-        self._fh = open(self.tmp, "wb")
+        self._claim = contextlib.ExitStack()
+        self.tmp = self._claim.enter_context(claim_tmp(self.path))   # a killed run's F.tmp reused, a live one's refused
+        try:
+            self._fh = open(self.tmp, "wb")
+        except BaseException:
+            self.tmp.unlink(missing_ok=True)
+            self._claim.close()
+            raise
         self._put(HEADER.pack(MAGIC, n_ctx, n_vocab, self.n_chunk) + toks.astype("<i4").tobytes())
 
     def _put(self, data: bytes) -> None:
@@ -211,6 +218,7 @@ class BaseFileWriter:
             os.fsync(self._fh.fileno())
             self._fh.close()
         os.replace(self.tmp, self.path)
+        self._claim.close()
         fsync_dir(self.path.parent)
         return self._hash.hexdigest()
 
@@ -218,6 +226,7 @@ class BaseFileWriter:
         if not self._fh.closed:
             self._fh.close()
         self.tmp.unlink(missing_ok=True)
+        self._claim.close()
 
     def __enter__(self) -> BaseFileWriter:
         return self

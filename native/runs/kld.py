@@ -21,7 +21,7 @@ import numpy as np
 from exactedit.evals.kl.compare import KldComparison, KldConfig, KldConfigError, compare, render_comparison
 from exactedit.evals.kl.base_file import BaseFileWriter, read_base_file
 from exactedit.native.llamacpp.perplexity_chunks import META_KEY
-from exactedit.quant.files import atomic_write_bytes, file_sha256
+from exactedit.quant.files import atomic_write_bytes, file_sha256, refuse_clobber
 
 Progress = Callable[[int, int], None]
 
@@ -112,7 +112,11 @@ def _save_rows(path, values: np.ndarray) -> str:
 
 def run_kld(cfg: KldConfig, files: KldFiles = KldFiles(), *, progress: Progress | None = None) -> KldRun:
     """`exactedit kld`: `evals.kl.compare.compare` with the base side read from or written to a
-    llama-perplexity base file, and the per-row KLD saved."""
+    llama-perplexity base file, and the per-row KLD saved. An output file that is an input (a model,
+    the base file, a file of a dump) or the other output is refused before anything is computed."""
+    refuse_clobber({"--write-base": files.write_base, "--rows-out": files.rows_out},
+                   {"--model": cfg.model, "--edited": cfg.edited, "--dump": cfg.dumps,
+                    "--base-file": files.base_file})
     base = sha_in = sha_out = sha_rows = None
     if files.base_file is not None:
         base = read_base_file(files.base_file)

@@ -3,12 +3,16 @@
 The path is: tail forward (layer-47 write, then the head's mix) in float32, then one streaming
 pass over the head (`vocab_pass`) whose matmul is a pluggable strategy (default float32 sgemm on
 the runtime-dequantized head; an engine-faithful product can be passed as `matmul`). The full
-logits [rows, V] are written into `OUT.tmp` as a .npy, fsynced, renamed to OUT, and a manifest
-`OUT.manifest.json` records the sha256 of the model, the dump and the output.
+logits [rows, V] are written into `OUT.tmp` as a .npy (its blocks reserved first, so a full disk is
+a clean error, not a SIGBUS; a stale `OUT.tmp` of a killed run is reused, one a live run writes is
+refused), fsynced, renamed to OUT, and a manifest `OUT.manifest.json` records the sha256 of the
+model, the dump and the output. An OUT (or its manifest) that is the model or lies in the dump is
+refused.
 """
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -16,7 +20,9 @@ from typing import Callable
 import numpy as np
 
 from exactedit.quant.errors import ExacteditError
-from exactedit.quant.files import file_sha256, fsync_replace
+from exactedit.quant.files import (
+    atomic_write_text, claim_tmp, file_sha256, fsync_replace, preallocate, refuse_clobber, writing,
+)
 from exactedit.solvers.tail.head_fast import Matmul
 from exactedit.solvers.tail.vocab_pass import VocabPass, vocab_pass
 
@@ -97,6 +103,22 @@ class LogitsResult:
                 "out_sha256": self.out_sha256, "matmul": self.matmul, "mean_lse": float(np.mean(self.lse))}
 
 
+def _fill_npy(tmp: Path, shape: tuple[int, int], fill):
+    """A float32 .npy of `shape` at `tmp`, its blocks reserved on disk first (a full disk is then an
+    OSError naming `tmp`, not a SIGBUS from the memory map), filled through a memory map by
+    `fill(sink)` (sink(a, b, tile) writes columns [a, b)); returns what `fill` returns."""
+    arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=shape)
+    with writing(tmp), open(tmp, "rb+") as fh:
+        preallocate(fh.fileno(), os.fstat(fh.fileno()).st_size)
+
+    def sink(a, b, tile):
+        arr[:, a:b] = tile
+
+    got = fill(sink)
+    arr.flush()
+    return got
+
+
 def write_logits(model, dump, out, *, rows: str | tuple[int, int] | None = None,
                  tile_rows: int = 8192, matmul: Matmul | None = None, match_engine: str | None = None,
                  verify_hashes: bool = True, cache=None, progress: Progress | None = None) -> LogitsResult:
@@ -108,6 +130,8 @@ def write_logits(model, dump, out, *, rows: str | tuple[int, int] | None = None,
     from exactedit.solvers.tail.head_fast import Sgemm
 
     out = Path(out)
+    manifest = Path(str(out) + ".manifest.json")
+    refuse_clobber({"out": out, "manifest": manifest}, {"model": model, "dump": dump})
     g, tail, d = open_pair(model, dump, verify_hashes=verify_hashes, cache=cache)
     span = rows if isinstance(rows, tuple) else parse_rows(rows, d.rows)
     if match_engine is not None:
@@ -120,28 +144,15 @@ def write_logits(model, dump, out, *, rows: str | tuple[int, int] | None = None,
         matmul = Sgemm() if matmul is None else matmul
         mix = tail_mix(tail, d, span)
     V = tail.spec.vocab
-    tmp = out.with_name(out.name + ".tmp")
-    arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(mix.shape[0], V))
-
-    def sink(a, b, tile):
-        arr[:, a:b] = tile
-
-    try:
-        vp = head_pass(tail, mix, matmul=matmul, tile_rows=tile_rows, sink=sink, progress=progress)
-        arr.flush()
-        del arr
+    with claim_tmp(out) as tmp:
+        vp = _fill_npy(tmp, (mix.shape[0], V), lambda sink: head_pass(
+            tail, mix, matmul=matmul, tile_rows=tile_rows, sink=sink, progress=progress))
         fsync_replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    result = LogitsResult(str(out), str(out) + ".manifest.json", span, V, vp.lse, vp.argmax,
+    result = LogitsResult(str(out), str(manifest), span, V, vp.lse, vp.argmax,
                           g.sha256(), d.sha256(), file_sha256(out), getattr(matmul, "name", repr(matmul)),
                           d.verified)
-    man = Path(result.manifest)
-    man_tmp = man.with_name(man.name + ".tmp")
-    man_tmp.write_text(json.dumps({"kind": "exactedit-logits", "model": str(model),
-                                   "dump": str(dump), **result.to_dict()}, indent=2) + "\n")
-    fsync_replace(man_tmp, man)
+    atomic_write_text(manifest, json.dumps({"kind": "exactedit-logits", "model": str(model),
+                                            "dump": str(dump), **result.to_dict()}, indent=2) + "\n")
     return result
 
 
