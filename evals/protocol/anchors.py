@@ -94,7 +94,7 @@ class ExportedHead:
 def export_head(workspace, out) -> ExportedHead:
     """Write the ledger's current head as a small JSON (`*.tmp`, fsync, rename) to commit to git.
     Refuses a broken chain: an anchor of a broken ledger would vouch for the break."""
-    with Ledger.open(workspace) as ledger:
+    with Ledger.open(workspace, write=False) as ledger:
         ledger.require_intact()
         head = head_json(ledger)
         obj = {"kind": HEAD_KIND, **head, "entries": head["seq"],
@@ -190,14 +190,14 @@ def registry_anchors(ledger: Ledger, home=None) -> list[Anchor]:
 
     if not ((Path(home) if home is not None else exactedit_home()) / DB_NAME).is_file():
         return []  # no blind run was ever claimed here: nothing to check, nothing created
-    with BlindRegistry.open(home) as reg:
+    with BlindRegistry.open(home, write=False) as reg:
         return [Anchor(c.source, REGISTRY, c.seq, c.hash, c.ledger) for c in reg.claims_of(ledger_id(ledger))]
 
 
 def verify_ledger(workspace, against: Sequence = (), *, home=None) -> LedgerVerification:
     """The chain, then every anchor: those found under `against` and the registry's claims."""
     anchors = find_anchors(against)
-    with Ledger.open(workspace) as ledger:
+    with Ledger.open(workspace, write=False) as ledger:
         chain = ledger.verify()
         anchors += registry_anchors(ledger, home)
         statuses = tuple(check_anchor(ledger, chain, a) for a in anchors)

@@ -4,20 +4,32 @@ Every entry holds its time, kind, command line, input hashes (name -> sha256) an
 plus the previous entry's hash; its own hash covers all of that, so editing, deleting or reordering
 any entry breaks the chain from that entry on and `verify()` names it. SQLite triggers refuse
 UPDATE and DELETE, so honest code cannot rewrite history by accident; the chain catches the rest.
-A chain alone cannot show that its last entries were cut off, so every append also rewrites
+A chain alone cannot show that its last entries were cut off, so every write also rewrites
 `ledger.head` (the last number and hash, written to a temporary file, fsynced and renamed) and
 `verify()` checks the chain's end against it. Refusals are recorded as entries too, then raised
 as `LedgerRefusal`.
+
+Crash safety. A transaction writes the head twice: before COMMIT a pending head (`N HASH` and
+`pending M HASH_M`: the chain ends at N now and at M once this commits), after COMMIT the final
+one (`M HASH_M`), under the write lock both times. A crash at any point leaves a chain that ends
+exactly where the head says, or at its pending line: both verify, and the next writer (or
+`Ledger.open`) finalizes the head. Nothing but an interrupted write leaves a pending line, so a
+cut-off or rewrite of a head that is final is still caught; while a pending line is there, its one
+uncertain transaction is the only thing a truncation could hide (docs/evals.md, crash safety).
+SQLite and I/O failures are `LedgerError`s naming the file.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
+import os
 import sqlite3
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from exactedit.quant.errors import ExacteditError, FieldError
 from exactedit.quant.files import atomic_write_text, file_sha256  # file_sha256: re-exported
@@ -113,25 +125,104 @@ def tree_sha256(path) -> str:
     return hashlib.sha256(canonical(items).encode("utf-8")).hexdigest()
 
 
+@contextlib.contextmanager
+def sqlite_errors(path, what: str) -> Iterator[None]:
+    """Turn a SQLite failure (a corrupted page, a read-only or full disk, a lock held too long)
+    into a LedgerError naming the database file."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise LedgerError(path, "database", f"{what}: {exc}") from exc
+
+
+def require_writable(directory, files=(), what: str = "workspace") -> None:
+    """Refuse, before any work, a directory this process cannot write: a probe file is created and
+    removed in it and each existing file of `files` is opened for writing (nothing is changed)."""
+    directory = Path(directory)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+        for name in files:
+            if (directory / name).exists():
+                open(directory / name, "r+b").close()
+    except OSError as exc:
+        raise LedgerError(exc.filename or directory, what,
+                          f"not writable ({exc.strerror or exc}): the run could not be recorded") from exc
+
+
+@dataclass(frozen=True)
+class HeadFile:
+    """`ledger.head` as read: the chain's end, and the end a transaction in flight will commit."""
+
+    committed: tuple[int, str]
+    pending: tuple[int, str] | None = None
+
+    def text(self) -> str:
+        pend = f"pending {self.pending[0]} {self.pending[1]}\n" if self.pending else ""
+        return f"{self.committed[0]} {self.committed[1]}\n{pend}"
+
+
+_BAD_HEAD = HeadFile((-1, ""))
+
+
+def parse_head(text: str) -> HeadFile:
+    """`N HASH` or `N HASH` + `pending M HASH` (M > N); anything else is `_BAD_HEAD`."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    try:
+        seq, h = lines[0].split(" ")
+        head = HeadFile((int(seq), h))
+        if len(lines) == 2:
+            word, pseq, ph = lines[1].split(" ")
+            if word != "pending" or int(pseq) <= head.committed[0]:
+                return _BAD_HEAD
+            head = HeadFile(head.committed, (int(pseq), ph))
+        elif len(lines) != 1:
+            return _BAD_HEAD
+    except (ValueError, IndexError):
+        return _BAD_HEAD
+    return head if head.committed[0] >= 0 else _BAD_HEAD
+
+
 class Ledger:
     """One workspace's ledger. Open with `Ledger.open(workspace)`; close with `close()` or `with`."""
 
     def __init__(self, path: Path, conn: sqlite3.Connection):
         self.path, self._conn = path, conn
+        self._txn: tuple[int, str] | None = None  # the chain's end when the open transaction began
 
     @classmethod
-    def open(cls, workspace=DEFAULT_WORKSPACE) -> "Ledger":
+    def open(cls, workspace=DEFAULT_WORKSPACE, *, write: bool = True) -> "Ledger":
+        """Open (creating) the ledger. `write=True` (every command that records) first refuses a
+        workspace it cannot write, before any work, and finalizes a head an interrupted write left
+        pending; `write=False` (verify, export, listing) only reads."""
         workspace = Path(workspace)
         if workspace.exists() and not workspace.is_dir():
             raise LedgerError(workspace, "workspace", "exists and is not a directory")
-        workspace.mkdir(parents=True, exist_ok=True)
         path = workspace / DB_NAME
+        try:
+            workspace.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LedgerError(workspace, "workspace", f"cannot be created ({exc.strerror or exc})") from exc
+        if write:
+            require_writable(workspace, (DB_NAME, HEAD_NAME))
         try:
             conn = sqlite3.connect(path, isolation_level=None, timeout=30.0)
             conn.executescript(_SCHEMA)
         except sqlite3.DatabaseError as exc:
             raise LedgerError(path, "database", f"not a usable SQLite ledger: {exc}") from exc
-        return cls(path, conn)
+        ledger = cls(path, conn)
+        try:
+            head = ledger._read_head()
+            if write and head is not None and head.pending is not None:
+                with ledger.transaction():
+                    pass  # a transaction's start checks the head and rewrites it final
+        except BaseException:
+            conn.close()
+            raise
+        return ledger
 
     def close(self) -> None:
         self._conn.close()
@@ -142,55 +233,152 @@ class Ledger:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    # ---- SQL, every failure a LedgerError ------------------------------------------------------
+
+    def _rows(self, sql: str, args=()) -> list:
+        with sqlite_errors(self.path, "cannot read the ledger"):
+            return self._conn.execute(sql, args).fetchall()
+
+    def _exec(self, sql: str, args=(), what: str = "cannot write the ledger") -> None:
+        with sqlite_errors(self.path, what):
+            self._conn.execute(sql, args)
+
+    def _last(self) -> tuple[int, str]:
+        rows = self._rows("SELECT seq, hash FROM entries ORDER BY seq DESC LIMIT 1")
+        return (int(rows[0][0]), str(rows[0][1])) if rows else (0, GENESIS)
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        """One read transaction (inside a write transaction: that one): the chain and the head file
+        read while no writer can commit, so they are seen at one moment."""
+        if self._conn.in_transaction:
+            yield
+            return
+        self._exec("BEGIN", what="cannot read the ledger")
+        try:
+            yield
+        finally:
+            self._exec("COMMIT", what="cannot read the ledger")
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One IMMEDIATE transaction: reads inside it see no other writer's changes, entries appended
+        inside it commit together. A head that does not match the chain refuses the write (a write
+        never launders a cut-off). A transaction opened inside another joins it."""
+        if self._txn is not None:
+            yield
+            return
+        self._exec("BEGIN IMMEDIATE", what="cannot lock the ledger for writing")
+        try:
+            start = self._last()
+            self._check_head(start)
+            self._txn = start
+            yield
+            end = self._last()
+            if end != start:
+                self._write_head(HeadFile(start, end))  # pending: valid whether or not COMMIT lands
+            elif self._read_head() not in (None, HeadFile(start)):
+                self._write_head(HeadFile(start))  # an interrupted write's pending line, resolved
+            self._exec("COMMIT", what="cannot commit to the ledger")
+        except BaseException:
+            self._txn = None
+            if self._conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.execute("ROLLBACK")
+            raise
+        self._txn = None
+        if end != start:
+            self._finalize(start, end)
+
+    def _finalize(self, start: tuple[int, str], end: tuple[int, str]) -> None:
+        """The final head after COMMIT, under the write lock so that a later writer's head is never
+        overwritten. A failure here leaves the pending head, which verifies and which the next
+        writer or open finalizes: the entries are committed, so it is not an error."""
+        with contextlib.suppress(LedgerError, sqlite3.Error, OSError):
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                if self._last() == end and self._read_head() == HeadFile(start, end):
+                    self._write_head(HeadFile(end))
+            finally:
+                self._conn.execute("COMMIT")
+
+    def _check_head(self, last: tuple[int, str]) -> None:
+        head = self._read_head()
+        if head is None:
+            if last[0] > 0:
+                raise LedgerError(self.head_path, HEAD_NAME, f"missing, the chain has {last[0]} entries: "
+                                  "refusing to write (run `exactedit eval ledger --verify`)")
+            return
+        why = self._head_mismatch(head, last)
+        if why:
+            raise LedgerError(self.head_path, HEAD_NAME, f"{why}: refusing to write "
+                              "(run `exactedit eval ledger --verify`)")
+
+    def _head_mismatch(self, head: HeadFile, last: tuple[int, str], rows=None) -> str:
+        """Why `head` does not describe a chain ending at `last` ("" when it does): it must be the
+        committed end, or a pending end whose committed end is the entry it was written after.
+        `rows`: the chain as verify read it (else the database is asked)."""
+        if head.committed == last:
+            return ""
+        if head.pending == last:
+            seq, h = head.committed
+            if rows is not None:
+                at = [(r[7],) for r in rows if r[0] == seq]
+            else:
+                at = self._rows("SELECT hash FROM entries WHERE seq = ?", (seq,))
+            if (seq == 0 and h == GENESIS) or at == [(h,)]:
+                return ""
+        n = head.committed[0]
+        if n > last[0]:
+            return f"{HEAD_NAME} records {n} entries, the chain ends at {last[0]} (entries cut off)"
+        return f"{HEAD_NAME} does not match the chain's last entry"
+
+    # ---- entries ------------------------------------------------------------------------------
+
     def append(self, kind: str, command: str, inputs: Mapping[str, str], payload: Mapping[str, Any],
                *, time: str | None = None) -> Entry:
-        """Add one entry at the end of the chain (in one IMMEDIATE transaction)."""
+        """Add one entry at the end of the chain (in its own IMMEDIATE transaction, or in the one
+        open on this ledger)."""
         time = time or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
         inputs_s, payload_s = canonical(dict(inputs)), canonical(dict(payload))
-        c = self._conn
-        c.execute("BEGIN IMMEDIATE")
-        try:
-            last = c.execute("SELECT seq, hash FROM entries ORDER BY seq DESC LIMIT 1").fetchone()
-            seq, prev = (last[0] + 1, last[1]) if last else (1, GENESIS)
+        with self.transaction():
+            seq, prev = self._last()
+            seq += 1
             h = entry_hash(seq, time, kind, command, inputs_s, payload_s, prev)
-            c.execute("INSERT INTO entries VALUES (?,?,?,?,?,?,?,?)",
-                      (seq, time, kind, command, inputs_s, payload_s, prev, h))
-            self._write_head(seq, h)
-            c.execute("COMMIT")
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
+            self._exec("INSERT INTO entries VALUES (?,?,?,?,?,?,?,?)",
+                       (seq, time, kind, command, inputs_s, payload_s, prev, h))
         return Entry(seq, time, kind, command, json.loads(inputs_s), json.loads(payload_s), prev, h)
 
     def head(self) -> LedgerHead:
         """The last entry's number and hash, as the chain holds them now."""
-        last = self._conn.execute("SELECT seq, hash FROM entries ORDER BY seq DESC LIMIT 1").fetchone()
-        return LedgerHead(int(last[0]), str(last[1])) if last else LedgerHead(0, GENESIS)
+        return LedgerHead(*self._last())
 
     def entry(self, seq: int) -> Entry | None:
-        row = self._conn.execute("SELECT * FROM entries WHERE seq = ?", (seq,)).fetchone()
-        return self._entry(row) if row else None
+        rows = self._rows("SELECT * FROM entries WHERE seq = ?", (seq,))
+        return self._entry(rows[0]) if rows else None
 
     @property
     def head_path(self) -> Path:
         return self.path.parent / HEAD_NAME
 
-    def _write_head(self, seq: int, h: str) -> None:
-        atomic_write_text(self.head_path, f"{seq} {h}\n")
-
-    def _read_head(self) -> tuple[int, str] | None:
+    def _write_head(self, head: HeadFile) -> None:
         try:
-            seq, h = self.head_path.read_text(encoding="utf-8").split()
-            return int(seq), h
+            atomic_write_text(self.head_path, head.text())
+        except OSError as exc:
+            raise LedgerError(exc.filename or self.head_path, HEAD_NAME,
+                              f"cannot be written ({exc.strerror or exc})") from exc
+
+    def _read_head(self) -> HeadFile | None:
+        try:
+            return parse_head(self.head_path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return None
         except (ValueError, OSError):
-            return (-1, "")
+            return _BAD_HEAD
 
     def entries(self, kind: str | None = None) -> tuple[Entry, ...]:
         q = "SELECT * FROM entries" + (" WHERE kind = ?" if kind else "") + " ORDER BY seq"
-        rows = self._conn.execute(q, (kind,) if kind else ()).fetchall()
-        return tuple(self._entry(r) for r in rows)
+        return tuple(self._entry(r) for r in self._rows(q, (kind,) if kind else ()))
 
     def _entry(self, r) -> Entry:
         try:
@@ -200,7 +388,9 @@ class Ledger:
 
     def verify(self) -> ChainCheck:
         """Recompute the chain; report the first entry whose hash, link or numbering is wrong."""
-        rows = self._conn.execute("SELECT * FROM entries ORDER BY seq").fetchall()
+        with self._reading():
+            rows = self._rows("SELECT * FROM entries ORDER BY seq")
+            head = self._read_head()
         prev = GENESIS
         for i, (seq, time, kind, command, inputs, payload, prev_hash, h) in enumerate(rows, start=1):
             if seq != i:
@@ -212,15 +402,13 @@ class Ledger:
             if entry_hash(seq, time, kind, command, inputs, payload, prev_hash) != h:
                 return ChainCheck(False, len(rows), seq, "its contents do not match its hash (edited)")
             prev = h
-        head = self._read_head()
         if rows and head is None:
             return ChainCheck(False, len(rows), len(rows), f"{HEAD_NAME} is missing")
-        if head is not None and head != (len(rows), prev):
-            n = head[0] if head[0] > 0 else None
-            if n is not None and n > len(rows):
-                return ChainCheck(False, len(rows), len(rows) + 1,
-                                  f"{HEAD_NAME} records {n} entries, the chain ends at {len(rows)} (entries cut off)")
-            return ChainCheck(False, len(rows), max(len(rows), 1), f"{HEAD_NAME} does not match the chain's last entry")
+        if head is not None:
+            why = self._head_mismatch(head, (len(rows), prev), rows)
+            if why:
+                cut = "cut off" in why
+                return ChainCheck(False, len(rows), len(rows) + 1 if cut else max(len(rows), 1), why)
         return ChainCheck(True, len(rows))
 
     def require_intact(self) -> None:

@@ -12,10 +12,13 @@ as today and here too.
 The claim is one IMMEDIATE transaction (check, then insert), so two workspaces racing for the same
 document cannot both win. Tables are append-only (triggers refuse UPDATE and DELETE); the ledger
 entry of each claim is recorded as an event with its hash, which makes the registry an anchor of
-that workspace's ledger as well (evals.protocol.anchors).
+that workspace's ledger as well (evals.protocol.anchors). SQLite failures (a corrupted file, a
+read-only EXACTEDIT_HOME) are `LedgerError`s naming the registry file; a blind run checks that it
+can write the registry before anything is computed.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from exactedit.evals.protocol.ledger import LedgerError
+from exactedit.evals.protocol.ledger import LedgerError, require_writable, sqlite_errors
 
 HOME_ENV = "EXACTEDIT_HOME"
 DB_NAME = "blind-runs.sqlite"
@@ -109,11 +112,17 @@ class BlindRegistry:
         self.path, self._conn = path, conn
 
     @classmethod
-    def open(cls, home=None) -> "BlindRegistry":
+    def open(cls, home=None, *, write: bool = True) -> "BlindRegistry":
+        """Open (creating) the registry; `write=True` first refuses a home this process cannot write."""
         home = Path(home) if home is not None else exactedit_home()
         if home.exists() and not home.is_dir():
             raise LedgerError(home, HOME_ENV, "exists and is not a directory")
-        home.mkdir(parents=True, exist_ok=True)
+        try:
+            home.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LedgerError(home, HOME_ENV, f"cannot be created ({exc.strerror or exc})") from exc
+        if write:
+            require_writable(home, (DB_NAME,), HOME_ENV)
         path = home / DB_NAME
         try:
             conn = sqlite3.connect(path, isolation_level=None, timeout=30.0)
@@ -131,54 +140,65 @@ class BlindRegistry:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _rows(self, sql: str, args=()) -> list:
+        with sqlite_errors(self.path, "cannot read the blind-run registry"):
+            return self._conn.execute(sql, args).fetchall()
+
+    def _exec(self, sql: str, args=()):
+        with sqlite_errors(self.path, "cannot write the blind-run registry"):
+            return self._conn.execute(sql, args)
+
     def _run(self, row) -> BlindRun:
         return BlindRun(int(row[0]), row[1], row[2], row[3], row[4], row[5])
 
     def earlier(self, bundle_sha256: str, doc_sha256: str) -> tuple[str, BlindRun] | None:
         """The first run of this document or of this bundle, with which of the two matched."""
-        row = self._conn.execute("SELECT * FROM runs WHERE doc_sha256 = ? OR bundle_sha256 = ? ORDER BY id LIMIT 1",
-                                 (doc_sha256, bundle_sha256)).fetchone()
-        if row is None:
+        rows = self._rows("SELECT * FROM runs WHERE doc_sha256 = ? OR bundle_sha256 = ? ORDER BY id LIMIT 1",
+                          (doc_sha256, bundle_sha256))
+        if not rows:
             return None
-        run = self._run(row)
+        run = self._run(rows[0])
         return ("document" if run.doc_sha256 == doc_sha256 else "bundle"), run
 
     def claim(self, bundle_sha256: str, doc_sha256: str, ledger, command: str
               ) -> tuple[BlindRun | None, tuple[str, BlindRun] | None]:
         """Atomically: refuse (None, (what, earlier run)) when this document or bundle already had a
         run, else insert and return (the new run, None)."""
-        c = self._conn
-        c.execute("BEGIN IMMEDIATE")
+        self._exec("BEGIN IMMEDIATE")
         try:
             first = self.earlier(bundle_sha256, doc_sha256)
             if first is not None:
-                c.execute("COMMIT")
+                self._exec("COMMIT")
                 return None, first
-            cur = c.execute("INSERT INTO runs (time, bundle_sha256, doc_sha256, ledger, command) VALUES (?,?,?,?,?)",
-                            (_now(), bundle_sha256, doc_sha256, str(ledger), command))
+            cur = self._exec("INSERT INTO runs (time, bundle_sha256, doc_sha256, ledger, command) VALUES (?,?,?,?,?)",
+                             (_now(), bundle_sha256, doc_sha256, str(ledger), command))
             run_id = int(cur.lastrowid)
-            c.execute("COMMIT")
+            self._exec("COMMIT")
         except BaseException:
-            c.execute("ROLLBACK")
+            if self._conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.execute("ROLLBACK")
             raise
-        row = c.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
-        return self._run(row), None
+        return self._run(self._rows("SELECT * FROM runs WHERE id = ?", (run_id,))[0]), None
 
     def event(self, run: int | None, kind: str, ledger, seq: int | None = None, hash: str | None = None,
               detail: Mapping[str, Any] | None = None) -> None:
         """Append one event: "ledger-claim" (the claim's ledger entry), "result", "refused"."""
-        self._conn.execute("INSERT INTO events (run, time, kind, ledger, seq, hash, detail) VALUES (?,?,?,?,?,?,?)",
-                           (run, _now(), kind, str(ledger), seq, hash,
-                            json.dumps(dict(detail or {}), sort_keys=True, allow_nan=False)))
+        self._exec("INSERT INTO events (run, time, kind, ledger, seq, hash, detail) VALUES (?,?,?,?,?,?,?)",
+                   (run, _now(), kind, str(ledger), seq, hash,
+                    json.dumps(dict(detail or {}), sort_keys=True, allow_nan=False)))
 
     def runs(self) -> tuple[BlindRun, ...]:
-        return tuple(self._run(r) for r in self._conn.execute("SELECT * FROM runs ORDER BY id").fetchall())
+        return tuple(self._run(r) for r in self._rows("SELECT * FROM runs ORDER BY id"))
 
     def events(self, kind: str | None = None) -> tuple[dict, ...]:
         q = "SELECT run, time, kind, ledger, seq, hash, detail FROM events" + (" WHERE kind = ?" if kind else "")
-        rows = self._conn.execute(q + " ORDER BY id", (kind,) if kind else ()).fetchall()
-        return tuple({"run": r[0], "time": r[1], "kind": r[2], "ledger": r[3], "seq": r[4], "hash": r[5],
-                      "detail": json.loads(r[6])} for r in rows)
+        rows = self._rows(q + " ORDER BY id", (kind,) if kind else ())
+        try:
+            return tuple({"run": r[0], "time": r[1], "kind": r[2], "ledger": r[3], "seq": r[4], "hash": r[5],
+                          "detail": json.loads(r[6])} for r in rows)
+        except (TypeError, ValueError) as exc:
+            raise LedgerError(self.path, "events", f"unreadable event: {exc}") from exc
 
     def claims_of(self, ledger) -> tuple[ClaimEvent, ...]:
         """The ledger entries (seq, hash) of every blind claim made from the ledger at `ledger`."""

@@ -76,6 +76,8 @@ def score_test_once(ledger: Ledger, record: ProtocolRecord, command: str, test_g
     try:
         done = evals_testonce.score_test_once(ledger, bundle_sha, record, compute, command)
         status, seq, result = "scored", done.seq, done.result
+    except evals_testonce.TestClaimed:
+        raise  # another run is scoring it now: nothing recorded to report
     except LedgerRefusal as refusal:
         first = evals_testonce.recorded_test(ledger, bundle_sha)
         status, seq, result = "recorded", first.seq if first else refusal.seq, refusal.recorded or {}

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
@@ -130,8 +132,9 @@ def _splits_or_error(ledger: Ledger, protocol: Protocol) -> Splits:
 
 @contextlib.contextmanager
 def edited_model(model, bundle, workspace) -> Iterator[tuple[Path | None, str]]:
-    """(edited GGUF, bundle sha256): the bundle applied to a temporary copy of `model` in the
-    workspace, removed afterwards; (None, "") without a bundle."""
+    """(edited GGUF, bundle sha256): the bundle applied to a temporary copy of `model` in a
+    directory of its own under WORKSPACE/tmp (unique per run: concurrent runs of one bundle do not
+    share it), removed afterwards; (None, "") without a bundle."""
     if bundle is None:
         yield None, ""
         return
@@ -141,13 +144,13 @@ def edited_model(model, bundle, workspace) -> Iterator[tuple[Path | None, str]]:
     b = read_bundle(bundle)
     tmp = Path(workspace) / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
-    out = tmp / f"edited-{b.sha256[:16]}.gguf"
-    result = apply_bundle(b, model, out, overwrite=True)
+    run_dir = Path(tempfile.mkdtemp(prefix=f"edited-{b.sha256[:16]}-", dir=tmp))
     try:
+        out = run_dir / "edited.gguf"
+        apply_bundle(b, model, out)
         yield out, b.sha256
     finally:
-        out.unlink(missing_ok=True)
-        Path(result.manifest).unlink(missing_ok=True)
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def score(protocol_path, workspace, model, out_dir, command: str, *, bundle=None, edited=None,
@@ -184,8 +187,10 @@ def score(protocol_path, workspace, model, out_dir, command: str, *, bundle=None
 
 def score_test(protocol_path, workspace, model, bundle, out_dir, command: str, *,
                config: ScoreConfig | None = None, unregistered: bool = False,
-               progress: Progress | None = None) -> ScoredTest:
-    """The test bars of a bundle, computed once; a repeat raises LedgerRefusal carrying the first."""
+               progress: Progress | None = None, release_stale_claim: bool = False) -> ScoredTest:
+    """The test bars of a bundle, computed once; a repeat raises LedgerRefusal carrying the first,
+    a request while another run holds the bundle's claim raises TestClaimed (evals.protocol.testonce;
+    `release_stale_claim` first releases the claim of a run that is gone)."""
     config = config or ScoreConfig(heldout_role="test")
     if config.heldout_role != "test":
         raise EvalError("`eval test` scores the test role")
@@ -207,7 +212,7 @@ def score_test(protocol_path, workspace, model, bundle, out_dir, command: str, *
                                       cache=cache, progress=progress)
             return report_to_json(scored.report)
 
-        done = score_test_once(ledger, bundle_sha, record, compute, command)
+        done = score_test_once(ledger, bundle_sha, record, compute, command, release_stale=release_stale_claim)
         head = head_json(ledger)  # after the test entry: the written report anchors it
     report = report_from_json(done.result)
     report = dataclasses.replace(report, meta={**report.meta, "ledger_head": head})

@@ -135,3 +135,50 @@ def test_bad_shape_flag_is_a_usage_error(world, tmp_path):
     res = CliRunner().invoke(main, ["eval", "score", "--protocol", str(world.protocol), "--model", str(world.model),
                                     "--shape", "lowercase", "--out", str(tmp_path), "--workspace", str(tmp_path)])
     assert res.exit_code == 2 and "unknown shaping rule" in res.output
+
+
+# ---- issue 26: concurrent runs, a read-only workspace ---------------------------------------------
+
+def test_concurrent_runs_of_one_bundle_get_their_own_edited_model(world, tmp_path):
+    ws = tmp_path / "ws"
+    with workflow.edited_model(world.model, world.bundle, ws) as (a, sha_a), \
+            workflow.edited_model(world.model, world.bundle, ws) as (b, sha_b):
+        assert sha_a == sha_b and a != b and a.is_file() and b.is_file()
+        assert a.read_bytes() == b.read_bytes()
+    assert not a.exists() and not b.exists() and list((ws / "tmp").iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["score", "test", "blind"])
+def test_a_read_only_workspace_is_refused_before_any_work(world, tmp_path, monkeypatch, command):
+    import os
+    import tempfile
+
+    from exactedit.evals.protocol.ledger import LedgerError
+
+    ws, out = tmp_path / "ws", tmp_path / "out"
+    workflow.register(world.protocol, ws, "register")
+    workflow.split(world.protocol, ws, "split")
+    dev = workflow.score(world.protocol, ws, world.model, out / "dev", "score", bundle=world.bundle)
+    real = tempfile.mkstemp
+
+    def mkstemp(*a, dir=None, **k):
+        if dir is not None and os.path.samefile(dir, ws):
+            raise PermissionError(13, "Permission denied", str(dir))
+        return real(*a, dir=dir, **k)
+
+    def no_work(*a, **k):
+        raise AssertionError("computed in a workspace that cannot record it")
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(workflow, "score_traces", no_work)
+    run = {"score": lambda: workflow.score(world.protocol, ws, world.model, out / "r", "score", bundle=world.bundle),
+           "test": lambda: workflow.score_test(world.protocol, ws, world.model, world.bundle, out / "r", "test"),
+           "blind": lambda: workflow.blind(world.model, world.bundle, world.blind, dev.files.paths["json"], ws,
+                                           out / "r", "blind")}[command]
+    with pytest.raises(LedgerError, match="not writable"):
+        run()
+    assert not (out / "r").exists()
+    res = CliRunner().invoke(main, ["eval", "score", "--protocol", str(world.protocol), "--model", str(world.model),
+                                    "--bundle", str(world.bundle), "--out", str(out / "r"), "--workspace", str(ws)])
+    assert res.exit_code == 1 and "Traceback" not in res.output and "not writable" in res.output, res.output
+    assert not (out / "r").exists()
