@@ -184,6 +184,19 @@ class Manifest:
                 "sha256": dict(self.sha256), "docs": [d.to_json() for d in self.docs],
                 "meta": dict(self.meta)}
 
+    @property
+    def chat_framing(self) -> str | None:
+        """Where the turn framing that labelled the row roles came from: "gguf" (the model's own
+        template), "fallback:NAME" (its template was refused or failed; the user named NAME),
+        "default:chatml" (the model has no template); None when the dump does not say (roles given
+        with the dump, or written before this was recorded: meta.import.chat_framing,
+        meta.documents.chat.chat_framing)."""
+        docs = self.meta.get("documents")
+        for part in (self.meta.get("import"), docs.get("chat") if isinstance(docs, Mapping) else None):
+            if isinstance(part, Mapping) and isinstance(part.get("chat_framing"), str):
+                return part["chat_framing"]
+        return None
+
 
 _REQUIRED_KEYS = ("format", "version", "arch", "layer", "rows", "fields", "sha256", "docs")
 _OPTIONAL_KEYS = ("model_sha256", "meta")

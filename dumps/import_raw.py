@@ -156,9 +156,12 @@ def _docs(path: Path, spec: dict, T: int, tokens: np.ndarray, src_name: str) -> 
 
 
 def import_raw(src, out, *, roles: Roles | None = None, overwrite: bool = False, meta: dict | None = None,
-               expect: DumpExpect | None = None, model_sha256: str | None = None) -> Path:
+               expect: DumpExpect | None = None, model_sha256: str | None = None,
+               chat_framing: str | None = None) -> Path:
     """Write a v1 dump at `out` from the raw directory `src` (see the module docstring); `expect`
-    checks the dims against a model, `model_sha256` is recorded when the spec names none."""
+    checks the dims against a model, `model_sha256` is recorded when the spec names none,
+    `chat_framing` (where the turn framing behind `roles` came from: "gguf", "fallback:chatml",
+    "default:chatml") is recorded as meta.import.chat_framing when the roles are inferred."""
     path, spec = read_spec(src)
     arch = spec["arch"]
     T = _rows_from(path, spec)
@@ -182,6 +185,8 @@ def import_raw(src, out, *, roles: Roles | None = None, overwrite: bool = False,
     info = {"import": {"spec": str(path), "spec_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
                        "files": {n: e["file"] for n, e in spec["fields"].items()},
                        "roles": "given" if "roles" in spec["fields"] else ("inferred" if roles else "none")}}
+    if info["import"]["roles"] == "inferred" and chat_framing is not None:
+        info["import"]["chat_framing"] = chat_framing
     return write_dump(out, arch=arch, layer=spec["layer"], fields=fields, docs=docs,
                       model_sha256=spec.get("model_sha256") or model_sha256, meta={**(meta or {}), **info},
                       overwrite=overwrite, expect=expect)

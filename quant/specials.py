@@ -9,7 +9,8 @@ GGUF records them two ways:
   roles of a few of them.
 
 `model_specials(g)` collects both, plus the tokens the chat template names (rendered in its
-sandbox), and derives:
+sandbox; a template that is refused or fails leaves `template_error` saying why, for the caller
+to stop on or to name a fallback), and derives:
 - `turn_end`: the end-of-turn token: `eot_token_id` when given, else the token the chat template
   closes an assistant turn with, else `eos_token_id`;
 - `end_of_generation`: eos, eot, eom and the turn end (where generation stops);
@@ -49,6 +50,8 @@ class ModelSpecials:
     turn_end_from: str                    # "eot_token_id", "chat_template", "eos_token_id" or ""
     role_tags: tuple[int, ...] = ()       # control / user-defined tokens spelling one of ROLE_TAGS
     texts: dict[int, str] = field(default_factory=dict)   # id -> token string, for the ids above
+    template_error: str = ""              # why the chat template's turn framing cannot be read ("": it can,
+                                          # or there is no template): refused, failed, over budget, no shape
 
     @property
     def end_of_generation(self) -> tuple[int, ...]:
@@ -80,7 +83,7 @@ class ModelSpecials:
                 "turn_end": None if self.turn_end is None else self.text(self.turn_end),
                 "turn_end_from": self.turn_end_from,
                 "end_of_generation": [self.text(i) for i in self.end_of_generation],
-                "guards": [self.text(i) for i in self.guards]}
+                "guards": [self.text(i) for i in self.guards], "template_error": self.template_error}
 
 
 def model_specials(g) -> ModelSpecials:
@@ -102,9 +105,9 @@ def model_specials(g) -> ModelSpecials:
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= int(v) < V:
             raise GGUFFormatError(g.path, f"tokenizer.ggml.{suffix}", f"{v!r} is not a token id in [0, {V})")
         ids[key] = int(v)
-    template, fmt_end = (), None
+    template, fmt_end, template_error = (), None, ""
     if g.get("tokenizer.chat_template") is not None:
-        template, fmt_end = _template_tokens(g, tokens, control + user)
+        template, fmt_end, template_error = _template_tokens(g, tokens, control + user)
     if "eot" in ids:
         turn_end, src = ids["eot"], "eot_token_id"
     elif fmt_end is not None:
@@ -115,33 +118,40 @@ def model_specials(g) -> ModelSpecials:
         turn_end, src = None, ""
     tags = tuple(i for i in control + user if tokens[i] in ROLE_TAGS)
     named = set(ids.values()) | set(template) | set(tags) | ({turn_end} if turn_end is not None else set())
-    return ModelSpecials(V, control, user, ids, template, turn_end, src, tags, {i: tokens[i] for i in sorted(named)})
+    return ModelSpecials(V, control, user, ids, template, turn_end, src, tags, {i: tokens[i] for i in sorted(named)},
+                         template_error)
 
 
-def _template_tokens(g, tokens, special_ids) -> tuple[tuple[int, ...], int | None]:
+def _template_tokens(g, tokens, special_ids) -> tuple[tuple[int, ...], int | None, str]:
     """Special tokens the chat template names (their strings in its source, or written by a probe
-    conversation rendered in the sandbox), and the one that closes an assistant turn (None when
-    the template's shape is not found)."""
+    conversation rendered in the sandbox), the one that closes an assistant turn (None when the
+    template's shape is not found) and why its turn framing cannot be read ("" when it can)."""
     from exactedit.quant import chat_template as ct
 
-    tpl = ct.from_gguf(g)
     by_text = {}
     for i in special_ids:
         if tokens[i].strip():
             by_text.setdefault(tokens[i], i)
-    text = tpl.source
+    source = g.get("tokenizer.chat_template")
+    text = source if isinstance(source, str) else ""
     try:
-        text += tpl.render([{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
-                            {"role": "assistant", "content": "a"}, {"role": "user", "content": "v"}],
-                           add_generation_prompt=True)
-    except ct.ChatTemplateError:   # a template that fails (or is refused) still names tokens in its source
-        return tuple(sorted({i for s, i in by_text.items() if s in text})), None
-    written = sorted({i for s, i in by_text.items() if s in text})
-    try:
-        fmt = ct.probe_format(tpl, list(by_text))
-    except ct.ChatTemplateError:
-        return tuple(written), None
-    return tuple(written), by_text.get(fmt.turn_end)
+        tpl = ct.from_gguf(g)
+    except ct.ChatTemplateError as exc:   # refused before rendering: its source still names tokens
+        return tuple(sorted({i for s, i in by_text.items() if s in text})), None, exc.message
+    with tpl:
+        try:
+            text += tpl.render([{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                                {"role": "assistant", "content": "a"}, {"role": "user", "content": "v"}],
+                               add_generation_prompt=True)
+            rendered = True
+        except ct.ChatTemplateError:   # a template that fails (or is refused) still names tokens in its source
+            rendered = False
+        written = tuple(sorted({i for s, i in by_text.items() if s in text}))
+        try:
+            fmt = ct.probe_format(tpl, list(by_text))
+        except ct.ChatTemplateError as exc:
+            return written, None, exc.message
+    return written, (by_text.get(fmt.turn_end) if rendered else None), ""
 
 
 def resolve_names(names, tokens, where="specials") -> tuple[int, ...]:

@@ -124,11 +124,16 @@ def _open_traces(inputs: WfldInputs, tail) -> list[Trace]:
 def _resolve_specials(g, tail, protocol, cfg: WfldConfig) -> tuple[tuple[int, ...], int]:
     """The special tokens held and the turn end: the protocol's, else the flags', else the model's
     own (quant.specials: its control tokens that its template, its *_token_id keys or the chat
-    tags name; its end-of-turn token)."""
+    tags name; its end-of-turn token). A chat template that is refused or fails stops the run
+    unless --turn-end names the turn end."""
     if protocol is not None:
         return (_special_ids(tail.tokens, tuple(protocol.tokens.specials)),
                 _special_ids(tail.tokens, [protocol.tokens.turn_end])[0])
     own = model_specials(g)
+    if own.template_error and not cfg.turn_end:   # no silent fallback to the eos / source-scanned framing
+        raise WfldError(g.path, "tokenizer.chat_template", f"{own.template_error}; so the turn end and the "
+                        "specials to hold cannot be read off the model's template: pass --turn-end (and --special) "
+                        "to name them")
     specials = _special_ids(tail.tokens, cfg.specials) if cfg.specials else own.guards
     if cfg.turn_end:
         turn_end = _special_ids(tail.tokens, [cfg.turn_end])[0]

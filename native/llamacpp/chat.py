@@ -2,7 +2,8 @@
 
 `model_chat(path)` reads them once: the chat template (`tokenizer.chat_template`, rendered only in
 Jinja2's immutable sandbox, quant/chat_template.py), the turn framing probed from it (ChatML when
-the file has no template), the special tokens and the turn end (quant/specials.py) and the token
+the file has no template; a template that is refused or fails stops here unless the caller names
+a fallback framing), the special tokens and the turn end (quant/specials.py) and the token
 table. Dumps made from chat text get their row roles from these (dumps/roles.py), so nothing here
 assumes one model family.
 
@@ -42,23 +43,36 @@ class _Strings:
         return s
 
 
+# framings a user may name for a model whose template is refused or fails (`fallback=`)
+FALLBACKS = {"chatml": CHATML}
+
+
 @dataclass(frozen=True, eq=False)
 class ModelChat:
-    """A model's chat conventions. `template` is None when the GGUF carries none (then `fmt` is
-    ChatML and `render` refuses)."""
+    """A model's chat conventions. `template` is None when the GGUF carries none or it was
+    refused (then `render` refuses). `framing` says where `fmt` came from: "gguf" (probed from the
+    model's template), "fallback:NAME" (the template was refused or failed and the caller named
+    that fallback; `template_error` says why) or "default:chatml" (the GGUF has no template)."""
 
     path: Path
     template: ChatTemplate | None
     fmt: ChatFormat
-    fmt_from: str                 # "chat_template" or "default (ChatML)"
+    framing: str
     specials: ModelSpecials
     table: TokenTable
+    template_error: str = ""
 
     def render(self, messages, *, add_generation_prompt: bool = False) -> str:
+        return self._template().render(messages, add_generation_prompt=add_generation_prompt)
+
+    def render_many(self, conversations, *, add_generation_prompt: bool = False) -> list[str]:
+        return self._template().render_many(conversations, add_generation_prompt=add_generation_prompt)
+
+    def _template(self) -> ChatTemplate:
         if self.template is None:
-            raise ChatTemplateError(self.path, "tokenizer.chat_template",
+            raise ChatTemplateError(self.path, "tokenizer.chat_template", self.template_error or
                                     "this GGUF carries no chat template, so chat text cannot be rendered the model's way")
-        return self.template.render(messages, add_generation_prompt=add_generation_prompt)
+        return self.template
 
     def prompt(self, user: str) -> str:
         """One user turn, ready for the model's reply (the template's generation prompt)."""
@@ -75,23 +89,41 @@ class ModelChat:
         return bool(ids) and bool(np.isin(np.asarray(tokens), ids).any())
 
     def to_dict(self) -> dict:
-        return {"chat_template": self.template is not None, "format": self.fmt.to_dict(), "format_from": self.fmt_from,
-                "specials": self.specials.to_dict()}
+        out = {"chat_template": self.template is not None, "format": self.fmt.to_dict(), "chat_framing": self.framing,
+               "specials": self.specials.to_dict()}
+        return {**out, "template_error": self.template_error} if self.template_error else out
 
 
-def model_chat(path) -> ModelChat:
+def model_chat(path, *, fallback: str | None = None) -> ModelChat:
+    """The chat conventions of the GGUF at `path`. A template that is refused, fails or has no
+    turn shape stops here with its ChatTemplateError unless `fallback` names a framing of
+    FALLBACKS to use instead (recorded as `framing` "fallback:NAME")."""
     path = Path(path)
+    if fallback is not None and fallback not in FALLBACKS:
+        raise ChatTemplateError(path, "fallback", f"expected one of {sorted(FALLBACKS)}, got {fallback!r}")
     with gguf.open(path) as g:
         specials = model_specials(g)
         table = load_tokens(g)
-        template = from_gguf(g) if g.get("tokenizer.chat_template") is not None else None
-    fmt, src = CHATML, "default (ChatML)"
+        has_template = g.get("tokenizer.chat_template") is not None
+        error, template = None, None
+        if has_template:
+            try:
+                template = from_gguf(g)
+            except ChatTemplateError as exc:
+                error = exc
+    if not has_template:
+        return ModelChat(path, None, CHATML, "default:chatml", specials, table)
     if template is not None:
         try:
-            fmt, src = probe_format(template, [table.tokens[i] for i in specials.specials]), "chat_template"
-        except ChatTemplateError:
-            pass
-    return ModelChat(path, template, fmt, src, specials, table)
+            return ModelChat(path, template, probe_format(template, [table.tokens[i] for i in specials.specials]),
+                             "gguf", specials, table)
+        except ChatTemplateError as exc:
+            error = exc
+    if fallback is None:
+        raise ChatTemplateError(error.path, error.field, f"{error.message}; so the model's turn framing (the roles "
+                                "and the turn end) cannot be read off it: name a fallback framing "
+                                f"({', '.join(sorted(FALLBACKS))}) to use one instead") from None
+    return ModelChat(path, template, FALLBACKS[fallback], f"fallback:{fallback}", specials, table, error.message)
 
 
 def short_hash(obj) -> str:

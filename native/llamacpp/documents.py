@@ -35,6 +35,7 @@ class DumpInputs:
     tags: tuple[str, ...] = ()
     source: str | None = None
     character: str = ""
+    chat_fallback: str | None = None     # the framing to use when the model's template is refused or fails
 
     def __post_init__(self):
         given = [x for x in (self.text, self.tokens, self.chat) if x is not None]
@@ -57,7 +58,7 @@ def build_docs(model, inputs: DumpInputs) -> tuple[list[CaptureDoc], ModelChat]:
     """The labelled documents of `inputs`, tokenized by the model's own tokenizer."""
     from exactedit.dumps import contract
 
-    chat = model_chat(model)
+    chat = model_chat(model, fallback=inputs.chat_fallback)
     src_path = Path(inputs.text or inputs.tokens or inputs.chat)
     source = inputs.source if inputs.source is not None else src_path.name
     kw = dict(source=source, character=inputs.character, tags=inputs.tags)
@@ -73,7 +74,7 @@ def build_docs(model, inputs: DumpInputs) -> tuple[list[CaptureDoc], ModelChat]:
             return [labelled(chat, f"text-{short_hash(text)}", engine.tokenize(text), **kw)], chat
     convs = read_chat_jsonl(src_path)
     names = unique_names(f"chat-{short_hash(c)}" for c in convs)
-    rendered = [chat.render(c) for c in convs]          # the untrusted template runs before the engine loads
+    rendered = chat.render_many(convs)                   # the untrusted template runs before the engine loads
     with LlamaEngine(model, EngineSettings()) as engine:
         docs = [labelled(chat, n, engine.tokenize(r), kind="chat", **kw) for n, r in zip(names, rendered)]
     return docs, chat
@@ -128,28 +129,33 @@ def dump_documents(model, inputs: DumpInputs, out, *, settings: EngineSettings |
     return summarize(res, docs, chat)
 
 
-def import_dump(src, out, *, model=None, overwrite: bool = False) -> dict:
+def import_dump(src, out, *, model=None, overwrite: bool = False, chat_fallback: str | None = None) -> dict:
     """`exactedit dump import`: a raw engine dump (dumps/import_raw.py) -> a v1 dump; with `model`,
     the dims are checked against it, its sha256 recorded and the row roles derived from its chat
-    framing. Returns a summary (path, rows, documents, role rows)."""
+    framing (a template that is refused or fails stops the import unless `chat_fallback` names a
+    framing, native.llamacpp.chat.FALLBACKS; the framing used is recorded in the manifest).
+    Returns a summary (path, rows, documents, role rows, chat framing)."""
     from exactedit.dumps import ROLE_NAMES, read_dump
     from exactedit.dumps.import_raw import import_raw
     from exactedit.quant import gguf as _gguf
     from exactedit.solvers.tail.model import load_tail
 
-    roles = expect = sha = None
+    roles = expect = sha = chat = None
     if model is not None:
-        chat = model_chat(model)
+        chat = model_chat(model, fallback=chat_fallback)
         roles = chat.roles
         with _gguf.open(model) as g:
             expect, sha = load_tail(g).dump_expect(), g.sha256()
-    path = import_raw(src, out, roles=roles, overwrite=overwrite, expect=expect, model_sha256=sha)
+    path = import_raw(src, out, roles=roles, overwrite=overwrite, expect=expect, model_sha256=sha,
+                      chat_framing=chat.framing if chat is not None else None,
+                      meta={"chat": chat.to_dict()} if chat is not None else None)
     d = read_dump(path)
     r = np.asarray(d.roles) if d.roles is not None else np.zeros(0, np.uint8)
     return {"dump": str(path), "rows": d.rows, "sha256": d.sha256(), "model_sha256": d.manifest.model_sha256,
             "docs": [{"name": x.name, "rows": x.rows, "source": x.source, "character": x.character,
                       "tags": list(x.tags)} for x in d.docs],
-            "role_rows": {n: int(np.count_nonzero(r & b)) for n, b in ROLE_NAMES.items()}}
+            "role_rows": {n: int(np.count_nonzero(r & b)) for n, b in ROLE_NAMES.items()},
+            "chat_framing": d.manifest.chat_framing}
 
 
 def render_import(res: dict) -> str:
