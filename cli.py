@@ -728,20 +728,27 @@ def dump() -> None:
     """Activation dumps."""
 
 
+_CHAT_FALLBACK = click.option(
+    "--chat-fallback", type=click.Choice(["chatml"]), default=None,
+    help="The framing to use when the model's chat template is refused or fails (recorded in the dump's "
+         "manifest); without it such a template stops the command.")
+
+
 @dump.command("import")
 @click.argument("source", type=click.Path(exists=True, path_type=str))
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="The v1 dump directory to write.")
 @click.option("--model", type=MODEL, default=None,
               help="GGUF path or public model name: check dims, record its sha256, derive row roles from its chat.")
+@_CHAT_FALLBACK
 @click.option("--overwrite", is_flag=True)
 @JSON_FLAG
-def dump_import(source, out, model, overwrite, as_json) -> None:
+def dump_import(source, out, model, chat_fallback, overwrite, as_json) -> None:
     """Raw little-endian field files + SOURCE/dump.toml (dtype, shape per field) -> a v1 dump
     (docs/dump-format.md, "Importing an engine's raw arrays")."""
     from exactedit.native.llamacpp import import_dump, render_import
 
     _refuse_clobber({"--out": out}, {"SOURCE": source, "--model": model})
-    res = import_dump(source, out, model=model, overwrite=overwrite)
+    res = import_dump(source, out, model=model, overwrite=overwrite, chat_fallback=chat_fallback)
     emit(res, render_import(res), as_json)
 
 
@@ -773,17 +780,19 @@ def engine() -> None:
               help="Conversations, one JSON list of {role, content} per line, rendered with the model's template.")
 @_labels
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Dump directory to write.")
+@_CHAT_FALLBACK
 @click.option("--overwrite", is_flag=True)
 @_engine_settings
 @JSON_FLAG
-def engine_dump(model, tokens, text, chat_file, tags, source, character, out, overwrite, as_json, **flags) -> None:
+def engine_dump(model, tokens, text, chat_file, tags, source, character, out, chat_fallback, overwrite, as_json,
+                **flags) -> None:
     """Capture an rmsnorm dump (R = ffn_inp, hh = the FFN hidden) with llama.cpp: labelled documents
     (stable names, tags plain/chat + --tag, row roles from the model's chat framing)."""
     from exactedit.native.llamacpp import DumpInputs, dump_documents, render_documents
 
     _refuse_clobber({"--out": out}, {"--model": model, "--tokens": tokens, "--text": text, "--chat": chat_file})
     inputs = DumpInputs(text=text, tokens=tokens, chat=chat_file, tags=tuple(tags), source=source,
-                        character=character or "")
+                        character=character or "", chat_fallback=chat_fallback)
     res = with_progress("capturing", dump_documents, model, inputs, out, settings=_settings(**flags),
                         overwrite=overwrite)
     emit(res, render_documents(res), as_json)
@@ -900,7 +909,7 @@ def eval_ledger(check, against, export, workspace, as_json):
             sys.exit(1)
     if export or check:
         return
-    with Ledger.open(workspace) as ledger:
+    with Ledger.open(workspace, write=False) as ledger:
         entries = ledger.entries()
     emit(*ledger_report(entries), as_json)
 
@@ -962,9 +971,12 @@ def eval_split(protocol, unregistered, workspace, as_json):
 @click.option("--bars", type=click.Choice(["anti-slop", "persona", "all"]), default="anti-slop", show_default=True)
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory for test-report.*")
 @click.option("--unregistered", is_flag=True, help="Allow an unregistered or changed protocol (marked).")
+@click.option("--release-stale-claim", is_flag=True,
+              help="Release the test claim a killed run left on this bundle (recorded), then score; refused "
+                   "while the claiming process is alive.")
 @_WORKSPACE
 @JSON_FLAG
-def eval_test(protocol, model, bundle, bars, out, unregistered, workspace, as_json):
+def eval_test(protocol, model, bundle, bars, out, unregistered, release_stale_claim, workspace, as_json):
     """Score the test split of BUNDLE, once. A repeat prints the recorded result and fails."""
     from exactedit.evals.protocol import LedgerRefusal
     from exactedit.evals.runs import recorded_test_report, score_test, test_report
@@ -975,7 +987,7 @@ def eval_test(protocol, model, bundle, bars, out, unregistered, workspace, as_js
     _refuse_clobber({"--out": out}, {"--protocol": protocol, "--model": model, "--bundle": bundle}, holds_inputs=True)
     try:
         r = with_progress("scoring test", score_test, protocol, workspace, model, bundle, out, command_line(),
-                          config=config, unregistered=unregistered)
+                          config=config, unregistered=unregistered, release_stale_claim=release_stale_claim)
     except LedgerRefusal as exc:
         if exc.recorded is not None:
             emit(*recorded_test_report(exc.recorded), as_json)

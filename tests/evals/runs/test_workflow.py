@@ -182,3 +182,22 @@ def test_a_read_only_workspace_is_refused_before_any_work(world, tmp_path, monke
                                     "--bundle", str(world.bundle), "--out", str(out / "r"), "--workspace", str(ws)])
     assert res.exit_code == 1 and "Traceback" not in res.output and "not writable" in res.output, res.output
     assert not (out / "r").exists()
+
+
+def test_listing_the_ledger_of_a_read_only_workspace(world, tmp_path, monkeypatch):
+    """`eval ledger` only reads: it lists a workspace it could not write."""
+    import os
+    import tempfile
+
+    ws = tmp_path / "ws"
+    workflow.register(world.protocol, ws, "register")
+    real = tempfile.mkstemp
+
+    def mkstemp(*a, dir=None, **k):
+        if dir is not None and os.path.samefile(dir, ws):
+            raise PermissionError(13, "Permission denied", str(dir))
+        return real(*a, dir=dir, **k)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    res = CliRunner().invoke(main, ["eval", "ledger", "--workspace", str(ws), "--json"])
+    assert res.exit_code == 0 and "register" in res.output, res.output

@@ -102,3 +102,19 @@ def test_solve_wfld_stops_on_a_failing_template_unless_the_turn_end_is_named(tmp
             _resolve_specials(g, tail, None, types.SimpleNamespace(specials=(), turn_end=""))
         specials, turn_end = _resolve_specials(g, tail, None, types.SimpleNamespace(specials=(), turn_end="<|im_end|>"))
     assert turn_end == 2 and 2 in specials
+
+
+def test_dump_import_cli_names_the_fallback(tmp_path):
+    """`dump import --chat-fallback chatml` reaches the import; without it the refused template stops
+    the command in one line."""
+    from click.testing import CliRunner
+
+    from exactedit.cli import main
+
+    bad = _model(tmp_path, REFUSED, "bad")
+    args = ["dump", "import", str(_raw(tmp_path)), "--model", str(bad)]
+    r = CliRunner().invoke(main, args + ["--out", str(tmp_path / "d1")])
+    assert r.exit_code == 1 and "name a fallback framing" in r.output and "Traceback" not in r.output, r.output
+    r = CliRunner().invoke(main, args + ["--out", str(tmp_path / "d2"), "--chat-fallback", "chatml", "--json"])
+    assert r.exit_code == 0, r.output
+    assert read_dump(tmp_path / "d2").manifest.chat_framing == "fallback:chatml"
