@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from exactedit.evals.protocol.ledger import LedgerError, require_writable, sqlite_errors
+from exactedit.evals.protocol.storage import LedgerError, require_writable, sqlite_errors
 
 HOME_ENV = "EXACTEDIT_HOME"
 DB_NAME = "blind-runs.sqlite"

@@ -13,7 +13,8 @@ import threading
 import pytest
 
 from exactedit.evals.protocol import ledger as ledger_mod
-from exactedit.evals.protocol.ledger import HEAD_NAME, Ledger, LedgerError, parse_head
+from exactedit.evals.protocol.ledger import HEAD_NAME, Ledger
+from exactedit.evals.protocol.storage import LedgerError, parse_head
 
 CHILD = r"""
 import os, sqlite3, sys
