@@ -21,9 +21,10 @@ predicts token tokens[c * n_ctx + n_ctx/2 + j + 1].
 checks the header against the model it is used with (`n_vocab`) and every count against the file's
 size before it allocates, and memory-maps the rows read-only. A row's two floats are checked as the
 rows are read against what the tool can write: 0 <= scale, min_log_prob in
-[-(WINDOW + SLACK + log n_vocab), 0] and the largest decodable log-prob, scale * 65535 +
+[-(LOG_WINDOW + SLACK + log n_vocab), 0] and the largest decodable log-prob, scale * 65535 +
 min_log_prob, at most SLACK_TOP (a log-prob; the tool's rows give -lse <= 0): so every decoded
-value, its exp and the perplexity stay finite. `BaseFileWriter` streams rows into `F.tmp` and fsyncs and renames it when all rows are in.
+value, its exp and the perplexity stay finite. `BaseFileWriter` streams rows into `F.tmp` and
+fsyncs and renames it when all rows are in.
 """
 from __future__ import annotations
 

@@ -194,7 +194,9 @@ def _parse(d, where: str, vocab: int | None = None) -> CompiledRules:
     for key in ("template_from", "turn_start", "turn_end", "header_end", "assistant"):
         if key in chat and not isinstance(chat[key], str):
             raise ShapingRulesError(where, f"chat.{key}", f"expected a string, got {chat[key]!r}"[:200])
-    if chat.get("template_from", "gguf") not in ("gguf", "rules") or not isinstance(chat.get("template"), (str, type(None))):
+    template = chat.get("template")
+    if chat.get("template_from", "gguf") not in ("gguf", "rules") or not isinstance(template, (str, type(None))) \
+            or (chat.get("template_from") == "rules" and template is None):
         raise ShapingRulesError(where, "chat.template_from", "expected \"gguf\", or \"rules\" with the template")
 
     def ids(v, field, n=None):

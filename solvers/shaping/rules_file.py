@@ -228,7 +228,8 @@ class _ModelView:
         turn_start = self.special(fmt.turn_start, where, "chat.template (turn start)")
         turn_end = tuple(dict.fromkeys([self.special(fmt.turn_end, where, "chat.template (turn end)"),
                                         *self.sp.end_of_generation]))
-        header_end = None if fmt.header_end == "\n" else self.special(fmt.header_end, where, "chat.template (header end)")
+        header_end = (None if fmt.header_end == "\n"
+                      else self.special(fmt.header_end, where, "chat.template (header end)"))
         return fmt, turn_start, turn_end, header_end
 
     def flags(self) -> tuple[np.ndarray, list[int]]:

@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from exactedit.solvers.phrases import ends_at_boundary, forms
 from exactedit.solvers.shaping.rules_file import PenaltySpec, RulesSpec, compile_rules, phrase_pieces
-from tests.shaping_world import CONTROL, TEXTS, USER_DEFINED, WORDS
+from tests.shaping_world import CONTROL, TEXTS, USER_DEFINED
 
 QWEN_VOCAB = 151_936
 
@@ -57,8 +57,8 @@ def test_compile_1000_phrases_on_a_qwen_sized_vocabulary(tmp_path):
 
     texts = _big_table(QWEN_VOCAB)
     ident = {t: i for i, t in enumerate(texts)}
-    types = np.array([3] * len(CONTROL) + [4] * len(USER_DEFINED) + [1] * (len(texts) - len(CONTROL) - len(USER_DEFINED)),
-                     np.int32)
+    plain = len(texts) - len(CONTROL) - len(USER_DEFINED)
+    types = np.array([3] * len(CONTROL) + [4] * len(USER_DEFINED) + [1] * plain, np.int32)
     meta = {"tokenizer.ggml.model": "test-raw", "tokenizer.ggml.tokens": texts, "tokenizer.ggml.token_type": types,
             "tokenizer.ggml.eos_token_id": MetaValue(_VT.UINT32, ident["<|im_end|>"]),
             "tokenizer.chat_template": CHATML_TPL}
