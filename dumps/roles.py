@@ -28,23 +28,24 @@ TOOL, TOOL_END = "<tool_call>", "</tool_call>"
 FENCE = "```"
 # the parser's tag names; the turn tags' texts come from the ChatFormat
 START, END, HEADER_END = "start", "end", "header_end"
-_WHERE = "infer_roles"
 
 
 def infer_roles(tokens, token_strings: Sequence[str], special_ids: Collection[int], *,
-                next_token: int | None = None, fmt: ChatFormat = CHATML) -> np.ndarray:
+                next_token: int | None = None, fmt: ChatFormat = CHATML, where: str = "token stream",
+                table: str = "token table") -> np.ndarray:
     """uint8 [T] role bits for a token stream (one document).
 
     `token_strings[id]` is the text token `id` decodes to; `special_ids` are the ids of control /
     added tokens (the only ones that can be chat tags). `next_token`, when known, is the token after
     the last one; otherwise the last row gets the bits its open context implies (e.g. REPLY inside
     an unfinished reply), never STEP0 or REPLY_END. `fmt` says how a turn is framed (ChatML
-    unless given; `quant.chat_template.probe_format` reads it off a model's template)."""
-    ids = _as_ids(tokens, len(token_strings))
-    tags = _tag_ids(token_strings, special_ids, fmt)
+    unless given; `quant.chat_template.probe_format` reads it off a model's template). Errors name
+    `where` (the file or document the tokens came from) and `table` (the model the token table is)."""
+    ids = _as_ids(tokens, len(token_strings), where, "tokens")
+    tags = _tag_ids(token_strings, special_ids, fmt, table)
     stream = list(ids)
     if next_token is not None and next_token >= 0:
-        stream += _as_ids([next_token], len(token_strings)).tolist()
+        stream += _as_ids([next_token], len(token_strings), where, "next token").tolist()
     parser = _ChatParser(tags, fmt)
     bits = [parser.feed(int(x), token_strings[int(x)]) for x in stream]
     roles = np.zeros(len(ids), dtype=np.uint8)
@@ -159,23 +160,27 @@ class _ChatParser:
         self.line = ""
 
 
-def _tag_ids(token_strings: Sequence[str], special_ids: Collection[int], fmt: ChatFormat) -> dict[str, frozenset[int]]:
+def _tag_ids(token_strings: Sequence[str], special_ids: Collection[int], fmt: ChatFormat,
+             table: str) -> dict[str, frozenset[int]]:
     texts = {START: fmt.turn_start, END: fmt.turn_end, HEADER_END: fmt.header_end,
              THINK: THINK, THINK_END: THINK_END, TOOL: TOOL, TOOL_END: TOOL_END}
     found: dict[str, set[int]] = {tag: set() for tag in texts}
     for i in special_ids:
         if not is_int(i) or not 0 <= i < len(token_strings):
-            raise DumpFormatError(_WHERE, "special_ids", f"id {i!r} is outside the token table [0, {len(token_strings)})")
+            raise DumpFormatError(table, "special tokens", f"id {i!r} is outside the token table "
+                                  f"[0, {len(token_strings)})")
         for tag, t in texts.items():
             if token_strings[i] == t:
                 found[tag].add(int(i))
     return {tag: frozenset(ids) for tag, ids in found.items()}
 
 
-def _as_ids(tokens, vocab: int) -> np.ndarray:
+def _as_ids(tokens, vocab: int, where: str, field: str) -> np.ndarray:
     ids = np.asarray(tokens)
     if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
-        raise DumpFormatError(_WHERE, "tokens", f"expected a 1-D integer array, got {ids.dtype} {list(ids.shape)}")
+        raise DumpFormatError(where, field, f"expected a 1-D integer array, got {ids.dtype} {list(ids.shape)}")
     if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
-        raise DumpFormatError(_WHERE, "tokens", f"ids in [{int(ids.min())}, {int(ids.max())}]; expected [0, {vocab})")
+        bad = int(np.flatnonzero((ids < 0) | (ids >= vocab))[0])
+        raise DumpFormatError(where, field, f"row {bad}: id {int(ids[bad])}; expected [0, {vocab}) (the model's "
+                              f"token table)")
     return ids.astype(np.int64)

@@ -17,14 +17,22 @@ then the n_vocab 16-bit codes (`evals.kl.llamacpp`: log p_v = scale * code_v + m
 one zero when n_vocab is odd. The rows of chunk c are its positions n_ctx/2 .. n_ctx-2; row j
 predicts token tokens[c * n_ctx + n_ctx/2 + j + 1].
 
-`read_base_file` memory-maps the rows read-only after checking every count against the file's
-size; `BaseFileWriter` streams rows into `F.tmp` and fsyncs and renames it when all rows are in.
+`read_base_file` refuses anything but a regular file (a FIFO or device would block or never end),
+checks the header against the model it is used with (`n_vocab`) and every count against the file's
+size before it allocates, and memory-maps the rows read-only. A row's two floats are checked as the
+rows are read against what the tool can write: 0 <= scale, min_log_prob in
+[-(LOG_WINDOW + SLACK + log n_vocab), 0] and the largest decodable log-prob, scale * 65535 +
+min_log_prob, at most SLACK_TOP (a log-prob; the tool's rows give -lse <= 0): so every decoded
+value, its exp and the perplexity stay finite. `BaseFileWriter` streams rows into `F.tmp` and
+fsyncs and renames it when all rows are in.
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +47,9 @@ MAGIC = b"_logits_"
 HEADER = struct.Struct("<8siii")
 MAX_CTX = 1 << 24
 MAX_VOCAB = 1 << 26
+LOG_WINDOW = 16.0     # nats below the top logit the codes cover (evals.kl.llamacpp.WINDOW)
+SLACK = 16.0          # float32 rounding of huge logits (mx - 16 rounds at |mx| ~ 2^27): generous
+SLACK_TOP = 1.0       # the largest decodable log-prob is -lse <= 0 in the tool's rows
 
 
 class KldBaseFileError(FieldError):
@@ -101,13 +112,20 @@ class KldBaseFile:
         raw = np.asarray(self.raw_rows[start:stop])
         floats = np.ascontiguousarray(raw[:, :4]).view("<f4").astype(np.float32)
         scale, mlp = floats[:, 0].copy(), floats[:, 1].copy()
-        bad = ~(np.isfinite(scale) & (scale >= 0) & np.isfinite(mlp) & (mlp <= 0))
+        low = np.float32(-(LOG_WINDOW + SLACK + math.log(self.n_vocab)))
+        with np.errstate(over="ignore", invalid="ignore"):
+            top = scale.astype(np.float64) * 65535.0 + mlp
+            ok = np.isfinite(scale) & (scale >= 0) & np.isfinite(mlp) & (mlp <= 0) & (mlp >= low)
+            ok &= np.isfinite(top) & (top <= SLACK_TOP)
+        bad = ~ok
         if bad.any():
             r = start + int(np.flatnonzero(bad)[0])
             c, j = divmod(r, self.rows_per_chunk)
             raise KldBaseFileError(self.path, f"chunk {c + 1} row {j} (position {self.first + j})",
-                                   f"scale {scale[r - start]!r} / min_log_prob {mlp[r - start]!r}: expected "
-                                   f"a finite scale >= 0 and a finite log-prob <= 0", self.row_offset(r))
+                                   f"scale {float(scale[r - start])!r} / min_log_prob {float(mlp[r - start])!r}: "
+                                   f"expected a finite scale >= 0, a log-prob min_log_prob in [{float(low):.4g}, 0] "
+                                   f"and scale * 65535 + min_log_prob <= {SLACK_TOP:g} (a log-prob)",
+                                   self.row_offset(r))
         return BaseRows(scale, mlp, np.ascontiguousarray(raw[:, 4:4 + self.n_vocab]))
 
     def row_offset(self, row: int) -> int:
@@ -117,12 +135,20 @@ class KldBaseFile:
         return file_sha256(self.path)
 
 
-def read_base_file(path) -> KldBaseFile:
-    """Open and validate a base file (header, size, token ids); rows are checked as they are read."""
+def read_base_file(path, n_vocab_model: int | None = None) -> KldBaseFile:
+    """Open and validate a base file (header, size, token ids); rows are checked as they are read.
+    `n_vocab_model`: the vocabulary of the model it is used with (the header must say the same)."""
     path = Path(path)
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as fh:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise KldBaseFileError(path, "file", "not a regular file (a FIFO, device or directory); "
+                                   "expected a llama-perplexity --kl-divergence-base file")
+        size = st.st_size
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))   # a FIFO swapped in cannot block
+        with open(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise KldBaseFileError(path, "file", "not a regular file")
             head = fh.read(HEADER.size)
     except OSError as exc:
         raise KldBaseFileError(path, "file", f"cannot be read ({exc.strerror or exc})") from None
@@ -133,6 +159,9 @@ def read_base_file(path) -> KldBaseFile:
         raise KldBaseFileError(path, "header", f"truncated: {size} bytes, the header alone is {HEADER.size}")
     _, n_ctx, n_vocab, n_chunk = HEADER.unpack(head)
     _check_counts(path, n_ctx, n_vocab, n_chunk)
+    if n_vocab_model is not None and n_vocab != n_vocab_model:
+        raise KldBaseFileError(path, "n_vocab", f"{n_vocab}, but the model has {n_vocab_model} tokens: the file "
+                               f"was written with another model's vocabulary", 12)
     want = file_size(n_ctx, n_vocab, n_chunk)
     tok_end = HEADER.size + 4 * n_ctx * n_chunk
     if size < tok_end:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -54,7 +55,7 @@ class KldRun:
             path = getattr(self.files, key)
             if path is not None:
                 out[key] = {"path": path, "sha256": sha}
-        return out
+        return _json_safe(out)   # inf / NaN (an extreme edit) as null: json.dumps(allow_nan=False) holds
 
 
 def _docs(cfg: KldConfig):
@@ -110,6 +111,28 @@ def _save_rows(path, values: np.ndarray) -> str:
     return file_sha256(path)
 
 
+def _model_vocab(model) -> int | None:
+    """The vocabulary of `model` (a GGUF path; None: no model, nothing to check against)."""
+    if model is None:
+        return None
+    from exactedit.quant import gguf
+    from exactedit.solvers.tail.model import load_tail
+
+    with gguf.open(model) as g:
+        return load_tail(g).spec.vocab
+
+
+def _json_safe(obj):
+    """`obj` with every non-finite float as None: the JSON report stays valid JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
 def run_kld(cfg: KldConfig, files: KldFiles = KldFiles(), *, progress: Progress | None = None) -> KldRun:
     """`exactedit kld`: `evals.kl.compare.compare` with the base side read from or written to a
     llama-perplexity base file, and the per-row KLD saved. An output file that is an input (a model,
@@ -119,7 +142,7 @@ def run_kld(cfg: KldConfig, files: KldFiles = KldFiles(), *, progress: Progress 
                     "--base-file": files.base_file})
     base = sha_in = sha_out = sha_rows = None
     if files.base_file is not None:
-        base = read_base_file(files.base_file)
+        base = read_base_file(files.base_file, _model_vocab(cfg.edited))
         sha_in = base.sha256()
         cfg = _window(cfg, base.n_ctx)
         comparison = compare(cfg, base=base, progress=progress)
@@ -127,13 +150,9 @@ def run_kld(cfg: KldConfig, files: KldFiles = KldFiles(), *, progress: Progress 
         n_ctx, tokens = _chunk_tokens(cfg)
         cfg = _window(cfg, n_ctx)
         _check_window(cfg, n_ctx)
-        from exactedit.quant import gguf
-        from exactedit.solvers.tail.model import load_tail
-
         if cfg.model is None:
             raise KldConfigError("kld --write-base: give --model, the base GGUF whose logits it records")
-        with gguf.open(cfg.model) as g:
-            vocab = load_tail(g).spec.vocab
+        vocab = _model_vocab(cfg.model)
         with BaseFileWriter(files.write_base, n_ctx, vocab, tokens) as writer:
             comparison = compare(cfg, base_sink=writer.write, progress=progress)
             sha_out = writer.close()

@@ -14,17 +14,20 @@ from exactedit.native.llamacpp.generate import Sampling, generate
 
 def open_rules(model, rules_path, g=None):
     """(compiled rules, the chat template they were compiled with) for `model`; refuses rules
-    compiled for another file (by sha256)."""
+    compiled for another file (by sha256), and rules whose ids are not what the model's token
+    table gives (solvers.shaping.rules_file.check_compiled: edited by hand)."""
     from exactedit.solvers.shaping.compiled import ShapingRulesError, read_compiled
+    from exactedit.solvers.shaping.rules_file import check_compiled
     from exactedit.quant import chat_template as ct
     from exactedit.quant import gguf
 
-    compiled = read_compiled(rules_path)
     g = g or gguf.open(model)
+    compiled = read_compiled(rules_path, vocab=len(g.tokens()))
     sha = g.sha256()
     if sha != compiled.model.get("sha256"):
         raise ShapingRulesError(rules_path, "model.sha256", f"compiled for {compiled.model.get('sha256')}, but {model} "
                                 f"is {sha}: recompile with exactedit shape compile")
+    check_compiled(compiled, g, rules_path, model_path=str(model))
     if compiled.chat.get("template_from") == "rules":
         tokens = g.tokens()
         ids = {k: g.get(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos")}

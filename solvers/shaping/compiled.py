@@ -21,10 +21,17 @@ Layout (format "exactedit.shaping", version 1):
 `pieces` the bytes of every token a match can use; `merge_ok` the (piece, k) pairs where the
 piece may start a match with the prefix's first k bytes (its other bytes end in a word
 boundary). Derived data is checked against a recomputation when read.
+
+`read_compiled` bounds the file before it parses (a regular file of at most MAX_BYTES, JSON
+nested at most MAX_DEPTH deep) and the vocabulary before it allocates (at most MAX_VOCAB, and the
+model's when `vocab` is given); `solvers.shaping.rules_file.check_compiled` checks the rest
+against the model's token table.
 """
 from __future__ import annotations
 
 import json
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +43,9 @@ from exactedit.quant.errors import FieldError
 from exactedit.quant.files import atomic_write_text
 
 FORMAT, VERSION = "exactedit.shaping", 1
+MAX_BYTES = 1 << 28       # 256 MiB: a 1e5-phrase rules file for a 262k vocabulary is far smaller
+MAX_DEPTH = 16            # the format nests 5 deep
+MAX_VOCAB = 1 << 26
 _CLASSES = ("newline", "nl_lead", "sentence_end", "blank", "invisible", "structured", "boundary")
 
 
@@ -118,18 +128,46 @@ def write_compiled(compiled: CompiledRules, path) -> None:
     atomic_write_text(path, json.dumps(compiled.to_dict(), separators=(",", ":")) + "\n")
 
 
-def read_compiled(path) -> CompiledRules:
+def _depth(obj) -> int:
+    """How deep arrays and objects nest in a parsed JSON value (iterative: no recursion to exhaust)."""
+    deepest, todo = 0, [(obj, 1)]
+    while todo:
+        v, depth = todo.pop()
+        if isinstance(v, (list, dict)):
+            deepest = max(deepest, depth)
+            todo.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v)
+                        if isinstance(x, (list, dict)))
+    return deepest
+
+
+def read_compiled(path, vocab: int | None = None) -> CompiledRules:
+    """Read and validate compiled rules; `vocab`: the model's vocabulary size, when known."""
     path = Path(path)
     try:
-        d = json.loads(path.read_text(encoding="utf-8"))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with open(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ShapingRulesError(path, "file", "not a regular file (a FIFO, device or directory)")
+            if st.st_size > MAX_BYTES:
+                raise ShapingRulesError(path, "file", f"{st.st_size} bytes; compiled rules are at most {MAX_BYTES}")
+            data = fh.read(MAX_BYTES + 1)
     except OSError as exc:
         raise ShapingRulesError(path, "file", f"cannot read ({exc.strerror or exc})") from None
+    if len(data) > MAX_BYTES:
+        raise ShapingRulesError(path, "file", f"more than {MAX_BYTES} bytes")
+    try:
+        d = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ShapingRulesError(path, "json", f"not valid JSON ({exc})") from None
-    return _parse(d, str(path))
+        raise ShapingRulesError(path, "json", f"not valid JSON ({exc})"[:300]) from None
+    except RecursionError:   # the C decoder's own bound (about 1000 levels), hit before ours
+        raise ShapingRulesError(path, "json", f"nested too deep; the format nests at most {MAX_DEPTH}") from None
+    if _depth(d) > MAX_DEPTH:
+        raise ShapingRulesError(path, "json", f"nested {_depth(d)} deep; the format nests at most {MAX_DEPTH}")
+    return _parse(d, str(path), vocab)
 
 
-def _parse(d, where: str) -> CompiledRules:
+def _parse(d, where: str, vocab: int | None = None) -> CompiledRules:
     def need(obj, key, kind, field):
         if not isinstance(obj, dict) or key not in obj:
             raise ShapingRulesError(where, field, "missing")
@@ -145,8 +183,21 @@ def _parse(d, where: str) -> CompiledRules:
     model = need(d, "model", dict, "model")
     V = need(model, "vocab", int, "model.vocab")
     need(model, "sha256", str, "model.sha256")
-    if V < 1:
-        raise ShapingRulesError(where, "model.vocab", f"expected >= 1, got {V}")
+    if not 1 <= V <= MAX_VOCAB:
+        raise ShapingRulesError(where, "model.vocab", f"expected 1..{MAX_VOCAB}, got {V}")
+    if vocab is not None and V != vocab:
+        raise ShapingRulesError(where, "model.vocab", f"{V}, but the model has {vocab} tokens")
+    for key in ("chat", "rules_file"):
+        if not isinstance(d.get(key, {}), dict):
+            raise ShapingRulesError(where, key, f"expected an object, got {type(d[key]).__name__}")
+    chat = d.get("chat") or {}
+    for key in ("template_from", "turn_start", "turn_end", "header_end", "assistant"):
+        if key in chat and not isinstance(chat[key], str):
+            raise ShapingRulesError(where, f"chat.{key}", f"expected a string, got {chat[key]!r}"[:200])
+    template = chat.get("template")
+    if chat.get("template_from", "gguf") not in ("gguf", "rules") or not isinstance(template, (str, type(None))) \
+            or (chat.get("template_from") == "rules" and template is None):
+        raise ShapingRulesError(where, "chat.template_from", "expected \"gguf\", or \"rules\" with the template")
 
     def ids(v, field, n=None):
         if not isinstance(v, list) or any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < V for t in v):
@@ -172,13 +223,18 @@ def _parse(d, where: str) -> CompiledRules:
     flags ^= VISIBLE  # "invisible" lists the complement
     fences = np.zeros(V, np.uint8)
     for k, pair in enumerate(need(c, "fences", list, "classes.fences")):
-        if not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[1], int) or not 0 < pair[1] < 256:
+        if not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[1], int) \
+                or isinstance(pair[1], bool) or not 0 < pair[1] < 256:
             raise ShapingRulesError(where, f"classes.fences[{k}]", "expected [id, count 1..255]")
         fences[ids(pair[:1], f"classes.fences[{k}]")[0]] = pair[1]
+    turn_start = ids(need(m, "turn_start", list, "markup.turn_start"), "markup.turn_start", 1)
+    role = ids(need(m, "role", list, "markup.role"), "markup.role")
+    if not role:
+        raise ShapingRulesError(where, "markup.role", "expected the assistant role's tokens, got none")
     try:
-        vocab = ShapeVocab(flags, fences, ids(need(m, "turn_start", list, "markup.turn_start"), "markup.turn_start"),
+        vocab = ShapeVocab(flags, fences, turn_start,
                            ids(need(m, "turn_end", list, "markup.turn_end"), "markup.turn_end"),
-                           ids(need(m, "role", list, "markup.role"), "markup.role"), header_end,
+                           role, header_end,
                            *(think or (None, None)), *(tool or (None, None)))
     except ValueError as exc:
         raise ShapingRulesError(where, "markup", str(exc)) from None
@@ -216,6 +272,11 @@ def _parse(d, where: str) -> CompiledRules:
                 raise ShapingRulesError(where, f"{f}.kind", f"unknown rule {kind!r}")
         except ValueError as exc:
             raise ShapingRulesError(where, f, str(exc)) from None
-    names = {int(k): str(t) for k, t in (m.get("names") or {}).items() if str(k).isdigit()}
+    raw_names = m.get("names") or {}
+    if not isinstance(raw_names, dict) or any(not k.isdigit() or not isinstance(t, str) for k, t in raw_names.items()):
+        raise ShapingRulesError(where, "markup.names", "expected an object of token id -> token text")
+    names = {int(k): t for k, t in raw_names.items()}
+    if any(k >= V for k in names):
+        raise ShapingRulesError(where, "markup.names", f"a token id lies outside [0, {V})")
     return CompiledRules(vocab, tuple(rules), persona, tag, dict(model), dict(d.get("rules_file") or {}),
-                         dict(d.get("chat") or {}), names)
+                         dict(chat), names)

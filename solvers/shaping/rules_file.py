@@ -170,45 +170,91 @@ def load_rules(path) -> RulesSpec:
     return RulesSpec(where, hashlib.sha256(data).hexdigest(), tuple(rules), chat)
 
 
+@dataclass(frozen=True, eq=False)
+class _ModelView:
+    """What compiling reads of one GGUF: token bytes and texts, the matcher's view (control
+    tokens as b""), the specials by name, and the name the errors give the model."""
+
+    g: object
+    name: str
+    raw: list
+    text_bytes: list
+    texts: list
+    sp: object
+    by_name: dict
+
+    @classmethod
+    def of(cls, g, model_path: str = "") -> "_ModelView":
+        from exactedit.quant.specials import model_specials
+        from exactedit.solvers.phrases import TOKEN_CONTROL
+        from exactedit.solvers.tail.model import load_tokens
+
+        table = load_tokens(g)
+        raw = [table.token_bytes(i) for i in range(len(table))]
+        types = table.types or (0,) * len(table)
+        text_bytes = [b"" if ty == TOKEN_CONTROL else b for b, ty in zip(raw, types)]  # the matcher's view
+        sp = model_specials(g)
+        texts = [b.decode("utf-8", errors="replace") for b in raw]  # = table.piece(i)
+        by_name: dict[str, int] = {}
+        for i in sp.specials:
+            by_name.setdefault(texts[i], i)
+        return cls(g, model_path or str(g.path), raw, text_bytes, texts, sp, by_name)
+
+    def special(self, name: str, where: str, field: str) -> int:
+        if name not in self.by_name:
+            raise ShapingRulesError(where, field, f"{name!r} is not a special token of {self.name}")
+        return self.by_name[name]
+
+    def template(self, text: str | None, where: str):
+        """(template, "rules" | "gguf"): the rules' own template, else the GGUF's."""
+        from exactedit.quant import chat_template as ct
+
+        sp, texts = self.sp, self.texts
+        if text is not None:
+            return ct.ChatTemplate(text, bos_token=texts[sp.ids["bos"]] if "bos" in sp.ids else "",
+                                   eos_token=texts[sp.ids["eos"]] if "eos" in sp.ids else "",
+                                   where=f"{where}: chat.template"), "rules"
+        if self.g.get("tokenizer.chat_template") is not None:
+            return ct.from_gguf(self.g), "gguf"
+        raise ShapingRulesError(where, "chat.template", f"{self.name} carries no chat template; give one "
+                                "in the rules file's [chat] table so the turn framing is known")
+
+    def framing(self, tpl, where: str):
+        """(format, turn_start, turn_end ids, header_end id | None) of the template for this model."""
+        from exactedit.quant import chat_template as ct
+
+        # control tokens only: a user-defined token can be plain text (Gemma's "\n"), never a chat tag
+        fmt = ct.probe_format(tpl, [self.texts[i] for i in self.sp.control])
+        turn_start = self.special(fmt.turn_start, where, "chat.template (turn start)")
+        turn_end = tuple(dict.fromkeys([self.special(fmt.turn_end, where, "chat.template (turn end)"),
+                                        *self.sp.end_of_generation]))
+        header_end = (None if fmt.header_end == "\n"
+                      else self.special(fmt.header_end, where, "chat.template (header end)"))
+        return fmt, turn_start, turn_end, header_end
+
+    def flags(self) -> tuple[np.ndarray, list[int]]:
+        """(per-token flags, fence counts) as the triggers read them."""
+        from exactedit.solvers.phrases import ends_at_boundary
+
+        flags = [text_flags(t) for t in self.texts]
+        fl = np.array([f for f, _ in flags], dtype=np.uint8)
+        bound = np.array([ends_at_boundary(b) for b in self.text_bytes], dtype=bool)  # control: no text
+        return np.where(bound, fl | BOUNDARY, fl & ~np.uint8(BOUNDARY)).astype(np.uint8), [c for _, c in flags]
+
+
 def compile_rules(spec: RulesSpec, g, tokenize: Tokenize, *, model_path: str = "") -> CompiledRules:
     """Resolve `spec` against the open GGUF `g` (its token table, specials and chat template)
     with the model's own tokenizer `tokenize` (llama.cpp's, in native.shaping.compile)."""
-    from exactedit.quant import chat_template as ct
-    from exactedit.quant.specials import model_specials
-    from exactedit.solvers.phrases import TOKEN_CONTROL, ends_at_boundary
-    from exactedit.solvers.tail.model import load_tokens
-
-    table = load_tokens(g)
-    raw = [table.token_bytes(i) for i in range(len(table))]
-    types = table.types or (0,) * len(table)
-    text_bytes = [b"" if ty == TOKEN_CONTROL else b for b, ty in zip(raw, types)]  # the matcher's view
-    tb = text_bytes.__getitem__
-    sp = model_specials(g)
-    texts = [b.decode("utf-8", errors="replace") for b in raw]  # = table.piece(i)
+    m = _ModelView.of(g, model_path)
     where = spec.path
-    by_name: dict[str, int] = {}
-    for i in sp.specials:
-        by_name.setdefault(texts[i], i)
+    texts, text_bytes, sp, by_name = m.texts, m.text_bytes, m.sp, m.by_name
+    tb = text_bytes.__getitem__
 
     def special(name: str, field: str) -> int:
-        if name not in by_name:
-            raise ShapingRulesError(where, field, f"{name!r} is not a special token of {model_path or g.path}")
-        return by_name[name]
+        return m.special(name, where, field)
 
-    if spec.chat.template is not None:
-        tpl = ct.ChatTemplate(spec.chat.template, bos_token=texts[sp.ids["bos"]] if "bos" in sp.ids else "",
-                              eos_token=texts[sp.ids["eos"]] if "eos" in sp.ids else "", where=f"{where}: chat.template")
-        template_from = "rules"
-    elif g.get("tokenizer.chat_template") is not None:
-        tpl, template_from = ct.from_gguf(g), "gguf"
-    else:
-        raise ShapingRulesError(where, "chat.template", f"{model_path or g.path} carries no chat template; give one "
-                                "in the rules file's [chat] table so the turn framing is known")
-    # control tokens only: a user-defined token can be plain text (Gemma's "\n"), never a chat tag
-    fmt = ct.probe_format(tpl, [texts[i] for i in sp.control])
-    turn_start = special(fmt.turn_start, "chat.template (turn start)")
-    turn_end = tuple(dict.fromkeys([special(fmt.turn_end, "chat.template (turn end)"), *sp.end_of_generation]))
-    header_end = None if fmt.header_end == "\n" else special(fmt.header_end, "chat.template (header end)")
+    tpl, template_from = m.template(spec.chat.template, where)
+    fmt, turn_start, turn_end, header_end = m.framing(tpl, where)
     gen = tpl.render([{"role": "user", "content": "x"}], add_generation_prompt=True)
     head = gen[gen.rindex(fmt.turn_start):]
     role = tuple(int(t) for t in tokenize(fmt.assistant, False))
@@ -225,17 +271,20 @@ def compile_rules(spec: RulesSpec, g, tokenize: Tokenize, *, model_path: str = "
         return (special(given[0], f"chat.{key}"), special(given[1], f"chat.{key}")) if given else None
 
     think, tool = tags("think"), tags("tool")
-    flags = [text_flags(t) for t in texts]
-    fl = np.array([f for f, _ in flags], dtype=np.uint8)
-    bound = np.array([ends_at_boundary(b) for b in text_bytes], dtype=bool)  # control: no text
-    fl = np.where(bound, fl | BOUNDARY, fl & ~np.uint8(BOUNDARY)).astype(np.uint8)
-    vocab = ShapeVocab(fl, [c for _, c in flags], (turn_start,), turn_end, role, header_end,
-                       *(think or (None, None)), *(tool or (None, None)))
+    fl, fences = m.flags()
+    try:
+        vocab = ShapeVocab(fl, fences, (turn_start,), turn_end, role, header_end,
+                           *(think or (None, None)), *(tool or (None, None)))
+    except ValueError as exc:
+        raise ShapingRulesError(where, "chat", f"the chat markup of {m.name} does not fit: {exc}") from None
     rules, persona, persona_tag = [], True, "style"
     for r in spec.rules:
         if isinstance(r, PenaltySpec):
             phrases = tuple(shaping.TextPhrase(p, _final(p, tb, tokenize, where)) for p in r.phrases)
-            rules.append(shaping.PhrasePenalty(r.bias, phrases, phrase_pieces(r.phrases, text_bytes)))
+            try:
+                rules.append(shaping.PhrasePenalty(r.bias, phrases, phrase_pieces(r.phrases, text_bytes)))
+            except ValueError as exc:
+                raise ShapingRulesError(where, "prefix-penalty.phrases", str(exc)) from None
         elif isinstance(r, GuardSpec):
             targets = ((think[0],) if think else ()) + turn_end + tuple(special(n, "step0-guard.targets")
                                                                         for n in r.targets)
@@ -251,7 +300,7 @@ def compile_rules(spec: RulesSpec, g, tokenize: Tokenize, *, model_path: str = "
     for r in rules:
         named |= set(getattr(r, "targets", ())) | {p.final for p in getattr(r, "phrases", ())}
     names = {i: texts[i] for i in sorted(named)}
-    model = {"path": model_path or str(g.path), "sha256": g.sha256(), "vocab": len(table)}
+    model = {"path": m.name, "sha256": g.sha256(), "vocab": len(texts)}
     return CompiledRules(vocab, tuple(rules), persona, persona_tag, model,
                          {"path": spec.path, "sha256": spec.sha256}, chat, names)
 
@@ -265,11 +314,15 @@ def phrase_pieces(phrases: Sequence[str], text_bytes: Sequence[bytes]) -> dict[i
     prefixes = [f.prefix for f in forms(phrases, True) if f.prefix]
     starts = {p[:k] for p in prefixes for k in range(1, len(p) + 1)}
     longest = max(len(p) for p in prefixes)
+    # every substring of a prefix no longer than a token: `b in inside` is `any(b in p for p in
+    # prefixes)` in one set lookup (a scan over the prefixes per token was O(vocab x phrases))
+    widest = max((len(b) for b in text_bytes), default=0)
+    inside = {p[a:z] for p in prefixes for a in range(len(p)) for z in range(a + 1, min(len(p), a + widest) + 1)}
     out = {}
     for i, b in enumerate(text_bytes):
         if not b:
             continue
-        if any(b in p for p in prefixes) or any(
+        if b in inside or any(
                 b[-k:] in starts and ends_at_boundary(b[:-k]) for k in range(1, min(len(b) - 1, longest) + 1)):
             out[i] = b
     return out
@@ -287,3 +340,65 @@ def _final(text: str, tb, tokenize: Tokenize, where: str) -> int:
                                 f"token of this model (it tokenizes as {[tb(t) for t in canon]}); the penalty lowers "
                                 "one token, so ban a phrase whose last word is one token")
     return canon[-1]
+
+
+def check_compiled(compiled: CompiledRules, g, where, *, model_path: str = "") -> None:
+    """Check compiled rules against the model they are used with, re-deriving from its token
+    table what compiling derived: the vocabulary size, the chat markup from the template the
+    rules name, each token's flags, each phrase's final token (its last word's bytes) and token
+    pieces, the guard's targets (special tokens), the case pairs and the token names. Raises
+    ShapingRulesError naming the field that differs (a file edited by hand, or for another model)."""
+    from exactedit.solvers.phrases import split_last_word
+
+    where = str(where)
+    m = _ModelView.of(g, model_path)
+    v = compiled.vocab
+
+    def refuse(field: str, what: str):
+        raise ShapingRulesError(where, field, f"{what}; the model {m.name} gives otherwise (edited by hand? "
+                                "recompile with exactedit shape compile)")
+
+    if v.size != len(m.texts):
+        refuse("model.vocab", f"{v.size} tokens, the model has {len(m.texts)}")
+    tpl, template_from = m.template(compiled.chat.get("template") if compiled.chat.get("template_from") == "rules"
+                                    else None, where)
+    fmt, turn_start, turn_end, header_end = m.framing(tpl, where)
+    if v.turn_start != (turn_start,):
+        refuse("markup.turn_start", f"{list(v.turn_start)}, expected [{turn_start}] ({fmt.turn_start!r})")
+    if v.turn_end != turn_end:
+        refuse("markup.turn_end", f"{list(v.turn_end)}, expected {list(turn_end)}")
+    if v.header_end != header_end:
+        refuse("markup.header_end", f"{v.header_end}, expected {header_end}")
+    if not v.role or b"".join(m.raw[t] for t in v.role) != fmt.assistant.encode("utf-8"):
+        refuse("markup.role", f"{list(v.role)} does not spell the assistant role {fmt.assistant!r}")
+    for key, pair in (("think", (v.think_open, v.think_close)), ("tool", (v.tool_open, v.tool_close))):
+        if pair[0] is not None and not set(pair) <= set(m.sp.specials):
+            refuse(f"markup.{key}", f"{list(pair)} are not special tokens")
+    fl, fences = m.flags()
+    if not np.array_equal(v.flags, fl) or not np.array_equal(v.fences, np.asarray(fences, np.uint8)):
+        bad = int(np.flatnonzero((v.flags != fl) | (v.fences != np.asarray(fences, np.uint8)))[0])
+        refuse("classes", f"token {bad} ({m.texts[bad]!r}) has other flags")
+    for k, r in enumerate(compiled.rules):
+        f = f"rules[{k}]"
+        if isinstance(r, shaping.PhrasePenalty):
+            for j, p in enumerate(r.phrases):
+                word = split_last_word(p.text)[1].encode("utf-8")
+                if m.text_bytes[p.final] != word:
+                    refuse(f"{f}.phrases[{j}].final", f"token {p.final} is {m.raw[p.final]!r}, not the last word "
+                           f"{word!r} of {p.text!r}")
+            want = phrase_pieces([p.text for p in r.phrases], m.text_bytes)
+            if r.pieces != want:
+                bad = min(set(r.pieces.items()) ^ set(want.items()))
+                refuse(f"{f}.pieces", f"token {bad[0]} as {r.pieces.get(bad[0])!r}, the model's piece is "
+                       f"{want.get(bad[0])!r}")
+        elif isinstance(r, shaping.Step0Guard):
+            if not set(r.targets) <= set(m.sp.specials) | set(turn_end):
+                refuse(f"{f}.targets", f"{sorted(set(r.targets) - set(m.sp.specials))} are not special tokens")
+        else:
+            allowed = set(shaping.case_pairs(m.texts, None, skip=m.sp.specials))
+            extra = [p for p in r.pairs if tuple(p) not in allowed]
+            if extra:
+                refuse(f"{f}.pairs", f"{list(extra[0])} is not a (Capitalized, lowercase) token pair")
+    for i, text in compiled.names.items():
+        if not 0 <= i < len(m.texts) or m.texts[i] != text:
+            refuse("markup.names", f"token {i} named {text!r}")

@@ -84,7 +84,20 @@ def test_bad_inputs():
     assert err.value.field == "tokens"
     with pytest.raises(DumpFormatError) as err:
         infer_roles([0], VOCAB, [len(VOCAB)])
-    assert err.value.field == "special_ids"
+    assert err.value.field == "special tokens"
+
+
+def test_errors_name_the_input_not_the_function():
+    """Issue 26: the errors named `infer_roles`; they name the file / document and the model."""
+    with pytest.raises(DumpFormatError) as err:
+        infer_roles([0, len(VOCAB)], VOCAB, [0], where="raw/tokens.i32 (document d0)")
+    assert err.value.path == "raw/tokens.i32 (document d0)" and "row 1" in str(err.value)
+    with pytest.raises(DumpFormatError) as err:
+        infer_roles([0], VOCAB, [0], next_token=len(VOCAB), where="d")
+    assert (err.value.path, err.value.field) == ("d", "next token")
+    with pytest.raises(DumpFormatError) as err:
+        infer_roles([0], VOCAB, [len(VOCAB)], table="model.gguf")
+    assert err.value.path == "model.gguf" and "infer_roles" not in str(err.value)
 
 
 def test_mark_docs_sets_anchor_bits_without_touching_input():

@@ -134,3 +134,62 @@ def test_mutated_files_give_our_error_or_valid_rows(tmp_path_factory, pos, value
     except KldBaseFileError:
         return
     assert rows.codes.shape == (b.rows, b.n_vocab) and np.all(rows.scale >= 0) and np.all(rows.min_log_prob <= 0)
+    assert np.isfinite(rows.decoded()).all() and np.all(np.exp(rows.decoded().astype(np.float64)) < 3)
+
+
+# ---- issue 26: bounded, validated against the model, never a FIFO -------------------------------
+
+def test_fifo_and_directory_are_refused_without_blocking(tmp_path):
+    import os
+    import signal
+
+    fifo = tmp_path / "pipe.kld"
+    os.mkfifo(fifo)
+    old = signal.signal(signal.SIGALRM, lambda *_: pytest.fail("read_base_file blocked on a FIFO"))
+    signal.alarm(5)
+    try:
+        for f in (fifo, tmp_path):
+            with pytest.raises(KldBaseFileError, match="not a regular file") as err:
+                read_base_file(f)
+            assert err.value.field == "file"
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_n_vocab_of_another_model_is_refused(tmp_path):
+    _write(tmp_path / "ok.kld", V=7)
+    assert read_base_file(tmp_path / "ok.kld", 7).n_vocab == 7
+    with pytest.raises(KldBaseFileError, match="the model has 8 tokens") as err:
+        read_base_file(tmp_path / "ok.kld", 8)
+    assert err.value.field == "n_vocab" and err.value.offset == 12
+
+
+@pytest.mark.parametrize("scale,mlp", [
+    (3e38, -1.0),            # finite, huge: decodes to inf
+    (1e-3, -1e30),           # finite, huge: exp and the perplexity overflow
+    (1e-3, -60.0),           # below what the tool writes for V = 7 (-16 - log 7)
+    (1.0, -2.0),             # the top decodes to a log-prob of 65533
+    (float("inf"), -1.0), (0.0, float("nan")), (-1e-3, -1.0), (1e-4, 0.5),
+])
+def test_extreme_row_floats_are_refused(tmp_path, scale, mlp):
+    _write(tmp_path / "ok.kld")
+    data = bytearray((tmp_path / "ok.kld").read_bytes())
+    data[84:92] = struct.pack("<ff", scale, mlp)           # chunk 1, row 0
+    b = read_base_file(_evil(tmp_path, bytes(data)))
+    with pytest.raises(KldBaseFileError, match="chunk 1 row 0") as err:
+        b.base_rows(0, 1)
+    assert err.value.offset == 84
+
+
+def test_rows_the_tool_writes_stay_accepted(tmp_path):
+    """Extreme but real logits: a flat row (scale 0, min_log_prob -log V), a 1e4-wide spread."""
+    V = 50
+    lg = np.stack([np.zeros(V), np.linspace(-1e4, 1e4, V), np.r_[1e5, np.zeros(V - 1)]]).astype(np.float32)
+    rows, _ = encode_base(lg, np.zeros(3, np.int64))
+    f = tmp_path / "x.kld"
+    with BaseFileWriter(f, 8, V, np.zeros(8, np.int64)) as w:
+        w.write(rows)
+        w.close()
+    got = read_base_file(f, V).base_rows(0, 3)
+    assert np.isfinite(got.decoded()).all() and np.array_equal(got.codes, rows.codes)

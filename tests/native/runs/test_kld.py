@@ -86,3 +86,44 @@ def test_cli_json_and_rows_out(world):
     assert "Mean    KLD: " in r.output and "(llama-perplexity itself prints no summary below 100 rows)" in r.output
     r = CliRunner().invoke(main, ["kld", "--edited", edited, "--dump", d1, "--stats", "llama-perplexity"])
     assert r.exit_code != 0 and "--model" in r.output
+
+
+def _no_constants(text: str):
+    def refuse(name):
+        raise AssertionError(f"JSON holds {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_base_file_of_another_vocabulary_is_our_error(world):
+    """Issue 26: a base file whose n_vocab is not the edited model's: our error, not a traceback."""
+    from exactedit.evals.kl.base_file import BaseFileWriter, KldBaseFileError, rows_per_chunk
+    from exactedit.evals.kl.llamacpp import encode_base
+    from tests.kld_world import V
+
+    root, (base, edited, d1, _, _) = world
+    f = root / "other-vocab.kld"
+    rows, _ = encode_base(np.zeros((rows_per_chunk(CTX) * 2, V + 1), np.float32), np.zeros(10, np.int64))
+    from exactedit.dumps import read_dump
+
+    toks = np.asarray(read_dump(d1).tokens, np.int64)          # the dump's chunks: only n_vocab is wrong
+    with BaseFileWriter(f, CTX, V + 1, toks) as w:
+        w.write(rows)
+        w.close()
+    with pytest.raises(KldBaseFileError, match=f"the model has {V} tokens"):
+        run_kld(KldConfig(dumps=(d1,), edited=edited, stats="llama-perplexity"), KldFiles(base_file=str(f)))
+    r = CliRunner().invoke(main, ["kld", "--edited", edited, "--dump", d1, "--stats", "llama-perplexity",
+                                  "--base-file", str(f)])
+    assert r.exit_code != 0 and "Traceback" not in r.output and "n_vocab" in r.output
+
+
+def test_json_has_no_infinity_or_nan(world):
+    """Non-finite numbers (one chunk: the tool's uncertainties are NaN) are null in --json."""
+    root, (base, edited, d1, _, _) = world
+    res = run_kld(KldConfig(dumps=(d1,), model=base, edited=edited, stats="llama-perplexity", doc_rows="6:7"))
+    text = json.dumps(res.to_dict(), allow_nan=False)
+    out = _no_constants(text)
+    assert out["rows"] == 2
+    r = CliRunner().invoke(main, ["kld", "--model", base, "--edited", edited, "--dump", d1, "--doc-rows", "6:7",
+                                  "--stats", "llama-perplexity", "--json"])
+    assert r.exit_code == 0, r.output
+    _no_constants(r.stdout)

@@ -180,3 +180,17 @@ def test_offline_step0_and_case_rows(world):
         fired.append(sh.shape(np.zeros(len(TEXTS), np.float32))[1])
     assert [i for i, f in enumerate(fired) if f[2]] == [8, step0, list(toks).index(ID["."])]  # header end too
     assert [i for i, f in enumerate(fired) if f[1]] == [step0]
+
+
+def test_compile_errors_name_the_rules_file_and_field(tmp_path):
+    """Issue 26: a tokenizer that gives the assistant role no tokens raised the vocabulary's bare
+    ValueError; it names the rules file and the field."""
+    model = write_model(tmp_path / "m.gguf")
+    (tmp_path / "r.toml").write_text(RULES)
+
+    def no_role(text, special):
+        return [] if text == "assistant" else tokenize(text, special)
+
+    with gguf.open(model) as g, pytest.raises(ShapingRulesError) as err:
+        compile_rules(load_rules(tmp_path / "r.toml"), g, no_role, model_path=str(model))
+    assert err.value.path == str(tmp_path / "r.toml") and err.value.field == "chat"
