@@ -269,13 +269,13 @@ def import_raw(src, out, *, roles: Roles | None = None, overwrite: bool = False,
     scratch = out.parent / f".{out.name}.import-{os.getpid()}"
     try:
         return _import(path, spec, out, scratch, roles=roles, overwrite=overwrite, meta=meta, expect=expect,
-                       model_sha256=model_sha256)
+                       model_sha256=model_sha256, chat_framing=chat_framing)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _import(path: Path, spec: dict, out: Path, scratch: Path, *, roles, overwrite, meta, expect,
-            model_sha256) -> Path:
+            model_sha256, chat_framing) -> Path:
     arch = spec["arch"]
     T = _rows_from(path, spec)
     missing = [n for n in required_fields(arch) if n not in spec["fields"] and n != "next"]
