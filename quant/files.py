@@ -146,6 +146,31 @@ def claim_tmp(path) -> Iterator[Path]:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def output_lock(path) -> Iterator[None]:
+    """Hold `path.lock` (flocked) while an output directory is written through a temporary name: a
+    second live run writing the same output is refused (OutputBusyError) instead of removing the
+    first one's temporary directory; a lock file left by a killed run holds no lock and is reused.
+    The lock file is removed when the block ends."""
+    lock = Path(str(path) + ".lock")
+    while True:
+        with writing(lock):
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        if not _lock(fd):
+            os.close(fd)
+            raise OutputBusyError(path, "output", f"is being written by another run ({lock} is held); wait "
+                                                  "for it, or choose another output path")
+        if _same_inode(lock, fd):
+            break
+        os.close(fd)     # its holder removed the file we opened before we locked it: again
+    try:
+        yield
+    finally:
+        if _same_inode(lock, fd):
+            os.unlink(lock)
+        os.close(fd)
+
+
 def _same_inode(path: Path, fd: int) -> bool:
     """`path` still names the file open as `fd`."""
     try:

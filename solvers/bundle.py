@@ -38,7 +38,7 @@ import numpy as np
 
 from exactedit import quant
 from exactedit.quant.errors import FieldError
-from exactedit.quant.files import file_sha256, fsync_dir, writing
+from exactedit.quant.files import file_sha256, fsync_dir, output_lock, writing
 from exactedit.quant.patch import RowPatchError, read_row_patch, write_row_patch
 
 KIND = "exactedit.bundle"
@@ -163,8 +163,15 @@ def write_bundle(out, *, solver: str, inputs: Sequence[InputRef], config: Mappin
     for name in names:
         if Path(name).name != name or name.startswith("."):
             raise BundleError(out, "files", f"{name!r} is not a plain file name")
-    tmp = out.with_name(out.name + ".tmp")
-    if tmp.exists():
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with output_lock(out):          # one run at a time writes `out` (another is refused, not clobbered)
+        _write_bundle_dir(out, out.with_name(out.name + ".tmp"), solver, inputs, config, edits, files, record,
+                          ledger_head)
+    return read_bundle(out)
+
+
+def _write_bundle_dir(out: Path, tmp: Path, solver, inputs, config, edits, files, record, ledger_head) -> None:
+    if tmp.exists():                # left by a killed run: ours by name, and the lock says no run holds it
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     try:
@@ -207,7 +214,6 @@ def write_bundle(out, *, solver: str, inputs: Sequence[InputRef], config: Mappin
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
-    return read_bundle(out)
 
 
 def _need(path, obj: Mapping, key: str, kind, where: str = ""):

@@ -188,3 +188,20 @@ def test_ledger_head_is_recorded_outside_the_identity(tmp_path):
     (b.path / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(BundleError, match="ledger_head"):
         read_bundle(b.path)
+
+
+def test_a_second_live_run_of_one_output_is_refused_not_clobbered(tmp_path):
+    """While one run holds B's lock (writing B.tmp/), another run writing B is refused and leaves
+    B.tmp/ alone; a killed run's leftovers (its lock file, its B.tmp/) are reused."""
+    from exactedit.quant.files import OutputBusyError, output_lock
+
+    rng = np.random.default_rng(0)
+    (tmp_path / "b.tmp").mkdir()
+    (tmp_path / "b.tmp" / "partial").write_bytes(b"the first run's work")
+    with output_lock(tmp_path / "b"):
+        with pytest.raises(OutputBusyError, match="another run"):
+            _write(tmp_path, rng)
+        assert (tmp_path / "b.tmp" / "partial").read_bytes() == b"the first run's work"
+    (tmp_path / "b.lock").write_bytes(b"")          # a killed run's lock file: no process holds it
+    b = _write(tmp_path, rng)
+    assert b.path == tmp_path / "b" and not (tmp_path / "b.tmp").exists() and not (tmp_path / "b.lock").exists()
