@@ -605,6 +605,25 @@ def bench_quant(rows, cols, threads, repeats, qtypes, json_out) -> None:
     emit_json_file(result, format_table(result), json_out)
 
 
+@bench.command("shape-compile")
+@click.option("--model", type=MODEL, default="qwen", show_default=True, help="GGUF path, or a public model name.")
+@click.option("--phrases", default=1000, show_default=True, type=click.IntRange(1), help="Banned phrases compiled.")
+@click.option("--scan-phrases", default=50, show_default=True, type=click.IntRange(1),
+              help="Phrases of the same-run baseline (the old per-token scan over every prefix).")
+@click.option("--repeats", default=1, show_default=True, type=click.IntRange(1), help="Compiles; best kept.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Which of the model's words make the phrases.")
+@JSON_FLAG
+def bench_shape_compile(model, phrases, scan_phrases, repeats, seed, as_json) -> None:
+    """`shape compile` of many phrases drawn from the model's words; the piece search against its old scan."""
+    from exactedit.bench import ShapeCompileBenchConfig, render_shape_compile_bench, run_shape_compile_bench
+
+    with _bad_parameter():
+        cfg = ShapeCompileBenchConfig(model=str(model), phrases=phrases, scan_phrases=min(scan_phrases, phrases),
+                                      repeats=repeats, seed=seed)
+    r = with_progress("bench shape-compile", run_shape_compile_bench, cfg)
+    emit(r, render_shape_compile_bench(r), as_json)
+
+
 @bench.command("solve-head")
 @click.option("--rows", default=17352, show_default=True, type=click.IntRange(1), help="Rows of the Adam step.")
 @click.option("--k", default=16, show_default=True, type=click.IntRange(1), help="|S|, edited head rows.")
