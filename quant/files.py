@@ -118,6 +118,21 @@ def _lock(fd: int) -> bool:
     return True
 
 
+def _hold(path: Path, busy: str) -> int:
+    """An fd of `path` (created if need be) under an exclusive flock: refused (OutputBusyError,
+    `busy`) while another live run holds it; opened again when its holder removed or renamed the
+    file between our open and our lock."""
+    while True:
+        with writing(path):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if not _lock(fd):
+            os.close(fd)
+            raise OutputBusyError(path, "output", busy)
+        if _same_inode(path, fd):
+            return fd
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def claim_tmp(path) -> Iterator[Path]:
     """Hold `path.tmp` for this run: it is created (or, left by a killed run, truncated: it is ours by
@@ -125,16 +140,8 @@ def claim_tmp(path) -> Iterator[Path]:
     Another live run writing the same output holds the lock: refused (OutputBusyError) rather than
     writing into its file. When the block raises, the temporary file is removed."""
     tmp = tmp_path(path)
-    while True:
-        with writing(tmp):
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT, 0o644)
-        if not _lock(fd):
-            os.close(fd)
-            raise OutputBusyError(path, "output", f"{tmp} is being written by another run of the same "
-                                                  "output; wait for it, or choose another output path")
-        if _same_inode(tmp, fd):
-            break
-        os.close(fd)     # its holder renamed or removed the file we opened before we locked it: again
+    fd = _hold(tmp, f"{tmp} is being written by another run of the same output; wait for it, or choose "
+                    "another output path")
     try:
         os.ftruncate(fd, 0)
         yield tmp
@@ -153,16 +160,8 @@ def output_lock(path) -> Iterator[None]:
     first one's temporary directory; a lock file left by a killed run holds no lock and is reused.
     The lock file is removed when the block ends."""
     lock = Path(str(path) + ".lock")
-    while True:
-        with writing(lock):
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        if not _lock(fd):
-            os.close(fd)
-            raise OutputBusyError(path, "output", f"is being written by another run ({lock} is held); wait "
-                                                  "for it, or choose another output path")
-        if _same_inode(lock, fd):
-            break
-        os.close(fd)     # its holder removed the file we opened before we locked it: again
+    fd = _hold(lock, f"{path} is being written by another run ({lock} is held); wait for it, or choose "
+                     "another output path")
     try:
         yield
     finally:

@@ -13,29 +13,16 @@ import pytest
 from click.testing import CliRunner
 
 from exactedit.cli import main
-from exactedit.dumps import DocInfo, write_dump
-from exactedit.quant.gguf_write import synthetic_model
-from exactedit.solvers.bundle import InputRef, TensorEdit, write_bundle
-
-N, H, V, T = 256, 32, 40, 6
+from tests.cli.io_world import T, V, make_inputs
 
 
 @pytest.fixture
 def world(tmp_path):
-    from exactedit import quant
     from exactedit.evals.protocol.ledger import Ledger
 
     root = tmp_path / "w"
     root.mkdir()
-    model = synthetic_model(root / "m.gguf", vocab=V, n=N, h=H, layers=1, head_type="Q8_0")
-    rng = np.random.default_rng(0)
-    write_dump(root / "d", arch="rmsnorm", layer=0, docs=[DocInfo("x", 0, T, "s", "c")],
-               fields={"tokens": np.zeros(T, int), "next": np.ones(T, int),
-                       "R": rng.standard_normal((T, N)), "hh": rng.standard_normal((T, H))})
-    edit = TensorEdit("output.weight", "rows", "Q8_0", (V, N), quant.quantize(np.zeros((1, N), np.float32), "Q8_0"),
-                      np.array([3]))
-    write_bundle(root / "b", solver="test", inputs=[InputRef("model", str(model.path), model.sha256)],
-                 config={}, edits=[edit])
+    make_inputs(root)
     for name in ("text.txt", "prompts.txt", "phrases.txt", "rules.toml", "protocol.toml", "report.json"):
         (root / name).write_text(f"{name}\n")
     (root / "tokens.bin").write_bytes(np.arange(4, dtype="<i4").tobytes())

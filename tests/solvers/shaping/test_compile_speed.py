@@ -11,20 +11,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from exactedit.solvers.phrases import ends_at_boundary, forms
+from exactedit.bench.shape_compile import scan_pieces
 from exactedit.solvers.shaping.rules_file import PenaltySpec, RulesSpec, compile_rules, phrase_pieces
 from tests.shaping_world import CONTROL, TEXTS, USER_DEFINED
 
 QWEN_VOCAB = 151_936
-
-
-def scan_pieces(phrases, text_bytes) -> dict[int, bytes]:
-    """The reference: every prefix scanned for every token."""
-    prefixes = [f.prefix for f in forms(phrases, True) if f.prefix]
-    starts = {p[:k] for p in prefixes for k in range(1, len(p) + 1)}
-    longest = max(len(p) for p in prefixes)
-    return {i: b for i, b in enumerate(text_bytes) if b and (any(b in p for p in prefixes) or any(
-        b[-k:] in starts and ends_at_boundary(b[:-k]) for k in range(1, min(len(b) - 1, longest) + 1)))}
 
 
 _WORD = st.text(alphabet="abcyouE é", min_size=1, max_size=6).map(str.strip).filter(bool)
