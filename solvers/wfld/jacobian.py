@@ -21,6 +21,7 @@ import numpy as np
 
 from exactedit.solvers.tail import head_ref
 from exactedit.solvers.tail import head_fast
+from exactedit.solvers.tail.buckets import map_rows, pad_axis
 from exactedit.solvers.wfld.config import WfldError
 from exactedit.solvers.tail.last_layer_ref import sigmoid, stream_gates
 
@@ -153,15 +154,25 @@ def _rms_vjp(Rp, cot, w_norm, eps):
     return jax.vmap(lambda c: pull(c)[0], in_axes=1, out_axes=1)(cot)
 
 
+#: the cotangents per row are padded with zero columns to a multiple of this (one compile for nearby m)
+COT_BUCKET = 8
+
+
 def head_vjp_jax(tail, Rp, cot) -> np.ndarray:
-    """Same as `head_vjp_ref`, float32 through JAX autodiff (returned as float64)."""
+    """Same as `head_vjp_ref`, float32 through JAX autodiff (returned as float64). The weights are
+    arguments of the jitted VJP; rows go in bucketed chunks (`solvers.tail.buckets`) and the m
+    cotangents per row are zero-padded to a multiple of COT_BUCKET (each cotangent's VJP is its own,
+    so the padding's outputs are sliced off unread)."""
     f32 = lambda x: jnp.asarray(np.asarray(x), dtype=jnp.float32)  # noqa: E731
     p = tail.mix_params
+    Rp, cot = np.asarray(Rp, np.float32), np.asarray(cot, np.float32)
+    m = cot.shape[1]
+    cot = pad_axis(cot, 1, max(COT_BUCKET, -(-m // COT_BUCKET) * COT_BUCKET))
     if tail.kind == "hc4":
-        out = _hc4_vjp(f32(Rp), f32(cot), f32(p.w_onorm), f32(p.w_odown), f32(p.w_oup), jnp.float32(p.eps))
+        out = map_rows(_hc4_vjp, [Rp, cot], f32(p.w_onorm), f32(p.w_odown), f32(p.w_oup), jnp.float32(p.eps))
     else:
-        out = _rms_vjp(f32(Rp), f32(cot), f32(p.w_norm), jnp.float32(p.eps))
-    return np.asarray(out, dtype=np.float64)
+        out = map_rows(_rms_vjp, [Rp, cot], f32(p.w_norm), jnp.float32(p.eps))
+    return np.asarray(out[:, :m], dtype=np.float64)
 
 
 # ---- logits and condition vectors at selected rows ------------------------------------------------
