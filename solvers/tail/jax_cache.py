@@ -90,6 +90,8 @@ class CompileCounter:
         self.traces = 0
         self.cache_hits = 0
         self.saved_s = 0.0
+        self.phases: dict[str, dict] = {}
+        self._last = (0, 0.0)
 
     def _duration(self, event: str, seconds: float, **_):
         if event == COMPILE_EVENT:
@@ -121,7 +123,17 @@ class CompileCounter:
             except (AttributeError, ValueError, AssertionError):  # an older JAX without unregistering
                 pass
 
+    def mark(self, phase: str) -> None:
+        """Attribute the compiles since the previous mark (or the start) to `phase`."""
+        n, s = self._last
+        self.phases[phase] = {"compiles": self.compiles - n, "compile_s": round(self.compile_s - s, 3)}
+        self._last = (self.compiles, self.compile_s)
+
     def to_dict(self) -> dict:
-        """compiles (XLA compiles + persistent-cache loads), their seconds, cache hits, traces."""
-        return {"compiles": self.compiles, "compile_s": round(self.compile_s, 3), "cache_hits": self.cache_hits,
-                "compile_time_saved_s": round(self.saved_s, 3), "traces": self.traces}
+        """compiles (XLA compiles + persistent-cache loads), their seconds, cache hits, the seconds
+        the hits saved, traces, and the compiles of each marked phase."""
+        d = {"compiles": self.compiles, "compile_s": round(self.compile_s, 3), "cache_hits": self.cache_hits,
+             "compile_time_saved_s": round(self.saved_s, 3), "traces": self.traces}
+        if self.phases:
+            d["by_phase"] = dict(self.phases)
+        return d
