@@ -21,7 +21,7 @@ import numpy as np
 
 from exactedit.solvers.tail import head_ref
 from exactedit.solvers.tail import head_fast
-from exactedit.solvers.tail.buckets import map_rows, pad_axis
+from exactedit.solvers.tail.buckets import map_rows
 from exactedit.solvers.wfld.config import WfldError
 from exactedit.solvers.tail.last_layer_ref import sigmoid, stream_gates
 
@@ -142,37 +142,38 @@ def head_vjp_ref(tail, Rp, cot) -> np.ndarray:
 
 # ---- the head's VJP: fast path (JAX float32 autodiff) ---------------------------------------------
 
+def _pull_each(pull, cot):
+    """pull(cot[:, j]) for each of the m cotangents, one after another (lax.map) -> [T, m, ...].
+    Not jax.vmap: XLA:CPU (jax 0.10.2) miscompiles the batched pull at 64 rows x 16 or more
+    cotangents (off by up to 0.2 at production width; tests/solvers/wfld/test_jacobian.py,
+    test_many_tokens_per_row)."""
+    return jnp.swapaxes(jax.lax.map(lambda c: pull(c)[0], jnp.swapaxes(cot, 0, 1)), 0, 1)
+
+
 @jax.jit
 def _hc4_vjp(Rp, cot, w_onorm, w_odown, w_oup, eps):
     _, pull = jax.vjp(lambda r: head_fast.hc4_mix_jax(r, w_onorm, w_odown, w_oup, eps), Rp)
-    return jax.vmap(lambda c: pull(c)[0], in_axes=1, out_axes=1)(cot)
+    return _pull_each(pull, cot)
 
 
 @jax.jit
 def _rms_vjp(Rp, cot, w_norm, eps):
     _, pull = jax.vjp(lambda r: head_fast.rmsnorm_mix_jax(r, w_norm, eps), Rp)
-    return jax.vmap(lambda c: pull(c)[0], in_axes=1, out_axes=1)(cot)
-
-
-#: the cotangents per row are padded with zero columns to a multiple of this (one compile for nearby m)
-COT_BUCKET = 8
+    return _pull_each(pull, cot)
 
 
 def head_vjp_jax(tail, Rp, cot) -> np.ndarray:
     """Same as `head_vjp_ref`, float32 through JAX autodiff (returned as float64). The weights are
-    arguments of the jitted VJP; rows go in bucketed chunks (`solvers.tail.buckets`) and the m
-    cotangents per row are zero-padded to a multiple of COT_BUCKET (each cotangent's VJP is its own,
-    so the padding's outputs are sliced off unread)."""
+    arguments of the jitted VJP; rows go in bucketed chunks (`solvers.tail.buckets`: one compile per
+    bucket and cotangent count m, which is fixed within a solve)."""
     f32 = lambda x: jnp.asarray(np.asarray(x), dtype=jnp.float32)  # noqa: E731
     p = tail.mix_params
     Rp, cot = np.asarray(Rp, np.float32), np.asarray(cot, np.float32)
-    m = cot.shape[1]
-    cot = pad_axis(cot, 1, max(COT_BUCKET, -(-m // COT_BUCKET) * COT_BUCKET))
     if tail.kind == "hc4":
         out = map_rows(_hc4_vjp, [Rp, cot], f32(p.w_onorm), f32(p.w_odown), f32(p.w_oup), jnp.float32(p.eps))
     else:
         out = map_rows(_rms_vjp, [Rp, cot], f32(p.w_norm), jnp.float32(p.eps))
-    return np.asarray(out[:, :m], dtype=np.float64)
+    return np.asarray(out, dtype=np.float64)
 
 
 # ---- logits and condition vectors at selected rows ------------------------------------------------
