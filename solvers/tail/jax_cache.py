@@ -130,9 +130,10 @@ class CompileCounter:
         self._last = (self.compiles, self.compile_s)
 
     def to_dict(self) -> dict:
-        """compiles (XLA compiles + persistent-cache loads), their seconds, cache hits, the seconds
-        the hits saved, traces, and the compiles of each marked phase."""
+        """compiles (XLA compiles + persistent-cache loads), their seconds, cache hits, fresh compiles
+        (not from the cache), the seconds the hits saved, traces, and the compiles of each marked phase."""
         d = {"compiles": self.compiles, "compile_s": round(self.compile_s, 3), "cache_hits": self.cache_hits,
+             "fresh_compiles": self.compiles - self.cache_hits,
              "compile_time_saved_s": round(self.saved_s, 3), "traces": self.traces}
         if self.phases:
             d["by_phase"] = dict(self.phases)
