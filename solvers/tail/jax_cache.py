@@ -3,7 +3,8 @@
 The cache: XLA programs compiled once are kept on disk and reused by the next process, so a fresh
 `exactedit solve ...` on a GPU does not pay the compiles again. On by default, in
 $XDG_CACHE_HOME/exactedit/jax (~/.cache/exactedit/jax when XDG_CACHE_HOME is unset);
-EXACTEDIT_JAX_CACHE=PATH puts it elsewhere, EXACTEDIT_JAX_CACHE=off turns it off. Every program is
+EXACTEDIT_JAX_CACHE=PATH puts it elsewhere, EXACTEDIT_JAX_CACHE=off turns it off; without
+EXACTEDIT_JAX_CACHE, JAX's own JAX_COMPILATION_CACHE_DIR is kept when set. Every program is
 cached, however small or quick to compile (thresholds at zero). `enable_compilation_cache` is
 called where the device configuration is set up (`solvers.tail.device`); `compilation_cache_state`
 is what the benches report.
@@ -34,13 +35,16 @@ class JaxCacheError(ExacteditError):
 
 
 def cache_dir(environ: Mapping[str, str] | None = None) -> str | None:
-    """The cache directory the environment asks for (None: off)."""
+    """The cache directory the environment asks for (None: off): EXACTEDIT_JAX_CACHE (a path or
+    off), else JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/exactedit/jax or ~/.cache/exactedit/jax."""
     env = os.environ if environ is None else environ
     value = env.get(ENV, "").strip()
     if value.lower() in OFF:
         return None
     if value:
         return str(Path(value).expanduser())
+    if env.get("JAX_COMPILATION_CACHE_DIR", "").strip():    # JAX's own variable, when set, is kept
+        return str(Path(env["JAX_COMPILATION_CACHE_DIR"].strip()).expanduser())
     base = env.get("XDG_CACHE_HOME", "").strip() or str(Path(env.get("HOME", "~")).expanduser() / ".cache")
     return str(Path(base).expanduser() / "exactedit" / "jax")
 

@@ -22,6 +22,8 @@ from exactedit.solvers.tail import device as devmod, jax_cache
     ({"HOME": "/home/u", "EXACTEDIT_JAX_CACHE": "/elsewhere/jc"}, "/elsewhere/jc"),
     ({"HOME": "/home/u", "EXACTEDIT_JAX_CACHE": "off"}, None),
     ({"HOME": "/home/u", "EXACTEDIT_JAX_CACHE": "OFF"}, None),
+    ({"HOME": "/home/u", "JAX_COMPILATION_CACHE_DIR": "/tmp/jc"}, "/tmp/jc"),
+    ({"HOME": "/home/u", "JAX_COMPILATION_CACHE_DIR": "/tmp/jc", "EXACTEDIT_JAX_CACHE": "off"}, None),
 ])
 def test_cache_dir(env, want):
     assert jax_cache.cache_dir(env) == want
