@@ -16,6 +16,7 @@ ratio >= 0.75.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable
@@ -104,6 +105,7 @@ class GpuHeadResult:
     solver_pass_s: float           # exact mode, top-(k+1), LSE_rest, selected (best of repeats)
     check: dict                    # exact pass vs the numpy pass on the first check_rows rows
     kl: tuple[dict, ...]           # PrecisionReport.to_dict() of each faster mode
+    compiles: dict = None          # jax_cache.CompileCounter of the run (count, seconds, cache hits)
 
     def mode(self, precision: str) -> ModeTiming | None:
         return next((m for m in self.modes if m.precision == precision), None)
@@ -121,7 +123,8 @@ class GpuHeadResult:
         return {"config": asdict(self.config), "device": self.device, "q6k_bytes": self.q6k_bytes,
                 "upload_s": self.upload_s, "tile": self.tile, "modes": [m.to_dict() for m in self.modes],
                 "solver_pass_s": self.solver_pass_s, "check": self.check, "kl": list(self.kl),
-                "passes": self.passes, "target_pass_s": TARGET_PASS_S, "target_ratio": TARGET_RATIO}
+                "passes": self.passes, "target_pass_s": TARGET_PASS_S, "target_ratio": TARGET_RATIO,
+                "compiles": self.compiles}
 
 
 def _timed(fn) -> float:
@@ -181,6 +184,15 @@ def _exact_check(mix, raw, cfg: GpuHeadConfig, got) -> dict:
 
 
 def run_gpu_head(cfg: GpuHeadConfig, progress: Progress | None = None) -> GpuHeadResult:
+    from exactedit.solvers.tail.jax_cache import CompileCounter
+
+    dev = devmod.select(cfg.device)
+    with CompileCounter() as counter:
+        r = _run_gpu_head(cfg, dev, progress)
+    return dataclasses.replace(r, compiles=counter.to_dict())
+
+
+def _run_gpu_head(cfg: GpuHeadConfig, dev, progress: Progress | None) -> GpuHeadResult:
     import jax
 
     from exactedit.bench.head import synthetic_q6k
@@ -188,7 +200,6 @@ def run_gpu_head(cfg: GpuHeadConfig, progress: Progress | None = None) -> GpuHea
     from exactedit.solvers.tail.device_pass import device_tile, to_device, vocab_pass_jax
     from exactedit.solvers.tail.kl_pass_jax import measure_precision
 
-    dev = devmod.select(cfg.device)
     steps = 2 + len(cfg.precisions) * (cfg.repeats + 2) + cfg.repeats + 1 + sum(p != "exact" for p in cfg.precisions)
     done = [0]
 
@@ -294,9 +305,9 @@ def probe_compile(rows: int = 17352, vocab: int = 248320, n: int = 2560, d_lo: i
     from exactedit.solvers.tail.vocab_pass import QuantRows
     from exactedit.solvers.tail.device_pass import to_device, vocab_pass_jax
 
-    out = {"xla_flags": os.environ.get("XLA_FLAGS", ""),
-           "cache_dir": os.environ.get("JAX_COMPILATION_CACHE_DIR", "")}
+    out = {"xla_flags": os.environ.get("XLA_FLAGS", "")}
     with devmod.scope(devmod.DeviceConfig(device, "exact")) as dev:
+        out["compilation_cache"] = devmod.describe(dev)["compilation_cache"]
         rng = np.random.default_rng(seed)
         raw = synthetic_q6k(vocab, n, seed)
         head = to_device(QuantRows(lambda a, b: raw[a:b], "Q6_K", vocab, n), dev)

@@ -74,6 +74,7 @@ class GpuSolveHeadResult:
     term_rows: dict
     checkpoints: int
     loss_first_last: tuple[float, float]
+    compiles: dict = None      # jax_cache.CompileCounter of the run: count, seconds, cache hits, by phase
 
     @property
     def passes(self) -> bool | None:
@@ -89,7 +90,7 @@ class GpuSolveHeadResult:
                 "step_only": [{**asdict(t), "median_ms": t.median_ms} for t in self.step_only],
                 "term_rows": self.term_rows, "checkpoints": self.checkpoints,
                 "loss_first_last": list(self.loss_first_last), "passes": self.passes,
-                "target_s": TARGET_SOLVE_HEAD_S}
+                "target_s": TARGET_SOLVE_HEAD_S, "compiles": self.compiles}
 
 
 def synthetic_tail_params(rng, n: int, d_lo: int, h: int = 640):
@@ -154,7 +155,8 @@ def run_gpu_solve_head(cfg: GpuSolveHeadConfig, progress: Progress | None = None
     from exactedit.solvers.head import rowdata, solve as head_solve
     from exactedit.solvers.head.batch import build_batch
     from exactedit.solvers.head.config import HeadSolveConfig
-    from exactedit.solvers.tail.head_fast import hc4_mix_jax
+    from exactedit.solvers.tail.head_fast import hc4_mix
+    from exactedit.solvers.tail.jax_cache import CompileCounter
     from exactedit.solvers.head.param import null_basis
     from exactedit.solvers.head.ship import HeadRows
     from exactedit.solvers.tail.vocab_pass import QuantRows
@@ -181,22 +183,24 @@ def run_gpu_solve_head(cfg: GpuSolveHeadConfig, progress: Progress | None = None
                            openers=openers, closers=closers, tile_rows=cfg.tile_rows)
     stopping = StoppingRule(every=cfg.every, max_steps=cfg.max_steps)
     seconds = {}
-    with devmod.scope(devmod.DeviceConfig(cfg.device, "exact")) as dev:
+    with devmod.scope(devmod.DeviceConfig(cfg.device, "exact")) as dev, CompileCounter() as compiles:
         t = time.perf_counter()
         head = to_device(QuantRows(lambda a, b: raw[a:b], "Q6_K", cfg.vocab, cfg.n), dev)
         jax.block_until_ready(head.raw)
         seconds["upload_head"] = time.perf_counter() - t
+        compiles.mark("upload_head")
         tick()
         t0 = time.perf_counter()
-        z = np.asarray(hc4_mix_jax(*(jax.device_put(x, dev) for x in (Rp, *mix_params[:3])),
-                                   np.float32(mix_params.eps)))
+        z = hc4_mix(Rp, mix_params)     # the solver's own mix: bucketed row chunks, weights as arguments
         seconds["mix"] = time.perf_counter() - t0
+        compiles.mark("mix")
         t = time.perf_counter()
         wanted = np.concatenate([np.broadcast_to(edit, (cfg.rows, cfg.k)),
                                  np.broadcast_to(np.asarray(sel_ids), (cfg.rows, len(sel_ids))),
                                  nxt.astype(np.int64)[:, None]], axis=1)
         vp = vocab_pass_jax(z, head, token_sets=wanted, topk=cfg.k + 1, exclude=edit, tile_rows=cfg.tile_rows)
         seconds["pass"] = time.perf_counter() - t
+        compiles.mark("pass")
         tick()
         t = time.perf_counter()
         rd = rowdata.from_pass(z, vp, tokens, nxt, roles, doc, docs, edit, sel_ids)
@@ -210,6 +214,7 @@ def run_gpu_solve_head(cfg: GpuSolveHeadConfig, progress: Progress | None = None
         tracking = (batch, scfg.weights, train_rd, dev_rd, edit, edit, SPECIALS)
         track = DeviceTracker(*tracking, dev)
         seconds["tracker_upload"] = time.perf_counter() - t
+        compiles.mark("rows_and_tracker")
         # numba compiles its Q6_K quantizer once per install (cached on disk): kept out of the total
         _, seconds["numba_warm"] = _timed(lambda: quant.quantize(np.ones((1, cfg.n), np.float32), "Q6_K"))
         t = time.perf_counter()
@@ -217,6 +222,7 @@ def run_gpu_solve_head(cfg: GpuSolveHeadConfig, progress: Progress | None = None
             scfg, batch, q, rows_s, track, stopping, lambda d, tot: tick())
         seconds["optimize"] = time.perf_counter() - t
         seconds["total"] = time.perf_counter() - t0 - seconds["numba_warm"]
+        compiles.mark("optimize")
         seconds["checkpoint"] = _checkpoint_parts(saved[max(saved)], rows_s, track, HostTracker(*tracking))
         bcfg = BenchSolveHeadConfig(rows=cfg.rows, k=cfg.k, n=cfg.n, null_k=cfg.null_k, steps=cfg.step_repeats,
                                     vocab=cfg.vocab, seed=cfg.seed, skip_pass=True)
@@ -224,8 +230,9 @@ def run_gpu_solve_head(cfg: GpuSolveHeadConfig, progress: Progress | None = None
         sb = sb._replace(z=sb.z.astype(np.float32))
         sq = null_basis(sb.z[sb.anchor[:4 * cfg.null_k + 1]], cfg.null_k)
         steps = tuple(time_steps(bcfg, sb, sq, r, lambda d, tot: tick()) for r in (cfg.rank, 0))
+        compiles.mark("step_only")
     return GpuSolveHeadResult(cfg, devmod.describe(dev), seconds, 1000 * per_step, steps, counts, len(checkpoints),
-                              (float(losses[0]), float(losses[-1])))
+                              (float(losses[0]), float(losses[-1])), compiles.to_dict())
 
 
 def render_gpu_solve_head(r: GpuSolveHeadResult) -> str:
@@ -242,10 +249,20 @@ def render_gpu_solve_head(r: GpuSolveHeadResult) -> str:
              f"{r.loss_first_last[1]:.4g})",
              "  one checkpoint: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in s["checkpoint"].items()),
              f"  total                          {s['total']:7.3f} s  (target <= {TARGET_SOLVE_HEAD_S:g} s: "
-             f"{_verdict(r.passes)})"]
+             f"{_verdict(r.passes)})",
+             _compile_line(r.compiles, r.device)]
     for t in r.step_only:
         lines.append(f"  Adam step alone, {t.param:<9} median {t.median_ms:7.2f} ms (compile {t.compile_s:.1f} s)")
     return "\n".join(lines)
+
+
+def _compile_line(compiles: dict | None, device: dict) -> str:
+    """One line: XLA compiles of the run, their seconds, persistent-cache hits and the cache's state."""
+    cache = device.get("compilation_cache") or {}
+    where = f"on, {cache.get('dir')}" if cache.get("on") else "off"
+    c = compiles or {}
+    return (f"  XLA compiles {c.get('compiles', 0)} ({c.get('compile_s', 0.0):.1f} s), persistent cache hits "
+            f"{c.get('cache_hits', 0)}; compilation cache {where}")
 
 
 def _verdict(passes: bool | None) -> str:

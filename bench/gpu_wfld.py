@@ -41,6 +41,8 @@ class GpuSolveWfldResult:
     conditions: dict
     scored_rows: int
     dw_rel: float
+    compiles: dict = None      # jax_cache.CompileCounter of the first solve (count, seconds, cache hits)
+    compiles_again: dict = None  # ... of the second (0 compiles when every shape is reused)
 
     @property
     def passes(self) -> bool | None:
@@ -87,6 +89,7 @@ def run_gpu_solve_wfld(cfg: BenchSolveWfldConfig, device: str = "gpu",
     from exactedit.bench.solve_wfld import SPECIALS
     from exactedit.solvers.wfld.config import WfldConfig
     from exactedit.evals.runs.wfld_run import WfldInputs, solve_wfld
+    from exactedit.solvers.tail.jax_cache import CompileCounter
 
     dev = devmod.select(device)
     with tempfile.TemporaryDirectory(dir=cfg.workdir) as tmp:
@@ -101,13 +104,14 @@ def run_gpu_solve_wfld(cfg: BenchSolveWfldConfig, device: str = "gpu",
                             (str(root / "heldout"),), (), (str(root / "anchors"),))
         runs = []
         for i in range(2):
-            t = time.perf_counter()
-            res = solve_wfld(wcfg, inputs, root / f"bundle{i}", device=dev, progress=progress)
-            runs.append((time.perf_counter() - t, res))
-    (s1, r1), (s2, r2) = runs
+            with CompileCounter() as counter:
+                t = time.perf_counter()
+                res = solve_wfld(wcfg, inputs, root / f"bundle{i}", device=dev, progress=progress)
+                runs.append((time.perf_counter() - t, res, counter.to_dict()))
+    (s1, r1, c1), (s2, r2, c2) = runs
     return GpuSolveWfldResult(cfg, devmod.describe(dev), build_s, numba_s, s1, s2, dict(r1.timings),
                               dict(r2.timings), r1.report["conditions"], int(r1.scores.kl.shape[0]),
-                              r1.report["edit"]["dw_rel"])
+                              r1.report["edit"]["dw_rel"], c1, c2)
 
 
 def render_gpu_solve_wfld(r: GpuSolveWfldResult) -> str:
@@ -121,6 +125,12 @@ def render_gpu_solve_wfld(r: GpuSolveWfldResult) -> str:
              "  where the time goes (first / again):"]
     for k, v in r.phases.items():
         lines.append(f"    {k:<14} {v:7.2f} s / {r.phases_again.get(k, float('nan')):6.2f} s")
+    cache = r.device.get("compilation_cache") or {}
+    c1, c2 = r.compiles or {}, r.compiles_again or {}
+    lines.append(f"  XLA compiles (first / again): {c1.get('compiles', 0)} ({c1.get('compile_s', 0.0):.1f} s) / "
+                 f"{c2.get('compiles', 0)} ({c2.get('compile_s', 0.0):.1f} s); persistent cache hits "
+                 f"{c1.get('cache_hits', 0)} / {c2.get('cache_hits', 0)}; compilation cache "
+                 + (f"on, {cache.get('dir')}" if cache.get("on") else "off"))
     lines.append(f"  (synthetic model and dumps {r.build_s:.1f} s, numba warm-up {r.numba_warm_s:.1f} s: not in the "
                  f"clock; ||dW||/||W|| = {r.dw_rel:.3g})")
     return "\n".join(lines)

@@ -129,7 +129,7 @@ def time_steps(cfg: BenchSolveHeadConfig, batch, q, rank: int, tick) -> StepTimi
                          AdamConfig(lr=1e-3))
     zeros = type(params)(*(jnp.zeros_like(x) for x in params))
     state = AdamState(jnp.zeros((), jnp.int32), zeros, zeros)
-    fn = jax.jit(oj.train_step, static_argnames="cfg")
+    fn = oj.train_step_jit
     t = time.perf_counter()
     params, state, _ = fn(params, state, data, cfg=scfg)
     jax.block_until_ready(params)

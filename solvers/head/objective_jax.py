@@ -145,3 +145,7 @@ def train_step(params, state: AdamState, data: StepData, cfg: StepConfig):
     else:
         params = FullRows(_project_out(params.d.T, data.null).T)
     return params, state, t
+
+
+#: `train_step` jitted once per process (cfg static): every solve and bench shares its compiled programs
+train_step_jit = jax.jit(train_step, static_argnames="cfg")

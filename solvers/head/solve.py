@@ -108,7 +108,7 @@ def _jax_backend(cfg, batch, q, params):
 
     data = oj.to_device(batch, q)
     scfg = oj.StepConfig(cfg.weights, cfg.adam)
-    fn = jax.jit(oj.train_step, static_argnames="cfg")
+    fn = oj.train_step_jit
     p0 = type(params)(*(jnp.asarray(x, jnp.float32) for x in params))
     zeros = type(params)(*(jnp.zeros_like(x) for x in p0))
 

@@ -15,7 +15,6 @@ dev (`scores.gains`), and the mean dev KL. Two implementations with one result t
 """
 from __future__ import annotations
 
-from functools import partial
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -79,6 +78,20 @@ def _checkpoint(dw, data, train, dev, w: Weights):
     return oj.terms(FullRows(dw), data, w), _effect_sums(dw, data.batch.z, *train), _effect_sums(dw, *dev)
 
 
+def _checkpoint_jit():
+    """`_checkpoint` jitted with the (hashable, scalar) objective weights static: one jitted function
+    for every tracker, so a second tracker of the same shapes compiles nothing; every array is an argument."""
+    import jax
+
+    global _CHECKPOINT
+    if _CHECKPOINT is None:
+        _CHECKPOINT = jax.jit(_checkpoint, static_argnames="w")
+    return _CHECKPOINT
+
+
+_CHECKPOINT = None
+
+
 def _slots(rd: RowData, edit_ids) -> np.ndarray:
     """Index in S of each row's next token, -1 outside S (as rowdata.effect finds it)."""
     slot = np.full(rd.rows, -1, np.int32)
@@ -106,7 +119,7 @@ class DeviceTracker:
         from exactedit.solvers.head.objective_jax import StepData
 
         self.w, self.device, self.dev_rows = weights, device, dev.rows
-        self.fn = jax.jit(partial(_checkpoint, w=weights))
+        self.fn = _checkpoint_jit()
 
         def put(x):
             x = np.asarray(x)
@@ -131,7 +144,8 @@ class DeviceTracker:
         import jax
 
         with _x64():
-            out = self.fn(jax.device_put(np.asarray(dw, np.float64), self.device), self.data, self.train, self.dev)
+            out = self.fn(jax.device_put(np.asarray(dw, np.float64), self.device), self.data, self.train, self.dev,
+                          w=self.w)
             terms, s_tr, s_dv = jax.device_get(out)
         return CheckpointScores(Terms(*(float(x) for x in terms)), _class_gains(s_tr, *self.n_train),
                                 _class_gains(s_dv, *self.n_dev), float(s_dv[2] / self.dev_rows))

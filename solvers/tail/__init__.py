@@ -5,7 +5,9 @@ reference beside its float32 fast paths (`head_ref` / `head_fast`, `l47_ref` / `
 streaming full-vocabulary pass (`vocab_pass`, on a device: `device_pass`), the KL pass (`kl_pass`
 reference, `kl_pass_numba`, `kl_pass_jax`), the partition function under a head-row edit
 (`partition`), the engine-faithful path (`engine`), the tail's weights from a GGUF (`model`), the
-per-row scores every bar is a function of (`scores`) and `exactedit logits` (`logits`).
+per-row scores every bar is a function of (`scores`) and `exactedit logits` (`logits`); the row
+buckets of the jitted forwards (`buckets`) and JAX's persistent compilation cache with a compile
+counter (`jax_cache`).
 Imports only quant/ and dumps/.
 
 The names below are imported on first use (their modules pull in numba / JAX).

@@ -14,6 +14,10 @@ are opt-in and report their measured KL against exact mode (`solvers.tail.device
 `scope(cfg)` makes the device and the default matmul precision current for code that does not take
 them as arguments (the solvers' jitted steps): inside it, plain `jnp.dot` runs at the mode's
 precision on the chosen device. Selecting a GPU that JAX does not see is an error, never a fallback.
+
+Setting up a device (`select`, `pass_device`, `scope`) turns on JAX's persistent compilation cache
+(`solvers.tail.jax_cache`: ~/.cache/exactedit/jax, EXACTEDIT_JAX_CACHE=PATH or off), so a fresh
+process reuses the XLA programs an earlier one compiled.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from exactedit.quant.errors import ExacteditError
+from exactedit.solvers.tail.jax_cache import compilation_cache_state, enable_compilation_cache
 
 DEVICES = ("cpu", "gpu", "auto")
 PRECISIONS = ("exact", "tf32", "bf16")
@@ -61,6 +66,7 @@ def gpu_devices() -> list:
 def select(device: str = "auto"):
     """The jax.Device for "cpu", "gpu" (the first CUDA device; DeviceError if none) or "auto"
     (a CUDA device when JAX sees one, else the CPU)."""
+    enable_compilation_cache()
     if device not in DEVICES:
         raise DeviceError(f"--device {device!r}: expected one of {', '.join(DEVICES)}")
     if device == "cpu":
@@ -81,12 +87,12 @@ def is_gpu(dev) -> bool:
 
 def describe(dev) -> dict:
     """Platform, device kind, JAX version and the XLA / JAX settings that change GPU timings (XLA_FLAGS,
-    the persistent compilation cache), for reports."""
+    the persistent compilation cache: {"dir", "on"}), for reports."""
     import os
 
     return {"platform": dev.platform, "device_kind": getattr(dev, "device_kind", dev.platform),
             "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),
-            "compilation_cache": os.environ.get("JAX_COMPILATION_CACHE_DIR", "")}
+            "compilation_cache": compilation_cache_state()}
 
 
 def pass_device(device="auto"):
@@ -95,6 +101,7 @@ def pass_device(device="auto"):
     "cpu" -> None; "gpu" -> the first CUDA device (DeviceError if JAX sees none); "auto" -> the GPU
     when JAX sees one, else None. A jax.Device is returned as is: the device path on that device
     (how the tests run the device path on the CPU backend)."""
+    enable_compilation_cache()
     if not isinstance(device, str):
         return device
     if device not in DEVICES:

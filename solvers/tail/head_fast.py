@@ -1,7 +1,10 @@
 """Head forward, float32 fast paths: the mix in JAX (jit at the boundary), logits by a
 pluggable matmul strategy.
 
-The mix functions are pure and differentiable (the solvers take VJPs through them). The
+The mix functions are pure and differentiable (the solvers take VJPs through them). The weights
+are arguments of the jitted functions, never constants baked into the program; the host wrappers
+(`hc4_mix`, `rmsnorm_mix`) run them over bucketed row chunks (`solvers.tail.buckets`), so any row
+count reuses one of a few compiled shapes. The
 head matmul goes through a `Matmul` strategy so that an engine-faithful product (activations
 quantized the way the engine does it, dot products on the raw blocks) can be plugged in later
 without touching the streaming pass: a strategy prepares the activations once, then turns a
@@ -15,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from exactedit.solvers.tail.buckets import map_rows
 from exactedit.solvers.tail.head_ref import HC_LO_DIVISOR, HC_MIX_SCALE, Hc4Head, RmsnormHead
 
 F32 = jnp.float32
@@ -44,16 +48,19 @@ def _f32(x):
     return jnp.asarray(np.asarray(x), dtype=F32)
 
 
+def _host32(x):
+    return np.asarray(x, dtype=np.float32)
+
+
 def hc4_mix(Rp, head: Hc4Head) -> np.ndarray:
-    """mix [T, n] float32 (numpy) from R' [T, streams, n]."""
-    out = hc4_mix_jax(_f32(Rp), _f32(head.w_onorm), _f32(head.w_odown), _f32(head.w_oup),
-                      F32(head.eps))
-    return np.asarray(out)
+    """mix [T, n] float32 (numpy) from R' [T, streams, n] (bucketed row chunks, weights as arguments)."""
+    return map_rows(hc4_mix_jax, [_host32(Rp)], _f32(head.w_onorm), _f32(head.w_odown), _f32(head.w_oup),
+                    F32(head.eps))
 
 
 def rmsnorm_mix(Rp, head: RmsnormHead) -> np.ndarray:
-    """mix [T, n] float32 (numpy) from R' [T, n]."""
-    return np.asarray(rmsnorm_mix_jax(_f32(Rp), _f32(head.w_norm), F32(head.eps)))
+    """mix [T, n] float32 (numpy) from R' [T, n] (bucketed row chunks, weights as arguments)."""
+    return map_rows(rmsnorm_mix_jax, [_host32(Rp)], _f32(head.w_norm), F32(head.eps))
 
 
 class Matmul(Protocol):

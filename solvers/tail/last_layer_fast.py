@@ -2,7 +2,9 @@
 
 Same math as `forward.py` (the float64 reference); the comparison table lives in
 tests/solvers/wfld/test_forward.py. The jitted functions are pure and differentiable, so the
-solvers can take vector-Jacobian products through them.
+solvers can take vector-Jacobian products through them. The weights are arguments of the jitted
+functions, never constants; the host wrappers run them over bucketed row chunks
+(`solvers.tail.buckets`), so any row count reuses one of a few compiled shapes.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from exactedit.solvers.tail.buckets import map_rows
 from exactedit.solvers.tail.last_layer_ref import Hc4L47, RmsnormL47
 
 F32 = jnp.float32
@@ -47,17 +50,18 @@ def _with_delta(w, dW):
     return w if dW is None else w + _f32(dW)
 
 
+def _rows32(*xs):
+    return [np.asarray(x, dtype=np.float32) for x in xs]
+
+
 def hc4_l47(R, inj, hh, sgv, yr, params: Hc4L47, dW=None) -> np.ndarray:
     """R' [T, streams, n] float32 (numpy) from dump rows; `dW` [n, h] is added to W_sd."""
-    out = hc4_l47_jax(_f32(R), _f32(inj), _f32(hh), _f32(sgv), _f32(yr),
-                      _with_delta(params.w_sd, dW))
-    return np.asarray(out)
+    return map_rows(hc4_l47_jax, _rows32(R, inj, hh, sgv, yr), _with_delta(params.w_sd, dW))
 
 
 def rmsnorm_l47(R, hh, params: RmsnormL47, dW=None) -> np.ndarray:
     """R' [T, n] float32 (numpy); `dW` [n, h] is added to W_down."""
     w = _with_delta(params.w_down, dW)
     if params.w_post is None:
-        return np.asarray(rmsnorm_l47_jax(_f32(R), _f32(hh), w))
-    out = rmsnorm_post_l47_jax(_f32(R), _f32(hh), w, _f32(params.w_post), F32(params.eps))
-    return np.asarray(out)
+        return map_rows(rmsnorm_l47_jax, _rows32(R, hh), w)
+    return map_rows(rmsnorm_post_l47_jax, _rows32(R, hh), w, _f32(params.w_post), F32(params.eps))

@@ -21,6 +21,7 @@ import numpy as np
 
 from exactedit.solvers.tail import head_ref
 from exactedit.solvers.tail import head_fast
+from exactedit.solvers.tail.buckets import map_rows
 from exactedit.solvers.wfld.config import WfldError
 from exactedit.solvers.tail.last_layer_ref import sigmoid, stream_gates
 
@@ -141,26 +142,37 @@ def head_vjp_ref(tail, Rp, cot) -> np.ndarray:
 
 # ---- the head's VJP: fast path (JAX float32 autodiff) ---------------------------------------------
 
+def _pull_each(pull, cot):
+    """pull(cot[:, j]) for each of the m cotangents, one after another (lax.map) -> [T, m, ...].
+    Not jax.vmap: XLA:CPU (jax 0.10.2) miscompiles the batched pull at 64 rows x 16 or more
+    cotangents (off by up to 0.2 at production width; tests/solvers/wfld/test_jacobian.py,
+    test_many_tokens_per_row)."""
+    return jnp.swapaxes(jax.lax.map(lambda c: pull(c)[0], jnp.swapaxes(cot, 0, 1)), 0, 1)
+
+
 @jax.jit
 def _hc4_vjp(Rp, cot, w_onorm, w_odown, w_oup, eps):
     _, pull = jax.vjp(lambda r: head_fast.hc4_mix_jax(r, w_onorm, w_odown, w_oup, eps), Rp)
-    return jax.vmap(lambda c: pull(c)[0], in_axes=1, out_axes=1)(cot)
+    return _pull_each(pull, cot)
 
 
 @jax.jit
 def _rms_vjp(Rp, cot, w_norm, eps):
     _, pull = jax.vjp(lambda r: head_fast.rmsnorm_mix_jax(r, w_norm, eps), Rp)
-    return jax.vmap(lambda c: pull(c)[0], in_axes=1, out_axes=1)(cot)
+    return _pull_each(pull, cot)
 
 
 def head_vjp_jax(tail, Rp, cot) -> np.ndarray:
-    """Same as `head_vjp_ref`, float32 through JAX autodiff (returned as float64)."""
+    """Same as `head_vjp_ref`, float32 through JAX autodiff (returned as float64). The weights are
+    arguments of the jitted VJP; rows go in bucketed chunks (`solvers.tail.buckets`: one compile per
+    bucket and cotangent count m, which is fixed within a solve)."""
     f32 = lambda x: jnp.asarray(np.asarray(x), dtype=jnp.float32)  # noqa: E731
     p = tail.mix_params
+    Rp, cot = np.asarray(Rp, np.float32), np.asarray(cot, np.float32)
     if tail.kind == "hc4":
-        out = _hc4_vjp(f32(Rp), f32(cot), f32(p.w_onorm), f32(p.w_odown), f32(p.w_oup), jnp.float32(p.eps))
+        out = map_rows(_hc4_vjp, [Rp, cot], f32(p.w_onorm), f32(p.w_odown), f32(p.w_oup), jnp.float32(p.eps))
     else:
-        out = _rms_vjp(f32(Rp), f32(cot), f32(p.w_norm), jnp.float32(p.eps))
+        out = map_rows(_rms_vjp, [Rp, cot], f32(p.w_norm), jnp.float32(p.eps))
     return np.asarray(out, dtype=np.float64)
 
 

@@ -23,7 +23,15 @@ def test_head_bench_small():
     assert all(0 <= k["mean_kl"] <= k["max_kl"] < 1e-2 for k in r.kl)
     assert r.passes is None and "n/a" in render_gpu_head(r)
     assert ticks[-1][0] == ticks[-1][1]
-    json.dumps(r.to_dict())
+    _reports_compiles(r.to_dict())
+
+
+def _reports_compiles(d: dict) -> None:
+    """Every device bench's JSON names the compilation cache and counts the run's compiles."""
+    json.dumps(d)
+    cache = d["device"]["compilation_cache"]
+    assert set(cache) == {"dir", "on"} and isinstance(cache["on"], bool)
+    assert d["compiles"]["compiles"] >= 0 and d["compiles"]["compile_s"] >= 0
 
 
 def test_solve_head_bench_small():
@@ -35,8 +43,9 @@ def test_solve_head_bench_small():
     assert set(r.seconds["checkpoint"]) == {"ship", "device_scores", "host_reference_scores"}
     assert r.term_rows["nll"] > 0 and r.term_rows["anchor"] > 0 and r.term_rows["closer"] > 0
     assert [t.param for t in r.step_only] == ["rank 1", "full rows"]
-    assert r.passes is None and "n/a" in render_gpu_solve_head(r)
-    json.dumps(r.to_dict())
+    assert r.passes is None and "n/a" in render_gpu_solve_head(r) and "XLA compiles" in render_gpu_solve_head(r)
+    _reports_compiles(r.to_dict())
+    assert {"mix", "pass", "optimize"} <= set(r.compiles["by_phase"])
 
 
 @pytest.mark.parametrize("make,match", [
@@ -61,4 +70,5 @@ def test_whole_wfld_solve_bench_small():
     assert r.scored_rows == 3 * 200 and sum(r.conditions.values()) > 0 and r.dw_rel > 0
     assert set(r.phases) == set(r.phases_again) and "score" in r.phases
     assert r.passes is None and "n/a" in render_gpu_solve_wfld(r)
-    json.dumps(r.to_dict())
+    _reports_compiles(r.to_dict())
+    assert r.compiles_again["compiles"] == 0, r.compiles_again      # the second solve reuses every program
