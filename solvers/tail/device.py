@@ -17,7 +17,10 @@ precision on the chosen device. Selecting a GPU that JAX does not see is an erro
 
 Setting up a device (`select`, `pass_device`, `scope`) turns on JAX's persistent compilation cache
 (`solvers.tail.jax_cache`: ~/.cache/exactedit/jax, EXACTEDIT_JAX_CACHE=PATH or off), so a fresh
-process reuses the XLA programs an earlier one compiled.
+process reuses the XLA programs an earlier one compiled, and, when the user has not set XLA_FLAGS,
+sets `--xla_gpu_enable_triton_gemm=false` before JAX's backends start: XLA's Triton gemm autotuning
+costs 10-14 s per new matmul shape on an H200, cuBLAS alone compiles in under a second and runs the
+exact pass as fast (docs/performance.md). A user's XLA_FLAGS is kept as it is.
 """
 from __future__ import annotations
 
@@ -29,6 +32,9 @@ import jax.numpy as jnp
 
 from exactedit.quant.errors import ExacteditError
 from exactedit.solvers.tail.jax_cache import compilation_cache_state, enable_compilation_cache
+
+#: XLA_FLAGS when the user sets none (read by JAX when its backends start)
+DEFAULT_XLA_FLAGS = "--xla_gpu_enable_triton_gemm=false"
 
 DEVICES = ("cpu", "gpu", "auto")
 PRECISIONS = ("exact", "tf32", "bf16")
@@ -63,10 +69,29 @@ def gpu_devices() -> list:
         return []
 
 
+def default_xla_flags(environ=None) -> str:
+    """XLA_FLAGS as JAX will start with: the user's when set, else DEFAULT_XLA_FLAGS, written into
+    the environment while JAX's backends have not started (after that XLA_FLAGS no longer applies,
+    and it is left alone)."""
+    import os
+
+    from jax._src import xla_bridge
+
+    env = os.environ if environ is None else environ
+    if "XLA_FLAGS" not in env and not xla_bridge.backends_are_initialized():
+        env["XLA_FLAGS"] = DEFAULT_XLA_FLAGS
+    return env.get("XLA_FLAGS", "")
+
+
+def _setup() -> None:
+    default_xla_flags()
+    enable_compilation_cache()
+
+
 def select(device: str = "auto"):
     """The jax.Device for "cpu", "gpu" (the first CUDA device; DeviceError if none) or "auto"
     (a CUDA device when JAX sees one, else the CPU)."""
-    enable_compilation_cache()
+    _setup()
     if device not in DEVICES:
         raise DeviceError(f"--device {device!r}: expected one of {', '.join(DEVICES)}")
     if device == "cpu":
@@ -101,7 +126,7 @@ def pass_device(device="auto"):
     "cpu" -> None; "gpu" -> the first CUDA device (DeviceError if JAX sees none); "auto" -> the GPU
     when JAX sees one, else None. A jax.Device is returned as is: the device path on that device
     (how the tests run the device path on the CPU backend)."""
-    enable_compilation_cache()
+    _setup()
     if not isinstance(device, str):
         return device
     if device not in DEVICES:
