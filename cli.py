@@ -243,8 +243,15 @@ def _head_tokens(values) -> tuple:
 
 @click.group(cls=_Group)
 @click.version_option(package_name="exactedit")
-def main() -> None:
+@click.option("--jax-cache", default=None, metavar="DIR|off",
+              help="JAX's persistent compilation cache: a directory, or off (default: "
+                   "~/.cache/exactedit/jax; the same as EXACTEDIT_JAX_CACHE).")
+def main(jax_cache) -> None:
     """Exact offline edits of a GGUF model's output head and last layer."""
+    if jax_cache is not None:
+        import os
+
+        os.environ["EXACTEDIT_JAX_CACHE"] = jax_cache
 
 
 # ---- top-level commands: apply, demo, generate, inspect, kld, logits, mine, untie ----------------

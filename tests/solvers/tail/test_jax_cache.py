@@ -95,3 +95,21 @@ def test_counter_counts_and_stops_listening():
     c.mark("all")
     f(np.zeros(14, np.float32))
     assert c.compiles == 1 and c.to_dict()["by_phase"]["all"]["compiles"] == 1
+
+
+def test_the_cli_option_sets_the_cache_before_any_command(monkeypatch, tmp_path):
+    """`exactedit --jax-cache off|DIR CMD` is EXACTEDIT_JAX_CACHE for that command."""
+    import os
+
+    from click.testing import CliRunner
+
+    from exactedit.cli import main
+
+    monkeypatch.setenv("EXACTEDIT_JAX_CACHE", "")     # restored at teardown, whatever the CLI writes
+    r = CliRunner().invoke(main, ["--jax-cache", "off", "inspect", "--help"])
+    assert r.exit_code == 0 and os.environ["EXACTEDIT_JAX_CACHE"] == "off"
+    from exactedit.solvers.tail.jax_cache import cache_dir
+
+    assert cache_dir() is None
+    CliRunner().invoke(main, ["--jax-cache", str(tmp_path / "c"), "inspect", "--help"])
+    assert cache_dir() == str(tmp_path / "c")
