@@ -147,6 +147,12 @@ MODEL = ModelPath()
 JSON_FLAG = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of a table.")
 JSON_FILE = click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False),
                          help="Also write the result as JSON here ('-' for stdout only).")
+_CHAT_FALLBACK = click.option(
+    "--chat-fallback", type=click.Choice(["chatml"]), default=None,
+    help="The framing to use when the model's chat template is refused or fails (recorded in the dump's "
+         "manifest); without it such a template stops the command.")
+
+
 TILE_ROWS = click.option("--tile-rows", default=8192, show_default=True, type=click.IntRange(1),
                          help="Head rows per tile.")
 _WORKSPACE = click.option("--workspace", type=click.Path(file_okay=False), default=".exactedit", show_default=True,
@@ -448,11 +454,13 @@ def logits_cmd(model, dump_dir, rows, out, tile_rows, match_engine, verify_hashe
 @click.option("--png", type=click.Path(dir_okay=False), help="Write the phrase rates as a PNG here.")
 @click.option("--shape", "shape_rules", type=click.Path(dir_okay=False, exists=True),
               help="Compiled shaping rules (exactedit shape compile) to run live on every side.")
+@_CHAT_FALLBACK
 @click.option("--overwrite", is_flag=True)
 @_engine_settings
 @JSON_FLAG
 def mine_cmd(engine_name, model, prompts, phrases, out, edited, max_new, samples, temperature, top_k, seed,
-             capitalized, n_boot, tags, source, character, png, shape_rules, overwrite, as_json, **flags) -> None:
+             capitalized, n_boot, tags, source, character, png, shape_rules, chat_fallback, overwrite, as_json,
+             **flags) -> None:
     """Sample replies to the turn end, find prefix-exact slop contexts, dump them; phrase rates
     (base and --edited) and style rates of the generation."""
     from exactedit.evals.rates import plot_phrase_rates
@@ -463,7 +471,7 @@ def mine_cmd(engine_name, model, prompts, phrases, out, edited, max_new, samples
                                                   "--edited": edited, "--shape": shape_rules})
     cfg = MineConfig(max_new=max_new, temperature=temperature, top_k=top_k, seed=seed, samples=samples,
                      capitalized=capitalized, n_boot=n_boot, tags=tuple(tags), source=source or "mine",
-                     character=character)
+                     character=character, chat_fallback=chat_fallback)
     res = with_progress("sampling", run_mine, model, _lines(prompts), _lines(phrases), out, edited=edited, config=cfg,
                         settings=_settings(**flags), processors=shape_processors(model, shape_rules, edited),
                         overwrite=overwrite)
@@ -727,6 +735,7 @@ def dataset() -> None:
 @click.option("--anchor", default=0.15, show_default=True, type=float, help="Share of prompts for chat anchors.")
 @click.option("--chunk", default=256, show_default=True, type=click.IntRange(16), help="Tokens per text document.")
 @click.option("--capitalized/--no-capitalized", default=True, show_default=True)
+@_CHAT_FALLBACK
 @click.option("--overwrite", is_flag=True)
 @_engine_settings
 @JSON_FLAG
@@ -752,12 +761,6 @@ def dataset_build(model, prompts, phrases, texts, out, overwrite, as_json, n_ctx
 @main.group()
 def dump() -> None:
     """Activation dumps."""
-
-
-_CHAT_FALLBACK = click.option(
-    "--chat-fallback", type=click.Choice(["chatml"]), default=None,
-    help="The framing to use when the model's chat template is refused or fails (recorded in the dump's "
-         "manifest); without it such a template stops the command.")
 
 
 @dump.command("import")

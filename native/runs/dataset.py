@@ -66,6 +66,7 @@ class DatasetConfig:
     anchor: float = 0.15
     chunk: int = 256
     capitalized: bool = True
+    chat_fallback: str | None = None      # the framing when the model's template is refused (native.llamacpp.chat)
 
     def __post_init__(self):
         shares = (self.heldout, self.collateral, self.anchor)
@@ -78,7 +79,8 @@ class DatasetConfig:
 
     def mine_config(self) -> MineConfig:
         return MineConfig(max_new=self.max_new, temperature=self.temperature, top_k=self.top_k, seed=self.seed,
-                          samples=self.samples, capitalized=self.capitalized, n_boot=0)
+                          samples=self.samples, capitalized=self.capitalized, n_boot=0,
+                          chat_fallback=self.chat_fallback)
 
 
 @dataclass(frozen=True)
@@ -200,7 +202,7 @@ def build_dataset(model, prompts: Sequence[str], phrases: Sequence[str], out, *,
     out = Path(out)
     if out.exists() and not overwrite:
         raise EngineError(out, "out", "exists (pass --overwrite to replace its dumps)")
-    chat = model_chat(model)
+    chat = model_chat(model, fallback=cfg.chat_fallback)
     groups = split_prompts(prompts, cfg)
     with LlamaEngine(model, settings) as engine:
         ptoks = [engine.tokenize(chat.prompt(p)) for p in prompts]

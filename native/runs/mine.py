@@ -57,6 +57,7 @@ class MineConfig:
     character: str | None = None          # None: one character per prompt ("p-" + its hash)
     n_boot: int = 1000
     level: float = 0.95
+    chat_fallback: str | None = None      # the framing when the model's template is refused (native.llamacpp.chat)
 
     def __post_init__(self):
         if self.samples < 1 or self.n_boot < 0 or not 0 < self.level < 1:
@@ -169,7 +170,7 @@ def mine(model, prompts: Sequence[str], phrases: Sequence[str], out=None, *, edi
     if not prompts:
         raise EngineError(model, "prompts", "no prompts")
     phrases = parse_phrases(list(phrases), "phrases")
-    chat = model_chat(model)
+    chat = model_chat(model, fallback=cfg.chat_fallback)
     prompt_texts = [chat.prompt(p) for p in prompts]
     with LlamaEngine(model, settings) as engine:
         ptoks = [engine.tokenize(t) for t in prompt_texts]

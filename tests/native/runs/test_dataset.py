@@ -41,3 +41,34 @@ def test_text_chunks_with_uses_go_in_turn_to_collateral_train_and_anchors():
     got = text_sets(docs, {0, 1, 2, 3, 5, 7})
     assert got == {"collateral": ["c0", "c3"], "train": ["c1", "c5"], "anchors": ["c2", "c7", "c4", "c6"]}
     assert text_sets(docs[:2], set()) == {"collateral": [], "train": [], "anchors": ["c0", "c1"]}
+
+
+def test_a_refused_template_stops_mine_and_dataset_build_unless_a_fallback_is_named(tmp_path, monkeypatch):
+    """`mine` and `dataset build` read the model's chat through model_chat with the configured
+    fallback: none by default (a refused template stops them before any engine loads), `chatml` when
+    named; dataset build hands its fallback to the mine config it samples with."""
+    from exactedit.native.runs import dataset as ds_mod
+    from exactedit.native.runs import mine as mine_mod
+    from exactedit.native.runs.dataset import DatasetConfig
+    from exactedit.native.runs.mine import MineConfig
+
+    seen = []
+
+    class Refused(Exception):
+        pass
+
+    def model_chat(path, fallback=None):
+        seen.append(fallback)
+        raise Refused(fallback)
+
+    monkeypatch.setattr(mine_mod, "model_chat", model_chat)
+    monkeypatch.setattr(ds_mod, "model_chat", model_chat)
+    with pytest.raises(Refused):
+        mine_mod.mine("m.gguf", ["a prompt"], ["you can use"], None, config=MineConfig())
+    with pytest.raises(Refused):
+        mine_mod.mine("m.gguf", ["a prompt"], ["you can use"], None, config=MineConfig(chat_fallback="chatml"))
+    with pytest.raises(Refused):
+        ds_mod.build_dataset("m.gguf", ["p1", "p2", "p3", "p4"], ["you can use"], tmp_path / "out",
+                             config=DatasetConfig(chat_fallback="chatml"))
+    assert seen == [None, "chatml", "chatml"]
+    assert DatasetConfig(chat_fallback="chatml").mine_config().chat_fallback == "chatml"
