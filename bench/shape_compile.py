@@ -85,8 +85,7 @@ def run_shape_compile_bench(cfg: ShapeCompileBenchConfig,
 
     from exactedit.native.shaping.compile import compile_file
     from exactedit.quant import gguf
-    from exactedit.solvers.phrases import TOKEN_CONTROL
-    from exactedit.solvers.shaping.rules_file import phrase_pieces
+    from exactedit.solvers.shaping.rules_file import matcher_bytes, phrase_pieces
     from exactedit.solvers.tail.model import load_tokens
 
     total, done = cfg.repeats + 2, 0
@@ -98,8 +97,7 @@ def run_shape_compile_bench(cfg: ShapeCompileBenchConfig,
             progress(done, total)
 
     table = load_tokens(gguf.open(cfg.model))
-    types = table.types or (0,) * len(table)
-    text_bytes = [b"" if ty == TOKEN_CONTROL else table.token_bytes(i) for i, ty in enumerate(types)]
+    text_bytes = matcher_bytes([table.token_bytes(i) for i in range(len(table))], table.types or (0,) * len(table))
     phrases = draw_phrases(text_bytes, cfg.phrases, cfg.seed)
     few = phrases[:cfg.scan_phrases]
     t = time.perf_counter()

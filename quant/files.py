@@ -172,12 +172,8 @@ def output_lock(path) -> Iterator[None]:
 
 def _same_inode(path: Path, fd: int) -> bool:
     """`path` still names the file open as `fd`."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return False
     own = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+    return _identity(path) == (own.st_dev, own.st_ino)
 
 
 def preallocate(fd: int, size: int) -> None:

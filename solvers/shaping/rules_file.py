@@ -170,6 +170,13 @@ def load_rules(path) -> RulesSpec:
     return RulesSpec(where, hashlib.sha256(data).hexdigest(), tuple(rules), chat)
 
 
+def matcher_bytes(raw: Sequence[bytes], types: Sequence[int]) -> list[bytes]:
+    """Token bytes as the phrase matcher sees them: a control token (chat scaffolding) has no text, b""."""
+    from exactedit.solvers.phrases import TOKEN_CONTROL
+
+    return [b"" if ty == TOKEN_CONTROL else b for b, ty in zip(raw, types)]
+
+
 @dataclass(frozen=True, eq=False)
 class _ModelView:
     """What compiling reads of one GGUF: token bytes and texts, the matcher's view (control
@@ -186,13 +193,12 @@ class _ModelView:
     @classmethod
     def of(cls, g, model_path: str = "") -> "_ModelView":
         from exactedit.quant.specials import model_specials
-        from exactedit.solvers.phrases import TOKEN_CONTROL
         from exactedit.solvers.tail.model import load_tokens
 
         table = load_tokens(g)
         raw = [table.token_bytes(i) for i in range(len(table))]
         types = table.types or (0,) * len(table)
-        text_bytes = [b"" if ty == TOKEN_CONTROL else b for b, ty in zip(raw, types)]  # the matcher's view
+        text_bytes = matcher_bytes(raw, types)
         sp = model_specials(g)
         texts = [b.decode("utf-8", errors="replace") for b in raw]  # = table.piece(i)
         by_name: dict[str, int] = {}
