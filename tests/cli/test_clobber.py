@@ -1,4 +1,4 @@
-"""No command writes over its own inputs (issue 26): an output that is an input file (by path, symlink
+"""No command writes over its own inputs: an output that is an input file (by path, symlink
 or hard link), lies inside an input dump or bundle, or (for an output replaced whole) is a directory
 holding an input, is refused in one clean line naming both, before anything is written, with or
 without --overwrite; every file of the inputs keeps its bytes. --overwrite still replaces a previous

@@ -1,4 +1,4 @@
-"""A full disk and the leftovers of a killed run (issue 26): `logits` reserves its output's blocks
+"""A full disk and the leftovers of a killed run: `logits` reserves its output's blocks
 before writing through a memory map, so ENOSPC is one clean line (it was a SIGBUS) and no OUT.tmp is
 left; a stale OUT.tmp of a killed run is reused by the next run of logits / apply / kld --write-base,
 and one that a live run of the same output holds (flock) is refused, untouched."""

@@ -92,7 +92,7 @@ def test_clear_errors(tmp_path, mutate, match):
     assert not (tmp_path / "dump").exists()
 
 
-# ---- issue 26: the spec checked whole, links kept inside, fields copied in bounded memory -----------
+# ---- the spec checked whole, links kept inside, fields copied in bounded memory -----------
 
 def _spec(src, text_from=None, **replace):
     t = (src / "dump.toml").read_text()

@@ -1,6 +1,7 @@
-"""Untrusted chat templates under budgets: every hang, blow-up and crash named in issue 26 ends
-quickly in a ChatTemplateError naming where the template came from, real templates render exactly
-as Jinja2's sandbox renders them in-process, and fuzzed sources either render or fail cleanly."""
+"""Untrusted chat templates under budgets: every hang, blow-up and crash below (huge powers and
+repeats, runaway loops and recursion, deep nesting) ends quickly in a ChatTemplateError naming
+where the template came from, real templates render exactly as Jinja2's sandbox renders them
+in-process, and fuzzed sources either render or fail cleanly."""
 from __future__ import annotations
 
 import threading

@@ -137,7 +137,7 @@ def test_mutated_files_give_our_error_or_valid_rows(tmp_path_factory, pos, value
     assert np.isfinite(rows.decoded()).all() and np.all(np.exp(rows.decoded().astype(np.float64)) < 3)
 
 
-# ---- issue 26: bounded, validated against the model, never a FIFO -------------------------------
+# ---- bounded, validated against the model, never a FIFO -------------------------------
 
 def test_fifo_and_directory_are_refused_without_blocking(tmp_path):
     import os

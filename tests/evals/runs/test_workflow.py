@@ -137,7 +137,7 @@ def test_bad_shape_flag_is_a_usage_error(world, tmp_path):
     assert res.exit_code == 2 and "unknown shaping rule" in res.output
 
 
-# ---- issue 26: concurrent runs, a read-only workspace ---------------------------------------------
+# ---- concurrent runs, a read-only workspace ---------------------------------------------
 
 def test_concurrent_runs_of_one_bundle_get_their_own_edited_model(world, tmp_path):
     ws = tmp_path / "ws"

@@ -1,4 +1,4 @@
-"""Compiled rules read back (issue 26): bounded before anything is allocated (file size, nesting,
+"""Compiled rules read back: bounded before anything is allocated (file size, nesting,
 vocabulary), and checked against the model's token table (a swapped final id, forged piece
 bytes, other markup are refused); mutated files end in our own error."""
 from __future__ import annotations
