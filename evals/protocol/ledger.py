@@ -146,7 +146,7 @@ class Ledger:
         try:
             conn = sqlite3.connect(path, isolation_level=None, timeout=30.0)
             conn.executescript(_SCHEMA)
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # a corrupted schema text too
             raise LedgerError(path, "database", f"not a usable SQLite ledger: {exc}") from exc
         ledger = cls(path, conn)
         try:

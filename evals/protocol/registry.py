@@ -127,7 +127,7 @@ class BlindRegistry:
         try:
             conn = sqlite3.connect(path, isolation_level=None, timeout=30.0)
             conn.executescript(_SCHEMA)
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # a corrupted schema text too
             raise LedgerError(path, "database", f"not a usable blind-run registry: {exc}") from exc
         return cls(path, conn)
 

@@ -27,6 +27,8 @@ def sqlite_errors(path, what: str) -> Iterator[None]:
         yield
     except sqlite3.Error as exc:
         raise LedgerError(path, "database", f"{what}: {exc}") from exc
+    except UnicodeDecodeError as exc:  # a corrupted TEXT value: SQLite hands back bytes that are not UTF-8
+        raise LedgerError(path, "database", f"{what}: a stored text is not UTF-8 (corrupted): {exc}") from exc
 
 
 def require_writable(directory, files=(), what: str = "workspace") -> None:
