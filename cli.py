@@ -76,6 +76,14 @@ def _bad_parameter():
         raise click.BadParameter(str(exc)) from None
 
 
+def _floats(text: str, flag: str) -> tuple[float, ...]:
+    """'1,0.7,0.5' -> (1.0, 0.7, 0.5); '' -> ()."""
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected numbers separated by commas") from None
+
+
 # ---- output: every result goes through emit ------------------------------------------------------
 
 def emit(obj, text: str, as_json: bool, *, allow_nan: bool = True) -> None:
@@ -1176,6 +1184,23 @@ def solve_head_cmd(model, train, dev, test, protocol, out, workspace, overwrite,
               help="Singular values below this share of a word's largest are dropped.")
 @click.option("--ridge", default=1e-2, show_default=True, type=float,
               help="Ridge of the background metric, relative to its mean diagonal.")
+@click.option("--key", type=click.Choice(["dense", "discriminative", "units"]), default="dense", show_default=True,
+              help="The edit's input side: dense (every hh direction); discriminative (per word, the directions "
+                   "with the most slop energy per unit of plausible-context energy); units (per word, only the "
+                   "FFN units far more active after the prefix than at the word's plausible contexts).")
+@click.option("--key-dims", default=4, show_default=True, type=click.IntRange(1),
+              help="Per word, directions (discriminative) or units (units) at most.")
+@click.option("--key-floor", default=0.05, show_default=True, type=float,
+              help="Plausible contexts: rows where the base gives the word at least this probability.")
+@click.option("--key-min-ratio", default=5.0, show_default=True, type=float,
+              help="units: a unit's mean |h| after the prefix over its mean at plausible contexts, at least.")
+@click.option("--key-null-rank", default=0, show_default=True, type=click.IntRange(0),
+              help="Per word, null-space directions inside a discriminative or units key.")
+@click.option("--strength", default=1.0, show_default=True, type=float,
+              help="Every FTPO target scaled by this (the edit's strength).")
+@click.option("--strength-grid", "strength_grid", default="", metavar="S,S,...",
+              help="Choose the strength on dev among these: the largest whose held-out (dev) traces' "
+                   "legitimate uses pass bar (d); the solve runs at --strength, then at the chosen one.")
 @click.option("--background", type=click.Choice(["anchors", "anchors+train"]), default="anchors", show_default=True,
               help="Rows of the background metric: the anchors, or the anchors and the train dumps (less "
                    "every slop context).")
@@ -1214,6 +1239,7 @@ def solve_wfld_cmd(model, phrases, train, heldout, collateral, anchors, null_, p
     from exactedit.solvers.wfld import WfldConfig, parse_phrase_margin, parse_same_sense
 
     with _bad_parameter():
+        flags["strength_grid"] = _floats(flags["strength_grid"], "--strength-grid")
         cfg = WfldConfig(phrase_margins=tuple(parse_phrase_margin(p) for p in phrase_margins),
                          same_sense=tuple(parse_same_sense(p) for p in same_sense),
                          specials=tuple(specials), **flags)

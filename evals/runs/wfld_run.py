@@ -238,6 +238,11 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
                             mark=st.mark)
     w0 = problem.w0
     gn = solve(problem, cfg, progress=lambda i, n: st.mark("gauss_newton", 1))
+    bars_cfg = protocol.bars if protocol else Bars()
+    strength = None
+    if cfg.strength_grid:
+        gn, strength = _choose_strength(cfg, tail, problem, gn, mining, named, bars_cfg, phrases)
+        st.mark("strength")
     st.done = 4 + cfg.gn_iters
     scored = [ScoredTrace(t.name, t.dump, tuple(_split_role(t, cfg) for _ in t.dump.docs),
                           Path(t.path).name if t.role == "anchors" else "")
@@ -246,7 +251,7 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
                           device_head=dhead)
     heldout_b = np.concatenate([_rows_mask(t, mining, held) for t in traces if t.role != "null"])
     tokens = ResolvedTokens(specials, turn_end, (), mining.tuples, mining.words, ())
-    ctx = BarContext(tokens, protocol.bars if protocol else Bars(), cfg.heldout_role, heldout_b,
+    ctx = BarContext(tokens, bars_cfg, cfg.heldout_role, heldout_b,
                      _Vocab(tail.tokens))
     bars = anti_slop_bars(scores, ctx)
     sums = summaries(problem, gn, cfg, collateral_by_word=uses_by_word(named["collateral"], mining, w0.shape[1]),
@@ -259,6 +264,8 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
                           timings=st.timings, phrases=phrases, heldout=held, marker=marker,
                           warnings=_warnings(by_role, mining, tail.tokens) + list(sums.warnings),
                           shipping=sums.shipping, raised=sums.raised)
+    report["key"] = problem.key.summary()
+    report["strength"] = strength if strength is not None else {"chosen": cfg.strength, "on": "config"}
     report["collateral"] = collateral_uses(scores, mining.tuples, mining.words, ctx.name, ctx.vocab,
                                            low=ctx.bars.collateral_low)
     refs = [InputRef("model", str(inputs.model), g.sha256()),
@@ -275,6 +282,36 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
     st.mark("write")
     return WfldResult(bundle.path, bundle.sha256, report, report["verdict"], bars, mining, gn, scores,
                       dict(st.timings))
+
+
+def _choose_strength(cfg: WfldConfig, tail, problem, gn, mining: Mining, named: dict, bars: Bars, phrases):
+    """The largest strength of `cfg.strength_grid` whose dev collateral passes (d) on the held-out
+    (dev) traces' legitimate uses, read off the frontier of the edit solved at `cfg.strength`
+    (solvers.wfld.frontier); that strength is then solved and shipped. Returns (the solve, the
+    report's section: the dev frontier, the chosen strength, whether it passed)."""
+    from exactedit.solvers.wfld import frontier as fr_mod
+
+    fr = fr_mod.frontier_rows(named["heldout"], mining)
+    if fr is None or fr.word.size == 0:
+        raise WfldError("heldout", "uses", "choosing the strength on dev needs legitimate uses of the words in "
+                        "the held-out traces (none found): give a fixed --strength, or more held-out text")
+    grid = sorted(set(float(x) for x in cfg.strength_grid))
+    points = fr_mod.frontier(tail, gn.dW, fr, [s / cfg.strength for s in grid], low=bars.collateral_low,
+                             tile_rows=cfg.tile_rows)
+    points = [fr_mod.Point(s, p.cut, p.cut_all, p.mean, p.low, p.uses) for s, p in zip(grid, points)]
+    best, passed = fr_mod.choose(points, min_mean=bars.collateral_min_mean, max_low_share=bars.collateral_max_low_share)
+    words = [tail.tokens.piece(int(w)) for w in mining.words]
+    out = {"chosen": best.strength, "on": "dev", "passed_d": passed, "solved_at": cfg.strength, "grid": grid,
+           "frontier": [p.to_json(list(mining.phrases), words) for p in points]}
+    held = fr_mod.frontier_rows(named["collateral"], mining)
+    if held is not None:   # the same edit's frontier on the collateral the bars score: reported, never chosen on
+        pts = fr_mod.frontier(tail, gn.dW, held, [s / cfg.strength for s in grid], low=bars.collateral_low,
+                              tile_rows=cfg.tile_rows)
+        out["collateral_frontier"] = [fr_mod.Point(s, p.cut, p.cut_all, p.mean, p.low, p.uses).to_json(
+            list(mining.phrases), words) for s, p in zip(grid, pts)]
+    if best.strength != cfg.strength:
+        gn = solve(problem, cfg, scale=best.strength / cfg.strength)
+    return gn, out
 
 
 def _warnings(by_role, mining: Mining, table) -> list[str]:

@@ -29,6 +29,7 @@ BACKENDS = ("jax", "numpy")
 SHIP_MODES = ("auto", "feedback", "round")
 BACKGROUNDS = ("anchors", "anchors+train")
 HELDOUT_ROLES = ("dev", "test")
+KEYS = ("dense", "discriminative", "units")       # solvers.wfld.key
 
 
 class WfldError(FieldError):
@@ -70,6 +71,13 @@ class WfldConfig:
     alt_pool: int = 32
     capitalized: bool = True
     null_rank: int = 8
+    key: str = "dense"                   # the edit's input side (solvers.wfld.key): dense, discriminative, units
+    key_dims: int = 4                    # per word: directions (discriminative) or units (units) at most
+    key_floor: float = 0.05              # plausible contexts: base p(word) >= this, outside the slop contexts
+    key_min_ratio: float = 5.0           # units: mean |h| on slop rows / on plausible rows at least this
+    key_null_rank: int = 0               # per word, null directions inside a restricted key
+    strength: float = 1.0                # every FTPO target scaled by this (the edit's strength)
+    strength_grid: tuple[float, ...] = ()  # non-empty: the strength chosen on dev among these
     null_tol: float = 1e-6
     ridge: float = 1e-2
     background: str = "anchors"          # rows of the metric C: "anchors", or "anchors+train" (less their slop contexts)
@@ -91,7 +99,7 @@ class WfldConfig:
     unregistered: bool = False
 
     def __post_init__(self):
-        ints = {"alternatives": 1, "alt_pool": 1, "null_rank": 0, "special_rows": 0, "gn_iters": 1, "seed": 0,
+        ints = {"alternatives": 1, "alt_pool": 1, "null_rank": 0, "key_dims": 1, "key_null_rank": 0, "special_rows": 0, "gn_iters": 1, "seed": 0,
                 "tile_rows": 1, "ship_sweeps": 0}
         for name, low in ints.items():
             value = getattr(self, name)
@@ -111,6 +119,18 @@ class WfldConfig:
             raise ValueError(f"WfldConfig.alt_floor must be a probability in [0, 1), got {self.alt_floor}")
         if self.alt_pool < self.alternatives:
             raise ValueError(f"WfldConfig.alt_pool ({self.alt_pool}) must be >= alternatives ({self.alternatives})")
+        if self.key not in KEYS:
+            raise ValueError(f"WfldConfig.key must be one of {KEYS}, got {self.key!r}")
+        if not 0.0 < self.key_floor < 1.0:
+            raise ValueError(f"WfldConfig.key_floor must be a probability in (0, 1), got {self.key_floor}")
+        if self.key_min_ratio < 1.0:
+            raise ValueError(f"WfldConfig.key_min_ratio must be >= 1, got {self.key_min_ratio}")
+        if not 0.0 < self.strength <= 4.0:
+            raise ValueError(f"WfldConfig.strength must be in (0, 4], got {self.strength}")
+        if not isinstance(self.strength_grid, tuple) or not all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and 0.0 < x <= 4.0
+                for x in self.strength_grid):
+            raise ValueError(f"WfldConfig.strength_grid must be a tuple of strengths in (0, 4], got {self.strength_grid!r}")
         if self.background not in BACKGROUNDS:
             raise ValueError(f"WfldConfig.background must be one of {BACKGROUNDS}, got {self.background!r}")
         if self.ship not in SHIP_MODES:
@@ -163,6 +183,7 @@ class WfldConfig:
         out["phrase_margins"] = [[p, float(m)] for p, m in self.phrase_margins]
         out["same_sense"] = [[p, list(ws)] for p, ws in self.same_sense]
         out["specials"] = list(self.specials)
+        out["strength_grid"] = [float(x) for x in self.strength_grid]
         return out
 
     @classmethod
@@ -178,4 +199,6 @@ class WfldConfig:
             kwargs["same_sense"] = tuple((str(p), tuple(str(w) for w in ws)) for p, ws in kwargs["same_sense"])
         if "specials" in kwargs:
             kwargs["specials"] = tuple(kwargs["specials"])
+        if "strength_grid" in kwargs:
+            kwargs["strength_grid"] = tuple(float(x) for x in kwargs["strength_grid"])
         return cls(**kwargs)

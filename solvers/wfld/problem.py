@@ -23,13 +23,14 @@ from exactedit.solvers.tail.logits import tail_mix
 from exactedit.solvers.tail.vocab_pass import vocab_pass
 from exactedit.solvers.wfld import alternatives as alt_mod
 from exactedit.solvers.wfld import gauss_newton as wfld
+from exactedit.solvers.wfld import key as key_mod
 from exactedit.solvers.wfld import ship as ship_mod
 from exactedit.solvers.wfld.config import WfldConfig, WfldError
 from exactedit.solvers.wfld.jacobian import RowSet, editable_weight, gather_rows, linearize, token_rows, with_weights
 from exactedit.solvers.wfld.mining import Mining
 
 __all__ = ["FtpoRows", "WfldProblem", "anchor_rows", "background_rows", "build_problem", "ftpo_rows",
-           "uses_by_word"]
+           "plausible_by_word", "uses_by_word"]
 
 Named = Sequence[tuple[str, object]]        # (trace name, dumps.Dump)
 
@@ -98,6 +99,33 @@ def uses_by_word(traces: Named, mining: Mining, width: int | None = None) -> lis
     return out
 
 
+def plausible_by_word(tail, traces: Named, mining: Mining, floor: float, *, chunk: int = 2048,
+                      tile_rows: int = 8192) -> list[np.ndarray]:
+    """Per word of `mining`, the hh rows (float64) of `traces` where the base model gives the word
+    probability >= `floor` and that are no slop context of any phrase (the trace's FTPO rows):
+    the word's plausible contexts, legitimate uses included. One exact full-vocabulary pass over
+    every row, `chunk` rows at a time."""
+    words = np.asarray(mining.words, dtype=np.int64)
+    h = editable_weight(tail).shape[1]
+    out: list[list[np.ndarray]] = [[np.zeros((0, h))] for _ in words]
+    log_floor = float(np.log(floor))
+    for name, dump in traces:
+        slop = np.zeros(dump.rows, dtype=bool)
+        slop[np.asarray(mining.trace(name).rows, dtype=np.int64)] = True
+        for a in range(0, dump.rows, chunk):
+            b = min(dump.rows, a + chunk)
+            mix = tail.mix(tail.residual(dump, slice(a, b)))
+            vp = vocab_pass(mix, tail.head, token_sets=words, softcap=tail.softcap, tile_rows=tile_rows)
+            logp = np.asarray(vp.selected, np.float64) - vp.lse[:, None]
+            hh = None
+            for wi in range(words.size):
+                rows = np.flatnonzero((logp[:, wi] >= log_floor) & ~slop[a:b])
+                if rows.size:
+                    hh = np.asarray(dump.hh[a:b]) if hh is None else hh
+                    out[wi].append(np.asarray(hh[rows], dtype=np.float64))
+    return [np.concatenate(parts, axis=0) for parts in out]
+
+
 def background_rows(name: str, dump, mining: Mining) -> np.ndarray:
     """A trace's hh rows for the background metric, without its slop contexts (its FTPO rows in
     `mining`): those are where the edit must act, so they are not part of the background it must
@@ -130,6 +158,7 @@ class WfldProblem:
     base: wfld.Evaluation        # exact logits and VJPs at w0
     evaluate: Callable           # w -> wfld.Evaluation at the conditions
     held_by_word: list           # per word: hh of the uses the null space holds
+    key: key_mod.Key             # the edit's input side (dW Q_perp = 0)
     B: np.ndarray                # [h, r] the null basis (dW B = 0)
     hh_bg: np.ndarray            # the background rows
     C: np.ndarray                # [h, h] background metric
@@ -201,6 +230,7 @@ def build_problem(cfg: WfldConfig, tail, ftpo: FtpoRows, mining: Mining, *, spec
     base_tab[slot, col] = base.logits
     margins = np.array([cfg.margin_for(phrases[p]) for p in phr])
     d_rej, d_alt = wfld.ftpo_targets(base_tab[:P, 0], base_tab[:P, 1:1 + k], margins, cfg.delta_cho)
+    d_rej, d_alt = d_rej * cfg.strength, d_alt * cfg.strength
     target_tab = np.zeros(tok.shape)
     target_tab[:P, 0], target_tab[:P, 1:1 + k] = d_rej, d_alt
     target_tab[:P, 1 + k + s_n:] = d_rej[:, None]      # variants count as rejected: they move with it
@@ -210,10 +240,11 @@ def build_problem(cfg: WfldConfig, tail, ftpo: FtpoRows, mining: Mining, *, spec
     mark("targets")
 
     groups = uses_by_word(held_from, mining)
-    B = wfld.null_basis(groups, cfg.null_rank, cfg.null_tol, w0.shape[1])
     hh_bg = np.concatenate([background_rows(n, d, mining) for n, d in background_from])
     C = wfld.background_metric(hh_bg, cfg.ridge)
-    M = wfld.restricted_inverse(C, B)
+    key = problem_key(cfg, tail, ftpo, mining, held_from)
+    M, B = key_mod.key_metric(key, C, groups, null_rank=cfg.null_rank if key.Q is None else cfg.key_null_rank,
+                              null_tol=cfg.null_tol)
     view = quant.runtime_view if tail.kind == "hc4" else quant.dequantize
     if ship_mod.uses_feedback(cfg.ship, type_name):
         kept = np.concatenate(groups + [np.asarray(rs.hh, np.float64)], axis=0)
@@ -223,4 +254,17 @@ def build_problem(cfg: WfldConfig, tail, ftpo: FtpoRows, mining: Mining, *, spec
         shipper = wfld.Shipper(raw0, type_name, cols, view)
     mark("metric")
     return WfldProblem(w0, ftpo, tuple(specials), vp, alts, rs, tok, slot, col, cond, base, evaluate, groups,
-                       B, hh_bg, C, M, raw0, type_name, int(cols), view, shipper)
+                       key, B, hh_bg, C, M, raw0, type_name, int(cols), view, shipper)
+
+
+def problem_key(cfg: WfldConfig, tail, ftpo: FtpoRows, mining: Mining, solve_side: Named) -> key_mod.Key:
+    """cfg.key built on the train FTPO rows (per rejected word) against the plausible contexts of
+    the solve-side traces `solve_side` (never a held-out or collateral trace)."""
+    if cfg.key == "dense":
+        return key_mod.dense_key()
+    h = editable_weight(tail).shape[1]
+    words = np.asarray(mining.words, dtype=np.int64)
+    slop = [np.asarray(ftpo.rows.hh, np.float64)[ftpo.rejected == w] for w in words]
+    plaus = plausible_by_word(tail, solve_side, mining, cfg.key_floor, tile_rows=cfg.tile_rows)
+    return key_mod.build_key(cfg.key, slop, plaus, dims=cfg.key_dims, ridge=cfg.ridge,
+                             min_ratio=cfg.key_min_ratio, h=h)

@@ -127,6 +127,26 @@ def _fmt(x, digits=4) -> str:
     return f"{x:.{digits}g}"
 
 
+def strength_lines(strength: dict | None) -> list[str]:
+    """The strength chosen on dev and the frontier it was read off (dev, and the held-out
+    collateral's, reported only)."""
+    if not strength or strength.get("on") != "dev":
+        return []
+    lines = [f"strength: {strength['chosen']:g} chosen on dev (solved at {strength['solved_at']:g}; "
+             + ("the largest passing (d) on the dev uses)" if strength["passed_d"] else
+                "NO strength passes (d) on the dev uses: the smallest)")]
+    for label, rows in (("dev", strength["frontier"]), ("collateral (held out, not chosen on)",
+                                                          strength.get("collateral_frontier") or [])):
+        if not rows:
+            continue
+        lines.append(f"  frontier, {label}: strength | cut per phrase | per word mean dlogp / share below -0.1 (uses)")
+        for r in rows:
+            cuts = ", ".join(f"{p!r} {c:.2f}" for p, c in r["cut"].items())
+            coll = ", ".join(f"{w!r} {v['mean']:+.3f}/{v['low']:.2f} ({v['uses']})" for w, v in r["collateral"].items())
+            lines.append(f"    {r['strength']:5.2f} | {cuts or '-'} | {coll or '-'}")
+    return lines
+
+
 def format_report(report: dict) -> str:
     """A readable summary: bars, per-phrase p(rejected), the Gauss-Newton log, timings."""
     nl = report["null"]
@@ -135,6 +155,12 @@ def format_report(report: dict) -> str:
              f"null space: {nl['rows']} legitimate uses held, rank {nl['rank']}; max ||dW h||/||W h|| "
              f"{_fmt(nl['solved_max_rel'], 3)} solved, {_fmt(nl['shipped_max_rel'], 3)} as shipped "
              f"({(report.get('shipping') or {}).get('type', 'quantized')})"]
+    key = report.get("key")
+    if key and key["kind"] != "dense":
+        lines.append(f"key: {key['kind']}, {key['dims']} directions (per word: slop rows {key['slop_rows']}, "
+                     f"plausible rows {key['plausible_rows']})"
+                     + (f"; units {key['units']}" if key["units"] else ""))
+    lines += strength_lines(report.get("strength"))
     mined = report.get("mining", {}).get("phrases")
     if mined:
         lines.append("mining: prefix-exact contexts / whole-word occurrences in the text: "
