@@ -183,3 +183,31 @@ def test_build_refuses_an_existing_out(tmp_path):
 
     with pytest.raises(EngineError, match="exists"):
         build_corpus("m.gguf", ["you can use"], tmp_path)
+
+
+def test_cli_dataset_corpus_wires_flags_and_reports_config_errors_cleanly(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from exactedit import cli
+    from exactedit.native.runs import corpus as corpus_mod
+
+    (tmp_path / "m.gguf").write_bytes(b"")
+    (tmp_path / "p.txt").write_text("you can use\n")
+    args = ["dataset", "corpus", "--model", str(tmp_path / "m.gguf"), "--phrases", str(tmp_path / "p.txt"),
+            "--out", str(tmp_path / "out")]
+    res = CliRunner().invoke(cli.main, args + ["--solve", "0.9"])
+    assert res.exit_code == 1 and "shares" in res.output and "Traceback" not in res.output
+    seen = {}
+
+    def fake(model, phrases, out, *, texts, config, settings, overwrite, progress):
+        seen.update(phrases=phrases, texts=texts, config=config, overwrite=overwrite)
+        return corpus_mod.CorpusResult(tmp_path / "out", {" use": 7}, {"sources": 1, "tokens": 9, "uses": {" use": 1},
+                                       "slop_contexts": 0}, (), (), {}, {})
+
+    monkeypatch.setattr(corpus_mod, "build_corpus", fake)
+    res = CliRunner().invoke(cli.main, args + ["--max-tokens", "600", "--context", "16", "--seed", "3", "--json",
+                                               "--texts", str(tmp_path / "p.txt")])
+    assert res.exit_code == 0, res.output
+    assert seen["config"] == CorpusConfig(max_tokens=600, context=16, seed=3) and seen["phrases"] == ["you can use"]
+    assert seen["texts"] == [str(tmp_path / "p.txt")]
+    assert '"words"' in res.output
