@@ -764,6 +764,44 @@ def dataset_build(model, prompts, phrases, texts, out, overwrite, as_json, n_ctx
     emit(res, render_dataset(res), as_json)
 
 
+@dataset.command("corpus")
+@click.option("--model", type=MODEL, required=True, help="GGUF path, or a public model name (qwen).")
+@click.option("--phrases", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="One banned phrase per line (their final tokens are the words).")
+@click.option("--texts", multiple=True, type=click.Path(dir_okay=False, exists=True),
+              help="A plain text file to add to the stdlib's docstrings (repeatable; one source document each).")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Directory for solve/ dev/ collateral/ and corpus.json.")
+@click.option("--max-tokens", default=12_000, show_default=True, type=click.IntRange(1),
+              help="Prefill tokens in all, shared by the parts and round-robin by the words.")
+@click.option("--context", default=48, show_default=True, type=click.IntRange(1), help="Tokens before each use.")
+@click.option("--after", default=8, show_default=True, type=click.IntRange(0), help="Tokens past each use.")
+@click.option("--max-window", default=512, show_default=True, type=click.IntRange(1),
+              help="Longest span overlapping windows merge into.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--solve", default=0.5, show_default=True, type=float, help="Share of source documents for the solve.")
+@click.option("--dev", default=0.25, show_default=True, type=float, help="Share for choosing the edit's strength.")
+@click.option("--collateral", default=0.25, show_default=True, type=float, help="Share held out for bar (d).")
+@click.option("--stdlib/--no-stdlib", default=True, show_default=True,
+              help="Use the Python standard library's docstrings.")
+@click.option("--capitalized/--no-capitalized", default=True, show_default=True)
+@_CHAT_FALLBACK
+@click.option("--overwrite", is_flag=True)
+@_engine_settings
+@JSON_FLAG
+def dataset_corpus(model, phrases, texts, out, overwrite, as_json, n_ctx, n_batch, n_ubatch, n_threads,
+                   flash_attn, **flags) -> None:
+    """Teacher-force windows of an offline corpus (the stdlib's docstrings, --texts) around each use
+    of the phrases' final tokens: solve / dev / collateral dumps, split by source document."""
+    from exactedit.native.runs import CorpusConfig, build_corpus, render_corpus
+
+    _refuse_clobber({"--out": out}, {"--model": model, "--phrases": phrases, "--texts": list(texts)})
+    cfg = CorpusConfig(**flags)
+    res = with_progress("prefill", build_corpus, model, _lines(phrases), out, texts=list(texts), config=cfg,
+                        settings=_settings(n_ctx, n_batch, n_ubatch, n_threads, flash_attn), overwrite=overwrite)
+    emit(res, render_corpus(res), as_json)
+
+
 # ---- dump: import, inspect -----------------------------------------------------------------------
 
 @main.group()

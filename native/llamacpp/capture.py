@@ -47,7 +47,7 @@ class CaptureResult:
     layer: int
     model_sha256: str
     meta: dict
-    logits: np.ndarray          # the engine's logits [rows, V], for comparisons made right away
+    logits: np.ndarray | None   # the engine's logits [rows, V], for comparisons made right away (None: not kept)
 
 
 def tail_names(layer: int) -> list[str]:
@@ -71,9 +71,11 @@ def pick(run: EngineRun, layer: int, path) -> dict[str, np.ndarray]:
 
 def capture_dump(model, docs: Sequence[CaptureDoc], out, *, settings: EngineSettings | None = None,
                  overwrite: bool = False, progress: Progress | None = None,
-                 extra_meta: dict | None = None) -> CaptureResult:
+                 extra_meta: dict | None = None, keep_logits: bool = True) -> CaptureResult:
     """Evaluate each document on `model` with llama.cpp and write an rmsnorm dump at `out`
-    (`extra_meta` is stored beside the engine's own record in the dump's meta)."""
+    (`extra_meta` is stored beside the engine's own record in the dump's meta). With `keep_logits`
+    False the engine's logits are dropped document by document (the result's `logits` is None): a
+    large capture then holds only the dump's fields, not [rows, V] floats."""
     model = Path(model)
     settings = settings or EngineSettings()
     if not docs:
@@ -102,7 +104,8 @@ def capture_dump(model, docs: Sequence[CaptureDoc], out, *, settings: EngineSett
             parts["next"].append(np.append(toks[1:], -1).astype(np.int32))
             parts["R"].append(fields["R"])
             parts["hh"].append(fields["hh"])
-            logits.append(run.logits)
+            if keep_logits:
+                logits.append(run.logits)
             ubatches += list(run.ubatch_sizes)
             infos.append(DocInfo(doc.name, first, toks.size, doc.source, doc.character, tuple(doc.tags)))
             first += toks.size
@@ -116,4 +119,4 @@ def capture_dump(model, docs: Sequence[CaptureDoc], out, *, settings: EngineSett
         fields["roles"] = mark_docs(np.concatenate([np.asarray(d.roles, np.uint8) for d in docs]), infos)
     path = write_dump(out, arch="rmsnorm", layer=tail.layer, fields=fields, docs=infos,
                       model_sha256=sha, meta=meta, overwrite=overwrite)
-    return CaptureResult(Path(path), first, tail.layer, sha, meta, np.concatenate(logits))
+    return CaptureResult(Path(path), first, tail.layer, sha, meta, np.concatenate(logits) if keep_logits else None)

@@ -1,5 +1,6 @@
-"""The code behind `exactedit mine` (`mine`), `dataset build` (`dataset`), `kld` with llama.cpp's
-files (`kld`) and `demo --model` (`real_demo`, its bundled inputs in `data/`). Imported only by
+"""The code behind `exactedit mine` (`mine`), `dataset build` (`dataset`), `dataset corpus`
+(`corpus`), `kld` with llama.cpp's files (`kld`) and `demo --model` (`real_demo`, its bundled
+inputs in `data/`). Imported only by
 cli.py, fixtures/, bench/ and other runs (tests/test_layers.py).
 
 The names below are imported on first use (their modules pull in numba / JAX).
@@ -7,12 +8,15 @@ The names below are imported on first use (their modules pull in numba / JAX).
 from exactedit import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
+    "CorpusConfig": "corpus",
     "DatasetConfig": "dataset",
     "KldFiles": "kld",
     "MineConfig": "mine",
     "RealDemoConfig": "real_demo",
+    "build_corpus": "corpus",
     "build_dataset": "dataset",
     "real_demo_report": "real_demo",
+    "render_corpus": "corpus",
     "render_dataset": "dataset",
     "render_kld_run": "kld",
     "render_mine": "mine",

@@ -88,6 +88,8 @@ CASES = {
                            "--png {w}/prompts.txt", "{w}/prompts.txt", "--prompts"),
     "dataset build --out TEXTS": ("dataset build --model {w}/m.gguf --prompts {w}/prompts.txt --phrases "
                                   "{w}/phrases.txt --texts {w}/texts --out {w}/texts --overwrite", "{w}/texts", "--texts"),
+    "dataset corpus --out holding TEXT": ("dataset corpus --model {w}/m.gguf --phrases {w}/phrases.txt --texts "
+                                          "{w}/texts/a.txt --out {w}/texts --overwrite", "{w}/texts", "--texts"),
     "eval score --out BUNDLE": ("eval score --protocol {w}/protocol.toml --model {w}/m.gguf --bundle {w}/b --out {w}/b "
                                 "--workspace {w}/ws", "{w}/b", "--bundle"),
     "eval test --out inside BUNDLE": ("eval test --protocol {w}/protocol.toml --model {w}/m.gguf --bundle {w}/b "
