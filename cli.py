@@ -313,9 +313,18 @@ def apply_cmd(bundle, model, out, overwrite, as_json) -> None:
 @click.option("--seed", default=0, show_default=True, type=int, help="With --model: sampling seed.")
 @click.option("--ridge", default=0.01, show_default=True, type=float,
               help="With --model: solve wfld's background ridge (chosen on dev: docs/real-model.md).")
+@click.option("--corpus-tokens", type=click.IntRange(0), default=None,
+              help="With --model: prefill budget of the teacher-forced corpus windows (dataset corpus); 0: none "
+                   "(default: the demo's, docs/real-model.md).")
+@click.option("--key", type=click.Choice(["dense", "discriminative", "units"]), default=None,
+              help="With --model: solve wfld --key (default: the demo's, chosen on dev).")
+@click.option("--word-holds", type=click.IntRange(0), default=None,
+              help="With --model: solve wfld --word-holds (default: the demo's, chosen on dev).")
+@click.option("--strength-grid", default=None, metavar="S,S,...",
+              help="With --model: solve wfld --strength-grid ('' for a fixed strength 1; default: the demo's).")
 @JSON_FLAG
 def demo_cmd(out, fixture, model, phrases, prompts, rate_prompts, watch, texts, same_sense, samples, rate_samples,
-             max_new, seed, ridge, as_json) -> None:
+             max_new, seed, ridge, corpus_tokens, key, word_holds, strength_grid, as_json) -> None:
     """The whole workflow on the bundled fixture: register + split, solve head, solve wfld, dev
     score, and the one-shot blind sign-off (its command line in OUT/blind.cmd). With --model: the
     anti-slop loop on a real model (data from its own replies, solve, apply, verify live, dev score,
@@ -332,9 +341,13 @@ def demo_cmd(out, fixture, model, phrases, prompts, rate_prompts, watch, texts, 
         if model is not None:
             from exactedit.native.runs import RealDemoConfig, real_demo_report, run_real_demo
 
+            with _bad_parameter():
+                chosen = {k: v for k, v in (("corpus_tokens", corpus_tokens), ("key", key), ("word_holds", word_holds),
+                                            ("strength_grid", None if strength_grid is None else
+                                             _floats(strength_grid, "--strength-grid"))) if v is not None}
             cfg = RealDemoConfig(model=model, prompts=prompts, rate_prompts=rate_prompts, phrases=phrases, watch=watch,
                                  texts=tuple(texts) or None, same_sense=same_sense, samples=samples, rate_samples=rate_samples,
-                                 max_new=max_new, seed=seed, ridge=ridge)
+                                 max_new=max_new, seed=seed, ridge=ridge, **chosen)
             result = run_real_demo(cfg, out, progress=progress)
             report = real_demo_report(result)
         else:
@@ -1234,6 +1247,11 @@ def solve_head_cmd(model, train, dev, test, protocol, out, workspace, overwrite,
               help="units: a unit's mean |h| after the prefix over its mean at plausible contexts, at least.")
 @click.option("--key-null-rank", default=0, show_default=True, type=click.IntRange(0),
               help="Per word, null-space directions inside a discriminative or units key.")
+@click.option("--word-holds", default=0, show_default=True, type=click.IntRange(0),
+              help="Per word, its likeliest plausible contexts in the train and null dumps (p >= --key-floor, "
+                   "outside the slop contexts) whose logit the solve holds (soft, --word-hold-eps); 0: none.")
+@click.option("--word-hold-eps", default=1e-4, show_default=True, type=float,
+              help="Relative Tikhonov weight of the word holds (a slop-like context may give).")
 @click.option("--strength", default=1.0, show_default=True, type=float,
               help="Every FTPO target scaled by this (the edit's strength).")
 @click.option("--strength-grid", "strength_grid", default="", metavar="S,S,...",

@@ -41,7 +41,7 @@ from exactedit.solvers.wfld.mining import Mining, mine
 from exactedit.solvers.wfld.problem import build_problem, ftpo_rows, uses_by_word
 from exactedit.solvers.wfld.report import build_report
 from exactedit.solvers.wfld.rescore import ScoredTrace, score_traces
-from exactedit.solvers.wfld.solve import solve, summaries
+from exactedit.solvers.wfld.solve import scaled, solve, summaries
 from exactedit.solvers.tail.model import load_tail
 
 Progress = Callable[[int, int], None]
@@ -241,7 +241,7 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
     bars_cfg = protocol.bars if protocol else Bars()
     strength = None
     if cfg.strength_grid:
-        gn, strength = _choose_strength(cfg, tail, problem, gn, mining, named, bars_cfg, phrases)
+        problem, gn, strength = _choose_strength(cfg, tail, problem, gn, mining, named, bars_cfg)
         st.mark("strength")
     st.done = 4 + cfg.gn_iters
     scored = [ScoredTrace(t.name, t.dump, tuple(_split_role(t, cfg) for _ in t.dump.docs),
@@ -284,11 +284,12 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
                       dict(st.timings))
 
 
-def _choose_strength(cfg: WfldConfig, tail, problem, gn, mining: Mining, named: dict, bars: Bars, phrases):
+def _choose_strength(cfg: WfldConfig, tail, problem, gn, mining: Mining, named: dict, bars: Bars):
     """The largest strength of `cfg.strength_grid` whose dev collateral passes (d) on the held-out
     (dev) traces' legitimate uses, read off the frontier of the edit solved at `cfg.strength`
-    (solvers.wfld.frontier); that strength is then solved and shipped. Returns (the solve, the
-    report's section: the dev frontier, the chosen strength, whether it passed)."""
+    (solvers.wfld.frontier); that strength is then solved and shipped. Returns (the problem at that
+    strength, its solve, the report's section: the dev frontier, the chosen strength, whether it
+    passed)."""
     from exactedit.solvers.wfld import frontier as fr_mod
 
     fr = fr_mod.frontier_rows(named["heldout"], mining)
@@ -310,8 +311,9 @@ def _choose_strength(cfg: WfldConfig, tail, problem, gn, mining: Mining, named: 
         out["collateral_frontier"] = [fr_mod.Point(s, p.cut, p.cut_all, p.mean, p.low, p.uses).to_json(
             list(mining.phrases), words) for s, p in zip(grid, pts)]
     if best.strength != cfg.strength:
-        gn = solve(problem, cfg, scale=best.strength / cfg.strength)
-    return gn, out
+        problem = scaled(problem, best.strength / cfg.strength)
+        gn = solve(problem, cfg)
+    return problem, gn, out
 
 
 def _warnings(by_role, mining: Mining, table) -> list[str]:

@@ -31,6 +31,7 @@ from typing import Callable, Sequence
 from exactedit.quant.errors import ExacteditError
 from exactedit.quant.files import atomic_write_text
 from exactedit.evals.scoring.collateral import collateral_lines
+from exactedit.solvers.wfld.report import strength_lines
 
 DATA = Path(__file__).resolve().parent / "data"
 Progress = Callable[[str, int, int], None]
@@ -66,10 +67,26 @@ class RealDemoConfig:
     n_boot: int = 1000
     ridge: float = 0.01                 # solve wfld's background ridge (docs/real-model.md: the dev rule)
     background: str = "anchors+train"   # solve wfld's background rows (docs/real-model.md: measured on dev)
+    corpus_tokens: int = 8000           # prefill budget of the teacher-forced corpus (dataset corpus); 0: none
+    key: str = "dense"                  # solve wfld --key (docs/real-model.md: chosen on dev)
+    word_holds: int = 0                 # solve wfld --word-holds
+    strength_grid: tuple[float, ...] = ()   # solve wfld --strength-grid: the strength chosen on dev
 
     def __post_init__(self):
         if min(self.samples, self.rate_samples, self.max_new, self.verify_tokens) < 1:
             raise RealDemoError("samples, rate_samples, max_new and verify_tokens must be >= 1")
+        if self.corpus_tokens < 0 or self.word_holds < 0:
+            raise RealDemoError("corpus_tokens and word_holds must be >= 0")
+
+    def wfld_config(self):
+        """solve wfld's settings of the demo."""
+        from exactedit.solvers.wfld.config import WfldConfig
+
+        try:
+            return WfldConfig(ridge=self.ridge, background=self.background, same_sense=self.same_sense_words(),
+                              key=self.key, word_holds=self.word_holds, strength_grid=tuple(self.strength_grid))
+        except ValueError as exc:
+            raise RealDemoError(str(exc)) from None
 
     def file(self, name: str) -> Path:
         given = getattr(self, name)
@@ -120,18 +137,23 @@ class RealDemoResult:
     artefacts: dict          # side -> [evals.rates.artefacts.Artefact]
     seconds: dict = field(default_factory=dict)
     files: dict = field(default_factory=dict)
+    corpus: object = None    # native.runs.corpus.CorpusResult, or None without a corpus
 
 
 def write_protocol(path: Path, data: Path, name: str, specials: Sequence[int], turn_end: int,
-                   tuples: Sequence[Sequence[int]]) -> Path:
+                   tuples: Sequence[Sequence[int]], corpus: dict | None = None) -> Path:
     """The demo's protocol (written by evals.protocol.protocol.write_protocol): the dataset's four
-    dumps with fixed roles (held-out is dev), the model's specials and turn end, the matched phrase
-    tuples as ids (what `solve wfld` and `eval score` both read), the default split and bars."""
+    dumps with fixed roles (held-out is dev), the corpus's dev and collateral parts (`corpus`: part
+    -> dump path) as dev and collateral traces, the model's specials and turn end, the matched
+    phrase tuples as ids (what `solve wfld` and `eval score` both read), the default split and bars.
+    The corpus's solve part is no trace: the solve holds it, nothing scores it."""
     from exactedit.evals.protocol.protocol import SplitRule, TokenSets, Trace, write_protocol as write
 
     traces = [Trace(trace, (data / trace).resolve(), role, domain) for trace, role, domain in
               (("train", "train", ""), ("heldout", "dev", ""), ("collateral", "collateral", ""),
                ("anchors", "anchors", "anchors"))]
+    traces += [Trace(f"corpus-{part}", Path(dump).resolve(), {"dev": "dev", "collateral": "collateral"}[part], "")
+               for part, dump in (corpus or {}).items()]
     tokens = TokenSets(specials=tuple(int(s) for s in specials), turn_end=int(turn_end),
                        phrases=tuple(tuple(int(t) for t in tup) for tup in tuples))
     write(path, name, traces, split=SplitRule(), tokens=tokens,
@@ -161,8 +183,6 @@ def run_real_demo(cfg: RealDemoConfig, out, *, progress: Progress | None = None)
     from exactedit.quant import gguf
     from exactedit.quant.specials import model_specials
     from exactedit.solvers.apply import apply_bundle
-    from exactedit.solvers.wfld.config import WfldConfig
-
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise RealDemoError(f"{out}: exists and is not empty (the demo writes a fresh directory)")
@@ -183,6 +203,14 @@ def run_real_demo(cfg: RealDemoConfig, out, *, progress: Progress | None = None)
                        config=DatasetConfig(samples=cfg.samples, max_new=cfg.max_new, seed=cfg.seed),
                        progress=tick("dataset"))
     mark("dataset")
+    corpus = None
+    if cfg.corpus_tokens:
+        from exactedit.native.runs.corpus import CorpusConfig, build_corpus
+
+        corpus = build_corpus(model, phrases, out / "data" / "corpus", config=CorpusConfig(
+            max_tokens=cfg.corpus_tokens, seed=cfg.seed), progress=tick("corpus"))
+        mark("corpus")
+    parts = {p.name: p.dump for p in (corpus.parts if corpus else ()) if p.dump}
     with gguf.open(model) as g:
         ms = model_specials(g)
     tuples = ds.tuples("train", "heldout")       # the dataset build's own matching, not matched again
@@ -190,16 +218,19 @@ def run_real_demo(cfg: RealDemoConfig, out, *, progress: Progress | None = None)
         raise RealDemoError(f"none of the phrases of {phrases_file} occurs in the model's replies: nothing to "
                             "edit (pick phrases by measurement: `exactedit mine`)")
     protocol = write_protocol(out / "protocol.toml", out / "data", f"demo-{cfg.model}", ms.guards, ms.turn_end,
-                              tuples)
+                              tuples, corpus={k: v for k, v in parts.items() if k in ("dev", "collateral")})
     ws = out / "ws"
     cmd = f"exactedit demo --model {cfg.model} --out {out}"
     workflow.register(protocol, ws, cmd)
     workflow.split(protocol, ws, cmd)
     mark("register")
     inputs = WfldInputs(model=str(model), phrases=str(phrases_file), train=(str(out / "data" / "train"),),
-                        heldout=(str(out / "data" / "heldout"),), collateral=(str(out / "data" / "collateral"),),
-                        anchors=(str(out / "data" / "anchors"),), protocol=str(protocol))
-    wf = solve_wfld(WfldConfig(ridge=cfg.ridge, background=cfg.background, same_sense=cfg.same_sense_words()), inputs, out / "wfld", workspace=ws, command=cmd, progress=tick("solve wfld"))
+                        heldout=(str(out / "data" / "heldout"),) + tuple(p for k, p in parts.items() if k == "dev"),
+                        collateral=(str(out / "data" / "collateral"),)
+                        + tuple(p for k, p in parts.items() if k == "collateral"),
+                        anchors=(str(out / "data" / "anchors"),),
+                        null=tuple(p for k, p in parts.items() if k == "solve"), protocol=str(protocol))
+    wf = solve_wfld(cfg.wfld_config(), inputs, out / "wfld", workspace=ws, command=cmd, progress=tick("solve wfld"))
     mark("solve_wfld")
     applied = apply_bundle(wf.bundle, model, out / "edited.gguf", progress=tick("apply"))
     mark("apply")
@@ -216,7 +247,8 @@ def run_real_demo(cfg: RealDemoConfig, out, *, progress: Progress | None = None)
     artefacts = {"base": variant_artefacts([r.text for r in rates.replies], measured),
                  "edited": variant_artefacts([r.text for r in rates.edited_replies], measured)}
     mark("phrase_rates")
-    r = RealDemoResult(out, str(model), ds, protocol, wf, applied, report, dev, rates, artefacts, seconds)
+    r = RealDemoResult(out, str(model), ds, protocol, wf, applied, report, dev, rates, artefacts, seconds,
+                       corpus=corpus)
     return _write_reports(r)
 
 
@@ -249,6 +281,47 @@ def _collateral_png(bars: Sequence[dict], path: Path) -> Path:
     return path
 
 
+def frontier_png(strength: dict, path: Path) -> Path:
+    """PNG: per phrase, the continuation cut against each word's share of uses below -0.1, one
+    point per strength (dev: solid, the held-out collateral: dashed), the chosen one circled."""
+    import io
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from exactedit.quant.files import atomic_write_bytes
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for label, rows, ls in (("dev", strength["frontier"], "-"),
+                            ("collateral", strength.get("collateral_frontier") or [], "--")):
+        phrases = sorted({p for r in rows for p in r["cut"]})
+        words = sorted({w for r in rows for w in r["collateral"]})
+        for ph in phrases:
+            for w in words:
+                pts = [(r["collateral"][w]["low"], r["cut"][ph], r["strength"]) for r in rows
+                       if ph in r["cut"] and w in r["collateral"]]
+                if not pts:
+                    continue
+                xs, ys, ss = zip(*pts)
+                line, = ax.plot(xs, ys, ls, marker="o", ms=3, label=f"{label}: {ph!r} vs {w!r}")
+                for x, y, st in pts:
+                    if st == strength["chosen"]:
+                        ax.plot([x], [y], "o", ms=9, mfc="none", color=line.get_color())
+    ax.axvline(0.10, color="k", ls=":", lw=1, label="bar (d): 10% of uses")
+    ax.axhline(0.70, color="grey", ls=":", lw=1, label="target cut 70%")
+    ax.set_xlabel("share of the word's legitimate uses below -0.1 nats")
+    ax.set_ylabel("continuation cut at the phrase's prefix")
+    ax.set_title(f"strength frontier (chosen {strength['chosen']:g} on dev)", fontsize=9)
+    ax.legend(fontsize=6, loc="lower right")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
 def _write_reports(r: RealDemoResult) -> RealDemoResult:
     from exactedit.evals.rates.report import plot_phrase_rates
 
@@ -260,9 +333,14 @@ def _write_reports(r: RealDemoResult) -> RealDemoResult:
     atomic_write_text(files["replies"], json.dumps(replies, indent=1, ensure_ascii=False) + "\n")
     plot_phrase_rates(r.rates.phrase_rates, files["rates_png"], title=f"{Path(r.model).name}: held-out prompts")
     _collateral_png(r.wfld.report["bars"], files["collateral_png"])
+    strength = r.wfld.report.get("strength") or {}
+    if strength.get("frontier"):
+        files["frontier_png"] = r.out / "frontier.png"
+        frontier_png(strength, files["frontier_png"])
     atomic_write_text(files["json"], json.dumps({**obj, "files": {k: str(v) for k, v in files.items()}},
                                                 indent=1, default=str) + "\n")
-    atomic_write_text(files["md"], text + "\n\n![phrase rates](phrase-rates.png)\n\n![collateral](collateral.png)\n")
+    atomic_write_text(files["md"], text + "\n\n![phrase rates](phrase-rates.png)\n\n![collateral](collateral.png)\n"
+                      + ("\n![frontier](frontier.png)\n" if "frontier_png" in files else ""))
     return RealDemoResult(**{**r.__dict__, "files": files})
 
 
@@ -314,7 +392,8 @@ def real_demo_report(r: RealDemoResult) -> tuple[dict, str]:
     targets = demo_targets(rates, solved, bars, r.verify.passed, r.artefacts,
                            {"base": r.rates.replies, "edited": r.rates.edited_replies})
     obj = {"model": r.model, "out": str(r.out), "protocol": str(r.protocol),
-           "dataset": r.dataset.to_dict(), "wfld_bundle": str(r.wfld.bundle), "wfld_verdict": r.wfld.verdict,
+           "dataset": r.dataset.to_dict(), "corpus": r.corpus.to_dict() if r.corpus is not None else None,
+           "key": r.wfld.report.get("key"), "strength": r.wfld.report.get("strength"), "wfld_bundle": str(r.wfld.bundle), "wfld_verdict": r.wfld.verdict,
            "bars": bars, "collateral": r.wfld.report.get("collateral"), "shipping": r.wfld.report.get("shipping"), "alternatives": r.wfld.report.get("alternatives"),
            "edited": str(r.applied.out), "edited_sha256": r.applied.out_sha256,
            "verify": r.verify.to_json(), "dev_verdict": r.dev.report.verdict,
@@ -327,7 +406,15 @@ def real_demo_report(r: RealDemoResult) -> tuple[dict, str]:
              f"data: {sum(s.docs for s in r.dataset.sets)} documents in {len(r.dataset.sets)} sets "
              f"({', '.join(f'{s.name} {s.docs}' for s in r.dataset.sets)})"]
     lines += [f"warning: {w}" for w in r.dataset.warnings]
-    lines += ["", f"## solve wfld: {r.wfld.verdict}", ""]
+    if r.corpus is not None:
+        lines.append("corpus (teacher-forced windows, split by source document): " + "; ".join(
+            f"{p.name} {p.windows} windows, {p.rows} rows, uses " + ", ".join(f"{w!r} {n}" for w, n in p.uses.items())
+            for p in r.corpus.parts))
+        lines += [f"warning: {w}" for w in r.corpus.warnings]
+    key = r.wfld.report.get("key") or {}
+    lines += ["", f"## solve wfld: {r.wfld.verdict} (key {key.get('kind', 'dense')}, "
+              f"{r.wfld.report['conditions'].get('word@plausible', 0)} word holds)", ""]
+    lines += strength_lines(r.wfld.report.get("strength"))
     lines += [f"  {b['bar']:<4} {b.get('label', b['name'])[:60]:<60} {b['value'] if b['value'] is None else round(b['value'], 5)!s:>10}"
               f"  {b['op']} {b['threshold']}  {'pass' if b['pass'] else 'FAIL'}" for b in bars]
     coll = collateral_lines(r.wfld.report.get("collateral") or ())

@@ -76,6 +76,8 @@ class WfldConfig:
     key_floor: float = 0.05              # plausible contexts: base p(word) >= this, outside the slop contexts
     key_min_ratio: float = 5.0           # units: mean |h| on slop rows / on plausible rows at least this
     key_null_rank: int = 0               # per word, null directions inside a restricted key
+    word_holds: int = 0                  # per word, its likeliest plausible contexts whose logit is held (0: none)
+    word_hold_eps: float = 1e-4          # relative Tikhonov weight of those holds (soft: a slop-like row may give)
     strength: float = 1.0                # every FTPO target scaled by this (the edit's strength)
     strength_grid: tuple[float, ...] = ()  # non-empty: the strength chosen on dev among these
     null_tol: float = 1e-6
@@ -99,7 +101,7 @@ class WfldConfig:
     unregistered: bool = False
 
     def __post_init__(self):
-        ints = {"alternatives": 1, "alt_pool": 1, "null_rank": 0, "key_dims": 1, "key_null_rank": 0, "special_rows": 0, "gn_iters": 1, "seed": 0,
+        ints = {"alternatives": 1, "alt_pool": 1, "null_rank": 0, "key_dims": 1, "key_null_rank": 0, "word_holds": 0, "special_rows": 0, "gn_iters": 1, "seed": 0,
                 "tile_rows": 1, "ship_sweeps": 0}
         for name, low in ints.items():
             value = getattr(self, name)
@@ -135,7 +137,7 @@ class WfldConfig:
             raise ValueError(f"WfldConfig.background must be one of {BACKGROUNDS}, got {self.background!r}")
         if self.ship not in SHIP_MODES:
             raise ValueError(f"WfldConfig.ship must be one of {SHIP_MODES}, got {self.ship!r}")
-        for name in ("null_tol", "ridge", "target_eps", "hold_eps", "gn_tol", "ship_hold_weight"):
+        for name in ("null_tol", "ridge", "target_eps", "hold_eps", "word_hold_eps", "gn_tol", "ship_hold_weight"):
             if getattr(self, name) < 0:
                 raise ValueError(f"WfldConfig.{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.same_doc_heldout < 1.0:

@@ -27,8 +27,8 @@ import scipy.linalg as sla
 
 from exactedit.solvers.wfld.config import WfldError
 
-REJECTED, ALTERNATIVE, SPECIAL_TARGET, SPECIAL_ANCHOR, VARIANT = 0, 1, 2, 3, 4
-KIND_NAMES = ("rejected", "alternative", "special@target", "special@anchor", "variant@target")
+REJECTED, ALTERNATIVE, SPECIAL_TARGET, SPECIAL_ANCHOR, VARIANT, WORD_HOLD = 0, 1, 2, 3, 4, 5
+KIND_NAMES = ("rejected", "alternative", "special@target", "special@anchor", "variant@target", "word@plausible")
 HOLD_KINDS = (SPECIAL_TARGET, SPECIAL_ANCHOR, VARIANT)
 
 
@@ -38,7 +38,7 @@ class Conditions(NamedTuple):
 
     slot: np.ndarray     # int64 [K]
     token: np.ndarray    # int64 [K]
-    kind: np.ndarray     # int8 [K] (REJECTED, ALTERNATIVE, SPECIAL_TARGET, SPECIAL_ANCHOR, VARIANT)
+    kind: np.ndarray     # int8 [K] (REJECTED, ALTERNATIVE, SPECIAL_TARGET, SPECIAL_ANCHOR, VARIANT, WORD_HOLD)
     target: np.ndarray   # float64 [K]
     eps: np.ndarray      # float64 [K]
 

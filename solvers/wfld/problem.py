@@ -30,7 +30,7 @@ from exactedit.solvers.wfld.jacobian import RowSet, editable_weight, gather_rows
 from exactedit.solvers.wfld.mining import Mining
 
 __all__ = ["FtpoRows", "WfldProblem", "anchor_rows", "background_rows", "build_problem", "ftpo_rows",
-           "plausible_by_word", "uses_by_word"]
+           "Plausible", "plausible_by_word", "plausible_rows", "uses_by_word"]
 
 Named = Sequence[tuple[str, object]]        # (trace name, dumps.Dump)
 
@@ -99,15 +99,33 @@ def uses_by_word(traces: Named, mining: Mining, width: int | None = None) -> lis
     return out
 
 
-def plausible_by_word(tail, traces: Named, mining: Mining, floor: float, *, chunk: int = 2048,
-                      tile_rows: int = 8192) -> list[np.ndarray]:
-    """Per word of `mining`, the hh rows (float64) of `traces` where the base model gives the word
-    probability >= `floor` and that are no slop context of any phrase (the trace's FTPO rows):
-    the word's plausible contexts, legitimate uses included. One exact full-vocabulary pass over
-    every row, `chunk` rows at a time."""
+@dataclass(frozen=True, eq=False)
+class Plausible:
+    """One word's plausible contexts in the solve-side traces: (dump, rows, base logp of the word)
+    blocks, in trace order."""
+
+    blocks: list
+
+    def hh(self, h: int) -> np.ndarray:
+        return np.concatenate([np.zeros((0, h))] + [np.asarray(d.hh[r], np.float64) for d, r, _ in self.blocks])
+
+    def top(self, count: int) -> list:
+        """The `count` rows where the word is likeliest, as (dump, rows) blocks in trace order."""
+        flat = [(-float(lp), bi, int(r)) for bi, (_, rows, lps) in enumerate(self.blocks) for r, lp in zip(rows, lps)]
+        flat.sort()
+        picked = flat[:count]
+        return [(self.blocks[bi][0], np.array(sorted(r for _, b, r in picked if b == bi), dtype=np.int64))
+                for bi in range(len(self.blocks)) if any(b == bi for _, b, _ in picked)]
+
+
+def plausible_rows(tail, traces: Named, mining: Mining, floor: float, *, chunk: int = 2048,
+                   tile_rows: int = 8192) -> list[Plausible]:
+    """Per word of `mining`, the rows of `traces` where the base model gives the word probability
+    >= `floor` and that are no slop context of any phrase (the trace's FTPO rows): the word's
+    plausible contexts, legitimate uses included. One exact full-vocabulary pass over every row,
+    `chunk` rows at a time."""
     words = np.asarray(mining.words, dtype=np.int64)
-    h = editable_weight(tail).shape[1]
-    out: list[list[np.ndarray]] = [[np.zeros((0, h))] for _ in words]
+    out = [Plausible([]) for _ in words]
     log_floor = float(np.log(floor))
     for name, dump in traces:
         slop = np.zeros(dump.rows, dtype=bool)
@@ -117,13 +135,18 @@ def plausible_by_word(tail, traces: Named, mining: Mining, floor: float, *, chun
             mix = tail.mix(tail.residual(dump, slice(a, b)))
             vp = vocab_pass(mix, tail.head, token_sets=words, softcap=tail.softcap, tile_rows=tile_rows)
             logp = np.asarray(vp.selected, np.float64) - vp.lse[:, None]
-            hh = None
             for wi in range(words.size):
                 rows = np.flatnonzero((logp[:, wi] >= log_floor) & ~slop[a:b])
                 if rows.size:
-                    hh = np.asarray(dump.hh[a:b]) if hh is None else hh
-                    out[wi].append(np.asarray(hh[rows], dtype=np.float64))
-    return [np.concatenate(parts, axis=0) for parts in out]
+                    out[wi].blocks.append((dump, rows + a, logp[rows, wi]))
+    return out
+
+
+def plausible_by_word(tail, traces: Named, mining: Mining, floor: float, *, chunk: int = 2048,
+                      tile_rows: int = 8192) -> list[np.ndarray]:
+    """Per word, the hh rows (float64) of `plausible_rows`."""
+    h = editable_weight(tail).shape[1]
+    return [p.hh(h) for p in plausible_rows(tail, traces, mining, floor, chunk=chunk, tile_rows=tile_rows)]
 
 
 def background_rows(name: str, dump, mining: Mining) -> np.ndarray:
@@ -209,16 +232,26 @@ def build_problem(cfg: WfldConfig, tail, ftpo: FtpoRows, mining: Mining, *, spec
     alts = alt_mod.choose(vp.topk_ids, vp.topk_logits, vp.lse, rej, specials, cfg.alternatives, cfg.alt_floor,
                           tb, [sense.get(phrases[p], frozenset()) for p in phr] if sense else None)
     a_blocks = anchor_rows(tail, [d for _, d in anchors], specials, cfg.special_rows)
-    rs = gather_rows(ftpo.blocks + a_blocks)
+    plaus = (plausible_rows(tail, held_from, mining, cfg.key_floor, tile_rows=cfg.tile_rows)
+             if cfg.key != "dense" or cfg.word_holds else None)
+    h_blocks, h_word = [], []
+    for wi, pl in enumerate(plaus if cfg.word_holds else ()):
+        for d, r in pl.top(cfg.word_holds):
+            h_blocks.append((d, r))
+            h_word.append(np.full(r.size, mining.words[wi], dtype=np.int64))
+    rs = gather_rows(ftpo.blocks + a_blocks + h_blocks)
     P, s_n, k, m = rej.size, len(specials), cfg.alternatives, alts.variants.shape[1]
+    NA = sum(int(r.size) for _, r in a_blocks)
     tok = np.full((rs.rows, 1 + k + s_n + m), -1, dtype=np.int64)
     tok[:P, 0], tok[:P, 1:1 + k], tok[:P, 1 + k:1 + k + s_n] = rej, alts.ids, specials
     tok[:P, 1 + k + s_n:] = alts.variants
-    tok[P:, :s_n] = specials
+    tok[P:P + NA, :s_n] = specials
+    if h_word:
+        tok[P + NA:, 0] = np.concatenate(h_word)
     slot, col = wfld.condition_layout(tok)
-    kind = np.where(slot >= P, wfld.SPECIAL_ANCHOR,
-                    np.select([col == 0, col <= k, col <= k + s_n],
-                              [wfld.REJECTED, wfld.ALTERNATIVE, wfld.SPECIAL_TARGET], wfld.VARIANT))
+    kind = np.select([slot >= P + NA, slot >= P], [wfld.WORD_HOLD, wfld.SPECIAL_ANCHOR],
+                     np.select([col == 0, col <= k, col <= k + s_n],
+                               [wfld.REJECTED, wfld.ALTERNATIVE, wfld.SPECIAL_TARGET], wfld.VARIANT))
     head_cache: dict = {}
 
     def evaluate(w):
@@ -235,14 +268,15 @@ def build_problem(cfg: WfldConfig, tail, ftpo: FtpoRows, mining: Mining, *, spec
     target_tab[:P, 0], target_tab[:P, 1:1 + k] = d_rej, d_alt
     target_tab[:P, 1 + k + s_n:] = d_rej[:, None]      # variants count as rejected: they move with it
     target = target_tab[slot, col]
-    eps = np.where(np.isin(kind, wfld.HOLD_KINDS), cfg.hold_eps, cfg.target_eps)
+    eps = np.where(kind == wfld.WORD_HOLD, cfg.word_hold_eps,
+                   np.where(np.isin(kind, wfld.HOLD_KINDS), cfg.hold_eps, cfg.target_eps))
     cond = wfld.Conditions(slot, tok[slot, col], kind.astype(np.int8), target, eps)
     mark("targets")
 
     groups = uses_by_word(held_from, mining)
     hh_bg = np.concatenate([background_rows(n, d, mining) for n, d in background_from])
     C = wfld.background_metric(hh_bg, cfg.ridge)
-    key = problem_key(cfg, tail, ftpo, mining, held_from)
+    key = problem_key(cfg, tail, ftpo, mining, plaus)
     M, B = key_mod.key_metric(key, C, groups, null_rank=cfg.null_rank if key.Q is None else cfg.key_null_rank,
                               null_tol=cfg.null_tol)
     view = quant.runtime_view if tail.kind == "hc4" else quant.dequantize
@@ -257,14 +291,15 @@ def build_problem(cfg: WfldConfig, tail, ftpo: FtpoRows, mining: Mining, *, spec
                        key, B, hh_bg, C, M, raw0, type_name, int(cols), view, shipper)
 
 
-def problem_key(cfg: WfldConfig, tail, ftpo: FtpoRows, mining: Mining, solve_side: Named) -> key_mod.Key:
-    """cfg.key built on the train FTPO rows (per rejected word) against the plausible contexts of
-    the solve-side traces `solve_side` (never a held-out or collateral trace)."""
+def problem_key(cfg: WfldConfig, tail, ftpo: FtpoRows, mining: Mining, plaus: Sequence[Plausible] | None
+                ) -> key_mod.Key:
+    """cfg.key built on the train FTPO rows (per rejected word) against the words' plausible
+    contexts in the solve-side traces (`plausible_rows` of train and null, never a held-out or
+    collateral trace)."""
     if cfg.key == "dense":
         return key_mod.dense_key()
     h = editable_weight(tail).shape[1]
     words = np.asarray(mining.words, dtype=np.int64)
     slop = [np.asarray(ftpo.rows.hh, np.float64)[ftpo.rejected == w] for w in words]
-    plaus = plausible_by_word(tail, solve_side, mining, cfg.key_floor, tile_rows=cfg.tile_rows)
-    return key_mod.build_key(cfg.key, slop, plaus, dims=cfg.key_dims, ridge=cfg.ridge,
+    return key_mod.build_key(cfg.key, slop, [p.hh(h) for p in plaus], dims=cfg.key_dims, ridge=cfg.ridge,
                              min_ratio=cfg.key_min_ratio, h=h)

@@ -7,6 +7,7 @@ never reads a protocol, a ledger or a split.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -18,17 +19,20 @@ from exactedit.solvers.wfld import ship as ship_mod
 from exactedit.solvers.wfld.config import WfldConfig
 from exactedit.solvers.wfld.problem import WfldProblem
 
-__all__ = ["Summaries", "null_summary", "solve", "summaries"]
+__all__ = ["Summaries", "null_summary", "scaled", "solve", "summaries"]
 
 
-def solve(problem: WfldProblem, cfg: WfldConfig, progress: Callable[[int, int], None] | None = None, *,
-          scale: float = 1.0) -> wfld.GaussNewton:
-    """`cfg.gn_iters` Gauss-Newton rounds from the base, each shipped by the problem's shipper;
-    `scale` multiplies every target (the holds' are 0: they stay held), i.e. the strength relative
-    to the problem's own."""
-    cond = problem.cond if scale == 1.0 else problem.cond._replace(target=problem.cond.target * float(scale))
-    return wfld.gauss_newton(problem.w0, cond, problem.hh, problem.M, problem.evaluate, problem.shipper,
+def solve(problem: WfldProblem, cfg: WfldConfig, progress: Callable[[int, int], None] | None = None
+          ) -> wfld.GaussNewton:
+    """`cfg.gn_iters` Gauss-Newton rounds from the base, each shipped by the problem's shipper."""
+    return wfld.gauss_newton(problem.w0, problem.cond, problem.hh, problem.M, problem.evaluate, problem.shipper,
                              iters=cfg.gn_iters, tol=cfg.gn_tol, base=problem.base, progress=progress)
+
+
+def scaled(problem: WfldProblem, scale: float) -> WfldProblem:
+    """The same problem with every target multiplied by `scale` (the holds' targets are 0: they
+    stay held): the strength relative to the problem's own."""
+    return dataclasses.replace(problem, cond=problem.cond._replace(target=problem.cond.target * float(scale)))
 
 
 def null_summary(groups, B, w0, gn: wfld.GaussNewton) -> dict:

@@ -137,7 +137,12 @@ def test_a_keyed_solve_on_the_synthetic_world(world, kind):  # noqa: F811
         perp = sla.null_space(key.Q.T)
         assert np.abs(dW @ perp).max() <= 1e-10 * np.abs(dW).max()
     last = res.iterations[-1]
-    assert max(last.exact_err[k] for k in ("special@target", "special@anchor")) < 0.05
+    holds = ("special@target", "special@anchor")
+    # the holds are met by the solve's linearization; after the Q8_0 round trip and the head's
+    # nonlinearity they move by what the (large: random synthetic activations leave a few
+    # directions) edit's second order gives, reported per kind and bounded here
+    assert max(last.linear_residual[k] for k in holds) < 1e-5 * max(1.0, np.abs(res.last_solve.rhs).max())
+    assert set(holds) <= set(last.exact_err) and max(last.exact_err[k] for k in holds) < 0.5
     # finite differences: the exact change of every condition's logit at t * dW is t times the
     # linear prediction, up to O(t^2)
     ev0 = problem.base
@@ -206,3 +211,38 @@ def test_the_frontier_is_the_exact_rescore_at_each_strength(world):  # noqa: F81
     assert passed and ok.strength == 1.0
     low, passed = fr_mod.choose(pts, min_mean=1e9, max_low_share=0.0)
     assert not passed and low.strength == 0.0
+
+
+def test_word_holds_keep_the_words_logit_at_its_likeliest_plausible_rows(world):  # noqa: F811
+    """--word-holds: one condition per held row (kind word@plausible, the word's own logit, target
+    0), on the rows `Plausible.top` picks (the likeliest first); the solve meets them in its
+    linearization up to their Tikhonov weight, and without them those logits move."""
+    from exactedit.solvers.wfld.problem import ftpo_rows, plausible_rows
+
+    w = world
+    cfg = dataclasses.replace(CFG, word_holds=6, key_floor=0.01, word_hold_eps=1e-9)
+    info = w["info"]
+    args = dict(specials=w["specials"], phrases=w["phrases"], anchors=w["named"]["anchors"],
+                held_from=w["named"]["train"] + w["named"]["null"],
+                background_from=w["named"]["anchors"] + w["named"]["train"], raw0=w["g"].read_raw(w["tensor"]),
+                type_name=info.type_name, cols=info.cols)
+    ftpo = ftpo_rows(w["named"]["train"], w["mining"], w["held"])
+    problem = build_problem(cfg, w["tail"], ftpo, w["mining"], **args)
+    sel = problem.cond.kind == gn.WORD_HOLD
+    plaus = plausible_rows(w["tail"], args["held_from"], w["mining"], 0.01)
+    want = sum(min(6, sum(r.size for _, r, _ in p.blocks)) for p in plaus)
+    assert 0 < sel.sum() == want
+    assert set(problem.cond.token[sel].tolist()) <= set(w["mining"].words)
+    np.testing.assert_array_equal(problem.cond.target[sel], 0.0)
+    top = plaus[0].top(6)
+    lps = {(id(d), int(r)): lp for d, rows, lps in plaus[0].blocks for r, lp in zip(rows, lps)}
+    picked = sorted((lps[(id(d), int(r))] for d, rows in top for r in rows), reverse=True)
+    rest = sorted(lps.values(), reverse=True)
+    assert picked == rest[:len(picked)]                     # the likeliest rows
+    res = solve(problem, cfg)
+    scale = np.abs(res.last_solve.rhs).max()
+    assert res.iterations[-1].linear_residual["word@plausible"] < 1e-5 * scale
+    free = solve(dataclasses.replace(problem, cond=problem.cond._replace(
+        eps=np.where(sel, 1e6, problem.cond.eps))), cfg)       # the same rows, holds released
+    moved = lambda r: np.abs(r.logits - r.base_logits)[sel].max()   # noqa: E731
+    assert moved(free) > 10 * moved(res)
