@@ -13,6 +13,7 @@ Gauss-Newton log, where the time went) and a manifest with every input's sha256.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ from exactedit.solvers.wfld.mining import Mining, mine
 from exactedit.solvers.wfld.problem import build_problem, ftpo_rows, uses_by_word
 from exactedit.solvers.wfld.report import build_report
 from exactedit.solvers.wfld.rescore import ScoredTrace, score_traces
-from exactedit.solvers.wfld.solve import scaled, solve, summaries
+from exactedit.solvers.wfld.solve import phrase_parts, scaled, solve, summaries
 from exactedit.solvers.tail.model import load_tail
 
 Progress = Callable[[int, int], None]
@@ -237,12 +238,12 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
                             raw0=g.read_raw(tensor), type_name=info.type_name, cols=info.cols, device_head=dhead,
                             mark=st.mark)
     w0 = problem.w0
-    gn = solve(problem, cfg, progress=lambda i, n: st.mark("gauss_newton", 1))
     bars_cfg = protocol.bars if protocol else Bars()
     strength = None
     if cfg.strength_grid:
-        problem, gn, strength = _choose_strength(cfg, tail, problem, gn, mining, named, bars_cfg)
+        problem, strength = _choose_strength(cfg, tail, problem, mining, named, bars_cfg)
         st.mark("strength")
+    gn = solve(problem, cfg, progress=lambda i, n: st.mark("gauss_newton", 1))
     st.done = 4 + cfg.gn_iters
     scored = [ScoredTrace(t.name, t.dump, tuple(_split_role(t, cfg) for _ in t.dump.docs),
                           Path(t.path).name if t.role == "anchors" else "")
@@ -265,7 +266,8 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
                           warnings=_warnings(by_role, mining, tail.tokens) + list(sums.warnings),
                           shipping=sums.shipping, raised=sums.raised)
     report["key"] = problem.key.summary()
-    report["strength"] = strength if strength is not None else {"chosen": cfg.strength, "on": "config"}
+    report["strength"] = strength if strength is not None else {
+        "chosen": {p: cfg.strength for p in mining.phrases}, "on": "config"}
     report["collateral"] = collateral_uses(scores, mining.tuples, mining.words, ctx.name, ctx.vocab,
                                            low=ctx.bars.collateral_low)
     refs = [InputRef("model", str(inputs.model), g.sha256()),
@@ -284,36 +286,35 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
                       dict(st.timings))
 
 
-def _choose_strength(cfg: WfldConfig, tail, problem, gn, mining: Mining, named: dict, bars: Bars):
-    """The largest strength of `cfg.strength_grid` whose dev collateral passes (d) on the held-out
-    (dev) traces' legitimate uses, read off the frontier of the edit solved at `cfg.strength`
-    (solvers.wfld.frontier); that strength is then solved and shipped. Returns (the problem at that
-    strength, its solve, the report's section: the dev frontier, the chosen strength, whether it
-    passed)."""
+def _choose_strength(cfg: WfldConfig, tail, problem, mining: Mining, named: dict, bars: Bars):
+    """Per phrase, a strength of `cfg.strength_grid`: the combination whose dev collateral passes
+    (d) on the held-out (dev) traces' legitimate uses with the largest mean dev cut, read off the
+    frontier of the per-phrase edits of the problem's first round (solvers.wfld.frontier). Returns
+    (the problem at those strengths, which the caller solves and ships; the report's section: the
+    dev frontier, the chosen strengths, whether (d) passed, and the same points on the collateral
+    the bars score, reported only)."""
     from exactedit.solvers.wfld import frontier as fr_mod
 
     fr = fr_mod.frontier_rows(named["heldout"], mining)
     if fr is None or fr.word.size == 0:
         raise WfldError("heldout", "uses", "choosing the strength on dev needs legitimate uses of the words in "
                         "the held-out traces (none found): give a fixed --strength, or more held-out text")
-    grid = sorted(set(float(x) for x in cfg.strength_grid))
-    points = fr_mod.frontier(tail, gn.dW, fr, [s / cfg.strength for s in grid], low=bars.collateral_low,
-                             tile_rows=cfg.tile_rows)
-    points = [fr_mod.Point(s, p.cut, p.cut_all, p.mean, p.low, p.uses) for s, p in zip(grid, points)]
+    n_ph = len(mining.phrases)
+    parts = phrase_parts(problem, n_ph)
+    combos = fr_mod.grid_points([s / cfg.strength for s in cfg.strength_grid], n_ph)
+    points = fr_mod.frontier(tail, parts, fr, combos, low=bars.collateral_low, tile_rows=cfg.tile_rows)
     best, passed = fr_mod.choose(points, min_mean=bars.collateral_min_mean, max_low_share=bars.collateral_max_low_share)
     words = [tail.tokens.piece(int(w)) for w in mining.words]
-    out = {"chosen": best.strength, "on": "dev", "passed_d": passed, "solved_at": cfg.strength, "grid": grid,
-           "frontier": [p.to_json(list(mining.phrases), words) for p in points]}
+    phrases = list(mining.phrases)
+    absolute = lambda p: dataclasses.replace(p, strength=tuple(x * cfg.strength for x in p.strength))  # noqa: E731
+    out = {"chosen": {phrases[i]: x * cfg.strength for i, x in enumerate(best.strength)}, "on": "dev",
+           "passed_d": passed, "solved_at": cfg.strength, "grid": sorted(set(cfg.strength_grid)),
+           "frontier": [absolute(p).to_json(phrases, words) for p in points]}
     held = fr_mod.frontier_rows(named["collateral"], mining)
-    if held is not None:   # the same edit's frontier on the collateral the bars score: reported, never chosen on
-        pts = fr_mod.frontier(tail, gn.dW, held, [s / cfg.strength for s in grid], low=bars.collateral_low,
-                              tile_rows=cfg.tile_rows)
-        out["collateral_frontier"] = [fr_mod.Point(s, p.cut, p.cut_all, p.mean, p.low, p.uses).to_json(
-            list(mining.phrases), words) for s, p in zip(grid, pts)]
-    if best.strength != cfg.strength:
-        problem = scaled(problem, best.strength / cfg.strength)
-        gn = solve(problem, cfg)
-    return problem, gn, out
+    if held is not None:   # the same points on the collateral the bars score: reported, never chosen on
+        out["collateral_frontier"] = [absolute(p).to_json(phrases, words) for p in fr_mod.frontier(
+            tail, parts, held, combos, low=bars.collateral_low, tile_rows=cfg.tile_rows)]
+    return (scaled(problem, best.strength) if any(x != 1.0 for x in best.strength) else problem), out
 
 
 def _warnings(by_role, mining: Mining, table) -> list[str]:

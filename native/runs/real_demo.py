@@ -67,10 +67,11 @@ class RealDemoConfig:
     n_boot: int = 1000
     ridge: float = 0.01                 # solve wfld's background ridge (docs/real-model.md: the dev rule)
     background: str = "anchors+train"   # solve wfld's background rows (docs/real-model.md: measured on dev)
-    corpus_tokens: int = 8000           # prefill budget of the teacher-forced corpus (dataset corpus); 0: none
+    corpus_tokens: int = 12_000         # prefill budget of the teacher-forced corpus (dataset corpus); 0: none
+    corpus_context: int = 32            # tokens of context before each use in a corpus window
     key: str = "dense"                  # solve wfld --key (docs/real-model.md: chosen on dev)
-    word_holds: int = 0                 # solve wfld --word-holds
-    strength_grid: tuple[float, ...] = ()   # solve wfld --strength-grid: the strength chosen on dev
+    word_holds: int = 2000              # solve wfld --word-holds (every plausible row of the solve side)
+    strength_grid: tuple[float, ...] = (1.0, 0.8, 0.6, 0.45, 0.3, 0.2)   # solve wfld --strength-grid (per phrase, on dev)
 
     def __post_init__(self):
         if min(self.samples, self.rate_samples, self.max_new, self.verify_tokens) < 1:
@@ -208,7 +209,7 @@ def run_real_demo(cfg: RealDemoConfig, out, *, progress: Progress | None = None)
         from exactedit.native.runs.corpus import CorpusConfig, build_corpus
 
         corpus = build_corpus(model, phrases, out / "data" / "corpus", config=CorpusConfig(
-            max_tokens=cfg.corpus_tokens, seed=cfg.seed), progress=tick("corpus"))
+            max_tokens=cfg.corpus_tokens, context=cfg.corpus_context, after=4, seed=cfg.seed), progress=tick("corpus"))
         mark("corpus")
     parts = {p.name: p.dump for p in (corpus.parts if corpus else ()) if p.dump}
     with gguf.open(model) as g:
@@ -282,8 +283,9 @@ def _collateral_png(bars: Sequence[dict], path: Path) -> Path:
 
 
 def frontier_png(strength: dict, path: Path) -> Path:
-    """PNG: per phrase, the continuation cut against each word's share of uses below -0.1, one
-    point per strength (dev: solid, the held-out collateral: dashed), the chosen one circled."""
+    """PNG: per phrase (the others at their chosen strength), its continuation cut against the
+    worst word's share of uses below -0.1, one point per strength (dev: solid; the held-out
+    collateral, never chosen on: dashed); the chosen strength circled."""
     import io
 
     import matplotlib
@@ -291,28 +293,27 @@ def frontier_png(strength: dict, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     from exactedit.quant.files import atomic_write_bytes
+    from exactedit.solvers.wfld.report import frontier_slices
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for label, rows, ls in (("dev", strength["frontier"], "-"),
-                            ("collateral", strength.get("collateral_frontier") or [], "--")):
-        phrases = sorted({p for r in rows for p in r["cut"]})
-        words = sorted({w for r in rows for w in r["collateral"]})
-        for ph in phrases:
-            for w in words:
-                pts = [(r["collateral"][w]["low"], r["cut"][ph], r["strength"]) for r in rows
-                       if ph in r["cut"] and w in r["collateral"]]
-                if not pts:
-                    continue
-                xs, ys, ss = zip(*pts)
-                line, = ax.plot(xs, ys, ls, marker="o", ms=3, label=f"{label}: {ph!r} vs {w!r}")
-                for x, y, st in pts:
-                    if st == strength["chosen"]:
-                        ax.plot([x], [y], "o", ms=9, mfc="none", color=line.get_color())
+    colors = {}
+    for label, key, ls in (("dev", "frontier", "-"), ("collateral", "collateral_frontier", "--")):
+        for ph, rows in frontier_slices(strength, key).items():
+            pts = [(max(v["low"] for v in r["collateral"].values()), r["cut"][ph], r["strength"][ph])
+                   for r in rows if ph in r["cut"] and r["collateral"]]
+            if not pts:
+                continue
+            xs, ys, ss = zip(*pts)
+            line, = ax.plot(xs, ys, ls, marker="o", ms=3, color=colors.get(ph), label=f"{label}: {ph!r}")
+            colors[ph] = line.get_color()
+            for x, y, st in pts:
+                if st == strength["chosen"][ph]:
+                    ax.plot([x], [y], "o", ms=9, mfc="none", color=colors[ph])
     ax.axvline(0.10, color="k", ls=":", lw=1, label="bar (d): 10% of uses")
     ax.axhline(0.70, color="grey", ls=":", lw=1, label="target cut 70%")
-    ax.set_xlabel("share of the word's legitimate uses below -0.1 nats")
+    ax.set_xlabel("worst word's share of legitimate uses below -0.1 nats")
     ax.set_ylabel("continuation cut at the phrase's prefix")
-    ax.set_title(f"strength frontier (chosen {strength['chosen']:g} on dev)", fontsize=9)
+    ax.set_title("strength frontier per phrase (circled: chosen on dev)", fontsize=9)
     ax.legend(fontsize=6, loc="lower right")
     fig.tight_layout()
     buf = io.BytesIO()

@@ -1,18 +1,21 @@
-"""The edit's strength against its specificity: the frontier of an edit dW scaled by s.
+"""The edit's strength against its specificity: the frontier of an edit scaled per phrase.
 
-At each strength s the tensor is W + s dW (float, before shipping) and, on rows the solve never
-acted on, exactly (the full tail and a full-vocabulary pass per strength):
+The edit's first Gauss-Newton round is linear in its targets, so it is the sum of one edit per
+phrase, dW_p (that phrase's targets, every hold at 0). At a strength vector s the tensor is
+W + sum_p s_p dW_p (float, before shipping) and, on rows the solve never acted on, exactly (the
+full tail and a full-vocabulary pass per point):
 - the cut: per phrase, 1 - mean p'(rejected) / mean p(rejected) over its slop positions
   (bar (c)'s statistic);
 - the collateral: per word, the mean dlogp of its legitimate uses and the share below `low`
   (bar (d)'s statistics).
-`choose` picks the largest strength whose every word passes (d) (mean >= `min_mean`, share <=
-`max_low_share`): where none does, the smallest, flagged. The solve is linear in its targets, so
-s dW is what scaling every target by s gives in the first Gauss-Newton round; the chosen
-strength is then solved and shipped exactly, and the frontier is an estimate for choosing only.
+`choose` picks, among the points whose every word passes (d) (mean >= `min_mean`, share <=
+`max_low_share`), the one with the largest mean cut over the phrases: where none passes, the
+weakest, flagged. The chosen strengths are then solved (every target of phrase p scaled by s_p)
+and shipped exactly; the frontier is an estimate for choosing only.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -22,7 +25,7 @@ from exactedit.solvers.tail.vocab_pass import vocab_pass
 from exactedit.solvers.wfld.jacobian import gather_rows
 from exactedit.solvers.wfld.mining import Mining
 
-__all__ = ["FrontierRows", "Point", "choose", "frontier", "frontier_rows"]
+__all__ = ["FrontierRows", "Point", "choose", "frontier", "frontier_rows", "grid_points"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,8 +63,8 @@ def frontier_rows(traces: Sequence[tuple[str, object]], mining: Mining) -> Front
 
 @dataclass(frozen=True)
 class Point:
-    strength: float
-    cut: dict                    # phrase index -> continuation cut (None without slop rows)
+    strength: tuple              # per phrase (index into the mining's phrases): its strength
+    cut: dict                    # phrase index -> continuation cut
     cut_all: float | None        # over every slop position
     mean: dict                   # word index -> mean dlogp of its uses
     low: dict                    # word index -> share of uses below `low`
@@ -71,7 +74,7 @@ class Point:
         return all(self.mean[w] >= min_mean and self.low[w] <= max_low_share for w in self.mean)
 
     def to_json(self, phrases: Sequence[str], words: Sequence[str]) -> dict:
-        return {"strength": self.strength, "cut_all": self.cut_all,
+        return {"strength": {phrases[p]: s for p, s in enumerate(self.strength)}, "cut_all": self.cut_all,
                 "cut": {phrases[p]: c for p, c in self.cut.items()},
                 "collateral": {words[w]: {"mean": self.mean[w], "low": self.low[w], "uses": self.uses[w]}
                                for w in self.mean}}
@@ -83,20 +86,25 @@ def _logp(tail, fr: FrontierRows, dW, tile_rows: int) -> np.ndarray:
     return np.asarray(vp.selected[:, 0], np.float64) - vp.lse
 
 
-def frontier(tail, dW, fr: FrontierRows, strengths: Sequence[float], *, low: float = -0.10,
-             tile_rows: int = 8192) -> list[Point]:
-    """The frontier of W + s dW at each strength s (see the module doc), exact in float32 logits."""
+def frontier(tail, parts: Sequence[np.ndarray], fr: FrontierRows, strengths: Sequence[Sequence[float]], *,
+             low: float = -0.10, tile_rows: int = 8192) -> list[Point]:
+    """The frontier of W + sum_p s_p dW_p (`parts`: one edit per phrase) at each strength vector
+    s of `strengths` (see the module doc), exact in float32 logits."""
     base = _logp(tail, fr, None, tile_rows)
+    parts = [np.asarray(d, np.float64) for d in parts]
     out = []
     P = fr.slop
-    for s in strengths:
-        lp = _logp(tail, fr, np.asarray(dW, np.float64) * float(s), tile_rows)
+    for sv in strengths:
+        if len(sv) != len(parts):
+            raise ValueError(f"a strength per part: {len(parts)} parts, got {list(sv)}")
+        dW = sum(float(x) * d for x, d in zip(sv, parts))
+        lp = _logp(tail, fr, dW, tile_rows)
         p0, p1 = np.exp(base[:P]), np.exp(lp[:P])
         cut = {int(ph): float(1.0 - p1[fr.phrase == ph].mean() / p0[fr.phrase == ph].mean())
                for ph in np.unique(fr.phrase)}
         d = (lp - base)[P:]
         words = np.unique(fr.word)
-        out.append(Point(float(s), cut, float(1.0 - p1.mean() / p0.mean()) if P else None,
+        out.append(Point(tuple(float(x) for x in sv), cut, float(1.0 - p1.mean() / p0.mean()) if P else None,
                          {int(w): float(d[fr.word == w].mean()) for w in words},
                          {int(w): float(np.mean(d[fr.word == w] < low)) for w in words},
                          {int(w): int(np.sum(fr.word == w)) for w in words}))
@@ -104,8 +112,18 @@ def frontier(tail, dW, fr: FrontierRows, strengths: Sequence[float], *, low: flo
 
 
 def choose(points: Sequence[Point], *, min_mean: float, max_low_share: float) -> tuple[Point, bool]:
-    """(the largest strength passing (d) on these rows, True), else (the smallest strength, False)."""
+    """(the point passing (d) with the largest mean cut over its phrases, ties to the larger total
+    strength; True), else (the point of the smallest total strength, False)."""
     ok = [p for p in points if p.passes(min_mean, max_low_share)]
     if ok:
-        return max(ok, key=lambda p: p.strength), True
-    return min(points, key=lambda p: p.strength), False
+        return max(ok, key=lambda p: (float(np.mean(list(p.cut.values()))) if p.cut else 0.0, sum(p.strength))), True
+    return min(points, key=lambda p: sum(p.strength)), False
+
+
+def grid_points(grid: Sequence[float], phrases: int, limit: int = 256) -> list[tuple[float, ...]]:
+    """Every per-phrase combination of the grid's strengths, or (above `limit` combinations) one
+    shared strength for every phrase."""
+    grid = sorted(set(float(x) for x in grid))
+    if len(grid) ** phrases <= limit:
+        return [tuple(c) for c in itertools.product(grid, repeat=phrases)]
+    return [(g,) * phrases for g in grid]

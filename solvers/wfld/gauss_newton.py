@@ -104,9 +104,8 @@ def linear_change(dW, U, Hh) -> np.ndarray:
     return np.einsum("kh,kh->k", np.asarray(U, np.float64) @ np.asarray(dW, np.float64), Hh)
 
 
-def solve_min_norm(U, Hh, M, b, eps) -> MinNorm:
-    """The Gram solve of the module docstring; U [K, n], Hh [K, h], M [h, h], b [K], eps [K]."""
-    U, Hh, b = (np.asarray(x, dtype=np.float64) for x in (U, Hh, b))
+def _gram_solve(U, Hh, M, b, eps) -> tuple[np.ndarray, np.ndarray]:
+    """(lam [K] or [K, m], G [K, h]) of the Gram system for one right-hand side b [K] or several [K, m]."""
     G = Hh @ M                                    # [K, h] rows (M hh_k)^T
     A = (U @ U.T) * (G @ Hh.T)
     scale = float(np.mean(np.diag(A))) if A.size else 0.0
@@ -117,8 +116,23 @@ def solve_min_norm(U, Hh, M, b, eps) -> MinNorm:
         lam = sla.cho_solve(sla.cho_factor(A), b)
     except np.linalg.LinAlgError:
         lam = np.linalg.lstsq(A, b, rcond=None)[0]
+    return lam, G
+
+
+def solve_min_norm(U, Hh, M, b, eps) -> MinNorm:
+    """The Gram solve of the module docstring; U [K, n], Hh [K, h], M [h, h], b [K], eps [K]."""
+    U, Hh, b = (np.asarray(x, dtype=np.float64) for x in (U, Hh, b))
+    lam, G = _gram_solve(U, Hh, M, b, eps)
     dW = (U * lam[:, None]).T @ G
     return MinNorm(dW, lam, linear_change(dW, U, Hh), b)
+
+
+def min_norm_parts(U, Hh, M, bs, eps) -> list[np.ndarray]:
+    """The Gram solve for each column of bs [K, m] (one factorization): m edits dW [n, h], whose
+    sum is `solve_min_norm` of bs.sum(axis=1) (the solve is linear in its right-hand side)."""
+    U, Hh, bs = (np.asarray(x, dtype=np.float64) for x in (U, Hh, bs))
+    lam, G = _gram_solve(U, Hh, M, bs, eps)
+    return [(U * lam[:, j][:, None]).T @ G for j in range(bs.shape[1])]
 
 
 class Evaluation(NamedTuple):

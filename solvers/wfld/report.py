@@ -127,23 +127,36 @@ def _fmt(x, digits=4) -> str:
     return f"{x:.{digits}g}"
 
 
+def frontier_slices(strength: dict, key: str = "frontier") -> dict:
+    """Per phrase, the frontier points where every other phrase is at its chosen strength, by
+    that phrase's strength: {phrase: [point, ...]}."""
+    chosen = strength["chosen"]
+    out = {}
+    for ph in chosen:
+        rows = [r for r in strength.get(key) or () if all(r["strength"][q] == chosen[q] for q in chosen if q != ph)]
+        out[ph] = sorted(rows, key=lambda r: r["strength"][ph])
+    return out
+
+
 def strength_lines(strength: dict | None) -> list[str]:
-    """The strength chosen on dev and the frontier it was read off (dev, and the held-out
-    collateral's, reported only)."""
+    """The strengths chosen on dev and, per phrase, the frontier they were read off (dev; and the
+    held-out collateral's, reported only)."""
     if not strength or strength.get("on") != "dev":
         return []
-    lines = [f"strength: {strength['chosen']:g} chosen on dev (solved at {strength['solved_at']:g}; "
-             + ("the largest passing (d) on the dev uses)" if strength["passed_d"] else
-                "NO strength passes (d) on the dev uses: the smallest)")]
-    for label, rows in (("dev", strength["frontier"]), ("collateral (held out, not chosen on)",
-                                                          strength.get("collateral_frontier") or [])):
-        if not rows:
-            continue
-        lines.append(f"  frontier, {label}: strength | cut per phrase | per word mean dlogp / share below -0.1 (uses)")
-        for r in rows:
-            cuts = ", ".join(f"{p!r} {c:.2f}" for p, c in r["cut"].items())
-            coll = ", ".join(f"{w!r} {v['mean']:+.3f}/{v['low']:.2f} ({v['uses']})" for w, v in r["collateral"].items())
-            lines.append(f"    {r['strength']:5.2f} | {cuts or '-'} | {coll or '-'}")
+    chosen = ", ".join(f"{p!r} {s:g}" for p, s in strength["chosen"].items())
+    lines = [f"strength per phrase, chosen on dev: {chosen} "
+             + ("(the largest mean dev cut whose dev uses pass (d))" if strength["passed_d"] else
+                "(NO combination passes (d) on the dev uses: the weakest)")]
+    for label, key in (("dev", "frontier"), ("collateral, held out, not chosen on", "collateral_frontier")):
+        for ph, rows in frontier_slices(strength, key).items():
+            if not rows:
+                continue
+            lines.append(f"  frontier of {ph!r}, {label} (others at their chosen strength): "
+                         "strength | its cut | per word mean dlogp / share below -0.1 (uses)")
+            for r in rows:
+                coll = ", ".join(f"{w!r} {v['mean']:+.3f}/{v['low']:.2f} ({v['uses']})" for w, v in r["collateral"].items())
+                cut = r["cut"].get(ph)
+                lines.append(f"    {r['strength'][ph]:5.2f} | {'-' if cut is None else f'{cut:.2f}'} | {coll or '-'}")
     return lines
 
 

@@ -19,7 +19,7 @@ from exactedit.solvers.wfld import ship as ship_mod
 from exactedit.solvers.wfld.config import WfldConfig
 from exactedit.solvers.wfld.problem import WfldProblem
 
-__all__ = ["Summaries", "null_summary", "scaled", "solve", "summaries"]
+__all__ = ["Summaries", "condition_phrase", "null_summary", "phrase_parts", "scaled", "solve", "summaries"]
 
 
 def solve(problem: WfldProblem, cfg: WfldConfig, progress: Callable[[int, int], None] | None = None
@@ -29,10 +29,32 @@ def solve(problem: WfldProblem, cfg: WfldConfig, progress: Callable[[int, int], 
                              iters=cfg.gn_iters, tol=cfg.gn_tol, base=problem.base, progress=progress)
 
 
-def scaled(problem: WfldProblem, scale: float) -> WfldProblem:
-    """The same problem with every target multiplied by `scale` (the holds' targets are 0: they
-    stay held): the strength relative to the problem's own."""
-    return dataclasses.replace(problem, cond=problem.cond._replace(target=problem.cond.target * float(scale)))
+def condition_phrase(problem: WfldProblem) -> np.ndarray:
+    """int64 [K]: each condition's phrase (index into the phrases) at FTPO rows, -1 at the holds'
+    rows (anchors, word holds)."""
+    P = problem.ftpo.rejected.size
+    slot = problem.cond.slot
+    return np.where(slot < P, np.asarray(problem.ftpo.phrase, np.int64)[np.minimum(slot, max(P - 1, 0))], -1)
+
+
+def scaled(problem: WfldProblem, scale) -> WfldProblem:
+    """The same problem with every target multiplied by `scale`: one number, or one per phrase
+    (the targets at that phrase's FTPO rows); the holds' targets are 0 and stay held."""
+    sv = np.asarray(scale, dtype=np.float64)
+    if sv.ndim == 0:
+        factor = np.full(problem.cond.size, float(sv))
+    else:
+        ph = condition_phrase(problem)
+        factor = np.where(ph >= 0, sv[np.maximum(ph, 0)], 1.0)
+    return dataclasses.replace(problem, cond=problem.cond._replace(target=problem.cond.target * factor))
+
+
+def phrase_parts(problem: WfldProblem, phrases: int) -> list[np.ndarray]:
+    """Per phrase, the first Gauss-Newton round's edit for that phrase's targets alone (every other
+    target and every hold at 0), at the base linearization: their sum is that round's edit."""
+    ph = condition_phrase(problem)
+    bs = np.stack([np.where(ph == p, problem.cond.target, 0.0) for p in range(phrases)], axis=1)
+    return wfld.min_norm_parts(problem.base.U, problem.hh, problem.M, bs, problem.cond.eps)
 
 
 def null_summary(groups, B, w0, gn: wfld.GaussNewton) -> dict:

@@ -23,7 +23,7 @@ def demo(tmp_path_factory):
     (d / "prompts.txt").write_text("\n".join(_lines(DATA / "qwen" / "prompts.txt")[:8]) + "\n")
     (d / "rates.txt").write_text("\n".join(_lines(DATA / "qwen" / "rate_prompts.txt")[:3]) + "\n")
     cfg = RealDemoConfig(prompts=str(d / "prompts.txt"), rate_prompts=str(d / "rates.txt"), samples=1,
-                         rate_samples=1, max_new=64, verify_tokens=64, n_boot=200)
+                         rate_samples=1, max_new=64, verify_tokens=64, n_boot=200, corpus_tokens=900)
     return run_real_demo(cfg, d / "out")
 
 
@@ -56,3 +56,21 @@ def test_rate_prompts_are_not_in_the_data(demo):
     rate_chars = {f"p-{short_hash(p)}" for p in (demo.out.parent / "rates.txt").read_text().split("\n") if p}
     for name in ("train", "heldout", "collateral", "anchors"):
         assert not rate_chars & {doc.character for doc in read_dump(demo.out / "data" / name).docs}
+
+
+def test_the_default_variant_corpus_holds_and_strength_on_dev(demo):
+    """The demo's default solve: the corpus's three parts (solve held, dev choosing the strength,
+    collateral scored by (d)), word holds, and the strength chosen per phrase on dev, with its
+    frontier in report.json, report.md and frontier.png."""
+    report = json.loads(demo.files["json"].read_text())
+    parts = {p["name"]: p for p in report["corpus"]["parts"]}
+    assert set(parts) == {"solve", "dev", "collateral"} and all(p["rows"] > 0 for p in parts.values())
+    st = report["strength"]
+    assert st["on"] == "dev" and st["frontier"] and set(st["chosen"]) == {"Here's an", "you can use"}
+    assert demo.wfld.report["conditions"]["word@plausible"] > 0
+    names = {b["name"] for b in report["bars"]}
+    assert any(n.startswith("d_low:") for n in names)
+    coll = [b for b in report["bars"] if b["name"].startswith("d_low:")]
+    assert sum(b["n"] for b in coll) > sum(report["corpus"]["parts"][2]["uses"].values()) - 1
+    assert demo.files["frontier_png"].stat().st_size > 0
+    assert "strength per phrase, chosen on dev" in demo.files["md"].read_text()

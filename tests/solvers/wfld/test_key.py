@@ -188,7 +188,7 @@ def test_the_frontier_is_the_exact_rescore_at_each_strength(world):  # noqa: F81
     rng = np.random.default_rng(0)
     dW = rng.normal(size=w["problem"].w0.shape) * 0.05 * np.abs(w["problem"].w0).mean()
     strengths = [0.0, 0.5, 1.0]
-    pts = fr_mod.frontier(tail, dW, fr, strengths, tile_rows=64)
+    pts = fr_mod.frontier(tail, [dW], fr, [(s,) for s in strengths], tile_rows=64)
     head = np.asarray(tail.head.read(0, tail.head.rows), np.float64)
 
     def logp(d):
@@ -208,9 +208,34 @@ def test_the_frontier_is_the_exact_rescore_at_each_strength(world):  # noqa: F81
             assert p.mean[int(wi)] == pytest.approx(dd.mean(), abs=2e-5)
             assert p.uses[int(wi)] == dd.size
     ok, passed = fr_mod.choose(pts, min_mean=-1e9, max_low_share=1.0)
-    assert passed and ok.strength == 1.0
+    assert passed and ok.strength == (1.0,)            # the largest cut
     low, passed = fr_mod.choose(pts, min_mean=1e9, max_low_share=0.0)
-    assert not passed and low.strength == 0.0
+    assert not passed and low.strength == (0.0,)
+    assert fr_mod.grid_points([1.0, 0.5], 2) == [(0.5, 0.5), (0.5, 1.0), (1.0, 0.5), (1.0, 1.0)]
+    assert fr_mod.grid_points([1.0, 0.5], 9) == [(0.5,) * 9, (1.0,) * 9]     # 512 combinations: shared
+
+
+def test_phrase_parts_sum_to_the_first_round_and_scale_per_phrase(world):  # noqa: F811
+    """The per-phrase edits of the first Gauss-Newton round add up to that round's edit (the
+    solve is linear in its targets), and `scaled` multiplies exactly one phrase's targets."""
+    from exactedit.solvers.wfld.solve import condition_phrase, phrase_parts, scaled
+
+    p = world["problem"]
+    n_ph = len(world["mining"].phrases)
+    parts = phrase_parts(p, n_ph)
+    whole = gn.solve_min_norm(p.base.U, p.hh, p.M, p.cond.target, p.cond.eps).dW
+    np.testing.assert_allclose(sum(parts), whole, atol=1e-9 * np.abs(whole).max())
+    ph = condition_phrase(p)
+    assert np.all(ph[p.cond.slot >= p.ftpo.rejected.size] == -1)
+    np.testing.assert_array_equal(ph[p.cond.slot < p.ftpo.rejected.size], p.ftpo.phrase[p.cond.slot[p.cond.slot < p.ftpo.rejected.size]])
+    sv = np.arange(1, n_ph + 1) * 0.5
+    q = scaled(p, sv)
+    want = np.where(ph >= 0, p.cond.target * sv[np.maximum(ph, 0)], p.cond.target)
+    np.testing.assert_array_equal(q.cond.target, want)
+    np.testing.assert_array_equal(scaled(p, 0.25).cond.target, p.cond.target * 0.25)
+    scaled_parts = phrase_parts(q, n_ph)
+    for a, b, s in zip(scaled_parts, parts, sv):
+        np.testing.assert_allclose(a, s * b, atol=1e-9 * np.abs(whole).max())
 
 
 def test_word_holds_keep_the_words_logit_at_its_likeliest_plausible_rows(world):  # noqa: F811

@@ -185,3 +185,28 @@ def test_train_background_changes_the_metric_and_keeps_the_holds(solved, tmp_pat
     assert held and max(held) < 1e-9
     with pytest.raises(ValueError, match="background must be one of"):
         WfldConfig(background="everything")
+
+
+def test_strength_chosen_on_dev_per_phrase(solved, tmp_path):
+    """--strength-grid: the report's strength section has the dev frontier (every per-phrase
+    combination of the grid), the chosen strengths are a passing point with the largest mean dev
+    cut (or the weakest, flagged), the collateral's points are reported beside, and the solve's
+    targets are the chosen multiples of the full-strength ones; the text report prints it."""
+    from exactedit.evals.runs.wfld_run import solve_report
+    from exactedit.solvers.wfld.report import strength_lines
+
+    w, inputs, res, root, seen = solved
+    cfg = dataclasses.replace(CFG, strength_grid=(1.0, 0.5), word_holds=4, key_floor=0.01)
+    r = solve_wfld(cfg, inputs, tmp_path / "s")
+    st = r.report["strength"]
+    phrases = list(r.mining.phrases)
+    assert st["on"] == "dev" and set(st["chosen"]) == set(phrases)
+    assert all(v in (1.0, 0.5) for v in st["chosen"].values())
+    assert len(st["frontier"]) == 2 ** len(phrases) and len(st["collateral_frontier"]) == 2 ** len(phrases)
+    ok = [p for p in st["frontier"] if all(v["mean"] >= -0.05 and v["low"] <= 0.10 for v in p["collateral"].values())]
+    mean_cut = lambda p: (np.mean(list(p["cut"].values())) if p["cut"] else 0.0, sum(p["strength"].values()))  # noqa: E731
+    want = max(ok, key=mean_cut) if ok else min(st["frontier"], key=lambda p: sum(p["strength"].values()))
+    assert st["passed_d"] is bool(ok) and st["chosen"] == want["strength"]
+    assert r.report["conditions"]["word@plausible"] > 0
+    text = solve_report(r)[1]
+    assert "strength per phrase, chosen on dev" in text and strength_lines(st)[0] in text
