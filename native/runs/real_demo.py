@@ -253,15 +253,27 @@ def run_real_demo(cfg: RealDemoConfig, out, *, progress: Progress | None = None)
     return _write_reports(r)
 
 
-def _collateral_png(bars: Sequence[dict], path: Path) -> Path:
-    """PNG: bar (d) per word, mean dlogp on its legitimate uses, with the bar's threshold."""
+def _write_png(fig, path: Path) -> Path:
+    """Lay out `fig`, write it to `path` as a PNG (atomically) and close it."""
     import io
 
-    import matplotlib
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from exactedit.quant.files import atomic_write_bytes
+
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
+def _collateral_png(bars: Sequence[dict], path: Path) -> Path:
+    """PNG: bar (d) per word, mean dlogp on its legitimate uses, with the bar's threshold."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
     rows = [b for b in bars if b.get("bar") == "(d)" and "mean" in b.get("name", "")]
     fig, ax = plt.subplots(figsize=(6, 0.5 + 0.45 * max(len(rows), 1)))
@@ -274,25 +286,16 @@ def _collateral_png(bars: Sequence[dict], path: Path) -> Path:
     ax.set_yticks(range(len(rows)), labels, fontsize=7)
     ax.set_xlabel("mean dlogp on legitimate uses (nats)")
     ax.set_title("per-word collateral, bar (d)", fontsize=9)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
-    return path
+    return _write_png(fig, path)
 
 
 def frontier_png(strength: dict, path: Path) -> Path:
     """PNG: per phrase (the others at their chosen strength), its continuation cut against the
     worst word's share of uses below -0.1, one point per strength (dev: solid; the held-out
     collateral, never chosen on: dashed); the chosen strength circled."""
-    import io
-
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from exactedit.quant.files import atomic_write_bytes
     from exactedit.solvers.wfld.report import frontier_slices
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -315,12 +318,7 @@ def frontier_png(strength: dict, path: Path) -> Path:
     ax.set_ylabel("continuation cut at the phrase's prefix")
     ax.set_title("strength frontier per phrase (circled: chosen on dev)", fontsize=9)
     ax.legend(fontsize=6, loc="lower right")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
-    return path
+    return _write_png(fig, path)
 
 
 def _write_reports(r: RealDemoResult) -> RealDemoResult:

@@ -30,6 +30,7 @@ from typing import Sequence
 import numpy as np
 import scipy.linalg as sla
 
+from exactedit.solvers.wfld import gauss_newton as gn
 from exactedit.solvers.wfld.config import KEYS, WfldError
 
 __all__ = ["KEYS", "Key", "build_key", "dense_key", "discriminative_directions", "generalized_eig_ref",
@@ -151,11 +152,10 @@ def build_key(kind: str, slop_by_word: Sequence[np.ndarray], plausible_by_word: 
     slop_n = tuple(int(np.asarray(s).reshape(-1, h).shape[0]) for s in slop_by_word)
     plaus_n = tuple(int(np.asarray(p).reshape(-1, h).shape[0]) for p in plausible_by_word)
     if kind == "units":
-        u, first = np.unique(np.asarray(units, dtype=np.int64), return_index=True)
-        if u.size == 0:
+        if not units:
             raise WfldError("key", "units", f"no FFN unit reaches a slop / plausible ratio of {min_ratio}: the "
                             "phrases' contexts are not unit-specific at this layer (try --key discriminative)")
-        first = np.sort(first)
+        first = np.sort(np.unique(units, return_index=True)[1])     # a unit two words chose: kept once, first
         u = np.asarray(units, dtype=np.int64)[first]
         Q = np.zeros((h, u.size))
         Q[u, np.arange(u.size)] = 1.0
@@ -174,8 +174,6 @@ def key_metric(key: Key, C: np.ndarray, held_groups: Sequence[np.ndarray], *, nu
     """(M [h, h], B [h, r]) of the solve restricted to the key: M = Q M_q Q^T with M_q the metric
     C_q = Q^T C Q restricted to the null basis B_q of the held uses projected on Q (at most
     `null_rank` directions per word, fewer than q in all); B = Q B_q. Dense: today's M and B."""
-    from exactedit.solvers.wfld import gauss_newton as gn
-
     h = C.shape[0]
     if key.Q is None:
         B = gn.null_basis(held_groups, null_rank, null_tol, h)

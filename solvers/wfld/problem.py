@@ -30,7 +30,7 @@ from exactedit.solvers.wfld.jacobian import RowSet, editable_weight, gather_rows
 from exactedit.solvers.wfld.mining import Mining
 
 __all__ = ["FtpoRows", "WfldProblem", "anchor_rows", "background_rows", "build_problem", "ftpo_rows",
-           "Plausible", "plausible_by_word", "plausible_rows", "uses_by_word"]
+           "Plausible", "plausible_rows", "uses_by_word"]
 
 Named = Sequence[tuple[str, object]]        # (trace name, dumps.Dump)
 
@@ -140,13 +140,6 @@ def plausible_rows(tail, traces: Named, mining: Mining, floor: float, *, chunk: 
                 if rows.size:
                     out[wi].blocks.append((dump, rows + a, logp[rows, wi]))
     return out
-
-
-def plausible_by_word(tail, traces: Named, mining: Mining, floor: float, *, chunk: int = 2048,
-                      tile_rows: int = 8192) -> list[np.ndarray]:
-    """Per word, the hh rows (float64) of `plausible_rows`."""
-    h = editable_weight(tail).shape[1]
-    return [p.hh(h) for p in plausible_rows(tail, traces, mining, floor, chunk=chunk, tile_rows=tile_rows)]
 
 
 def background_rows(name: str, dump, mining: Mining) -> np.ndarray:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from exactedit.solvers.wfld import gauss_newton as gn
 from exactedit.solvers.wfld import key as key_mod
 from exactedit.solvers.wfld.config import WfldConfig, WfldError
-from exactedit.solvers.wfld.problem import build_problem, plausible_by_word
+from exactedit.solvers.wfld.problem import build_problem, plausible_rows
 from exactedit.solvers.wfld.solve import solve
 from tests.solvers.wfld.test_problem import CFG, world  # noqa: F401 (the module-scoped fixture)
 
@@ -159,8 +159,9 @@ def test_a_keyed_solve_on_the_synthetic_world(world, kind):  # noqa: F811
 def test_plausible_rows_are_the_words_likely_rows_outside_the_slop(world):  # noqa: F811
     w = world
     tail, mining = w["tail"], w["mining"]
-    per = plausible_by_word(tail, w["named"]["train"], mining, 0.01, chunk=37)
-    whole = plausible_by_word(tail, w["named"]["train"], mining, 0.01, chunk=100_000)
+    h = w["problem"].w0.shape[1]
+    per = [p.hh(h) for p in plausible_rows(tail, w["named"]["train"], mining, 0.01, chunk=37)]
+    whole = [p.hh(h) for p in plausible_rows(tail, w["named"]["train"], mining, 0.01, chunk=100_000)]
     for a, b in zip(per, whole):
         np.testing.assert_array_equal(a, b)         # chunking changes nothing
     name, dump = w["named"]["train"][0]
@@ -242,7 +243,7 @@ def test_word_holds_keep_the_words_logit_at_its_likeliest_plausible_rows(world):
     """--word-holds: one condition per held row (kind word@plausible, the word's own logit, target
     0), on the rows `Plausible.top` picks (the likeliest first); the solve meets them in its
     linearization up to their Tikhonov weight, and without them those logits move."""
-    from exactedit.solvers.wfld.problem import ftpo_rows, plausible_rows
+    from exactedit.solvers.wfld.problem import ftpo_rows
 
     w = world
     cfg = dataclasses.replace(CFG, word_holds=6, key_floor=0.01, word_hold_eps=1e-9)
