@@ -237,6 +237,18 @@ def _lines(path) -> list[str]:
         return [line.strip() for line in fh if line.strip() and not line.lstrip().startswith("#")]
 
 
+def _phrases(path, top: int | None = None) -> list[str]:
+    """A phrases file: one phrase per line, or `exactedit discover`'s JSON (its first `top` usable
+    phrases, each at its measured ban point)."""
+    from exactedit.solvers.phrases import load_phrases
+
+    return list(load_phrases(path, top))
+
+
+_TOP = click.option("--top", type=click.IntRange(1), default=None,
+                    help="With --phrases from `exactedit discover` (JSON): its first N usable phrases.")
+
+
 def _read_tokens_arg(tokens, text, model_path):
     """Token ids from --tokens (int32 file, the engine contract's layout) or --text (tokenized)."""
     from exactedit.dumps import read_tokens
@@ -458,8 +470,11 @@ def logits_cmd(model, dump_dir, rows, out, tile_rows, match_engine, verify_hashe
 @click.option("--prompts", required=True, type=click.Path(dir_okay=False, exists=True),
               help="One user prompt per line.")
 @click.option("--phrases", required=True, type=click.Path(dir_okay=False, exists=True),
-              help="One banned phrase per line, e.g. 'rather than'.")
+              help="One banned phrase per line, e.g. 'rather than' (or discover's JSON, with --top).")
+@_TOP
 @click.option("--out", type=click.Path(file_okay=False), help="Dump of the replies with slop contexts.")
+@click.option("--replies", "replies_out", type=click.Path(dir_okay=False),
+              help="Write every reply's text here (JSON, base and --edited; `exactedit discover` reads it).")
 @click.option("--edited", type=click.Path(dir_okay=False, exists=True),
               help="Also sample this edited GGUF (same prompts and seeds) and compare the rates.")
 @click.option("--max-new", default=256, show_default=True, type=click.IntRange(1),
@@ -479,7 +494,7 @@ def logits_cmd(model, dump_dir, rows, out, tile_rows, match_engine, verify_hashe
 @click.option("--overwrite", is_flag=True)
 @_engine_settings
 @JSON_FLAG
-def mine_cmd(engine_name, model, prompts, phrases, out, edited, max_new, samples, temperature, top_k, seed,
+def mine_cmd(engine_name, model, prompts, phrases, top, out, replies_out, edited, max_new, samples, temperature, top_k, seed,
              capitalized, n_boot, tags, source, character, png, shape_rules, chat_fallback, overwrite, as_json,
              **flags) -> None:
     """Sample replies to the turn end, find prefix-exact slop contexts, dump them; phrase rates
@@ -488,16 +503,21 @@ def mine_cmd(engine_name, model, prompts, phrases, out, edited, max_new, samples
     from exactedit.native.runs import MineConfig, render_mine, run_mine
     from exactedit.native.shaping import shape_processors
 
-    _refuse_clobber({"--out": out, "--png": png}, {"--model": model, "--prompts": prompts, "--phrases": phrases,
-                                                  "--edited": edited, "--shape": shape_rules})
+    _refuse_clobber({"--out": out, "--png": png, "--replies": replies_out},
+                    {"--model": model, "--prompts": prompts, "--phrases": phrases, "--edited": edited,
+                     "--shape": shape_rules})
     cfg = MineConfig(max_new=max_new, temperature=temperature, top_k=top_k, seed=seed, samples=samples,
                      capitalized=capitalized, n_boot=n_boot, tags=tuple(tags), source=source or "mine",
                      character=character, chat_fallback=chat_fallback)
-    res = with_progress("sampling", run_mine, model, _lines(prompts), _lines(phrases), out, edited=edited, config=cfg,
+    res = with_progress("sampling", run_mine, model, _lines(prompts), _phrases(phrases, top), out, edited=edited, config=cfg,
                         settings=_settings(**flags), processors=shape_processors(model, shape_rules, edited),
                         overwrite=overwrite)
     if png:
         plot_phrase_rates(res.phrase_rates, png)
+    if replies_out:
+        from exactedit.native.runs.mine import write_replies
+
+        write_replies(res, _lines(prompts), replies_out)
     emit(res, render_mine(res), as_json, allow_nan=False)
 
 
@@ -741,7 +761,8 @@ def dataset() -> None:
 @click.option("--prompts", required=True, type=click.Path(dir_okay=False, exists=True),
               help="One user prompt per line (the split is by prompt).")
 @click.option("--phrases", required=True, type=click.Path(dir_okay=False, exists=True),
-              help="One banned phrase per line.")
+              help="One banned phrase per line (or discover's JSON, with --top).")
+@_TOP
 @click.option("--texts", type=click.Path(file_okay=False, exists=True),
               help="A directory of plain .txt files: plain anchors and legitimate uses.")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
@@ -760,7 +781,7 @@ def dataset() -> None:
 @click.option("--overwrite", is_flag=True)
 @_engine_settings
 @JSON_FLAG
-def dataset_build(model, prompts, phrases, texts, out, overwrite, as_json, n_ctx, n_batch, n_ubatch, n_threads,
+def dataset_build(model, prompts, phrases, top, texts, out, overwrite, as_json, n_ctx, n_batch, n_ubatch, n_threads,
                   flash_attn, **flags) -> None:
     """Sample the model's replies and write the train / heldout / collateral / anchors dumps
     (tags, roles, split by prompt) with a summary of slop contexts and legitimate uses per set."""
@@ -771,7 +792,7 @@ def dataset_build(model, prompts, phrases, texts, out, overwrite, as_json, n_ctx
     _refuse_clobber({"--out": out}, {"--model": model, "--prompts": prompts, "--phrases": phrases, "--texts": texts})
     cfg = DatasetConfig(**flags)
     files = sorted(Path(texts).glob("*.txt")) if texts else []
-    res = with_progress("sampling", build_dataset, model, _lines(prompts), _lines(phrases), out, texts=files,
+    res = with_progress("sampling", build_dataset, model, _lines(prompts), _phrases(phrases, top), out, texts=files,
                         config=cfg, settings=_settings(n_ctx, n_batch, n_ubatch, n_threads, flash_attn),
                         overwrite=overwrite)
     emit(res, render_dataset(res), as_json)
@@ -780,7 +801,8 @@ def dataset_build(model, prompts, phrases, texts, out, overwrite, as_json, n_ctx
 @dataset.command("corpus")
 @click.option("--model", type=MODEL, required=True, help="GGUF path, or a public model name (qwen).")
 @click.option("--phrases", required=True, type=click.Path(dir_okay=False, exists=True),
-              help="One banned phrase per line (their final tokens are the words).")
+              help="One banned phrase per line (their final tokens are the words; or discover's JSON, with --top).")
+@_TOP
 @click.option("--texts", multiple=True, type=click.Path(dir_okay=False, exists=True),
               help="A plain text file to add to the stdlib's docstrings (repeatable; one source document each).")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
@@ -802,7 +824,7 @@ def dataset_build(model, prompts, phrases, texts, out, overwrite, as_json, n_ctx
 @click.option("--overwrite", is_flag=True)
 @_engine_settings
 @JSON_FLAG
-def dataset_corpus(model, phrases, texts, out, overwrite, as_json, n_ctx, n_batch, n_ubatch, n_threads,
+def dataset_corpus(model, phrases, top, texts, out, overwrite, as_json, n_ctx, n_batch, n_ubatch, n_threads,
                    flash_attn, **flags) -> None:
     """Teacher-force windows of an offline corpus (the stdlib's docstrings, --texts) around each use
     of the phrases' final tokens: solve / dev / collateral dumps, split by source document."""
@@ -810,7 +832,7 @@ def dataset_corpus(model, phrases, texts, out, overwrite, as_json, n_ctx, n_batc
 
     _refuse_clobber({"--out": out}, {"--model": model, "--phrases": phrases, "--texts": list(texts)})
     cfg = CorpusConfig(**flags)
-    res = with_progress("prefill", build_corpus, model, _lines(phrases), out, texts=list(texts), config=cfg,
+    res = with_progress("prefill", build_corpus, model, _phrases(phrases, top), out, texts=list(texts), config=cfg,
                         settings=_settings(n_ctx, n_batch, n_ubatch, n_threads, flash_attn), overwrite=overwrite)
     emit(res, render_corpus(res), as_json)
 
@@ -1091,16 +1113,23 @@ def shape() -> None:
 
 
 @shape.command("compile")
-@click.argument("rules", type=click.Path(dir_okay=False, exists=True))
+@click.argument("rules", type=click.Path(dir_okay=False, exists=True), required=False)
 @click.option("--model", type=MODEL, required=True, help="GGUF path, or a public model name (qwen, gemma).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="The compiled rules (JSON) to write.")
+@click.option("--phrases", type=click.Path(dir_okay=False, exists=True),
+              help="Add a prefix penalty on these phrases (one per line, or discover's JSON with --top).")
+@_TOP
+@click.option("--bias", default=6.0, show_default=True, type=float, help="The --phrases penalty (nats).")
 @JSON_FLAG
-def shape_compile_cmd(rules, model, out, as_json) -> None:
-    """Resolve a rules file (TOML) against MODEL's tokenizer, specials and chat template."""
+def shape_compile_cmd(rules, model, out, phrases, top, bias, as_json) -> None:
+    """Resolve a rules file (TOML) against MODEL's tokenizer, specials and chat template; --phrases
+    adds a prefix penalty on a list (phrases whose last word is several tokens are skipped, listed)."""
     from exactedit.native.shaping import compile_file, render_compile
 
-    _refuse_clobber({"--out": out}, {"RULES": rules, "--model": model})
-    r = compile_file(rules, model, out)
+    if rules is None and phrases is None:
+        raise click.UsageError("give a RULES file, --phrases, or both")
+    _refuse_clobber({"--out": out}, {"RULES": rules, "--model": model, "--phrases": phrases})
+    r = compile_file(rules, model, out, phrases=_phrases(phrases, top) if phrases else (), bias=bias)
     emit(r, render_compile(r), as_json)
 
 
@@ -1109,19 +1138,21 @@ def shape_compile_cmd(rules, model, out, as_json) -> None:
 @click.option("--rules", required=True, type=click.Path(dir_okay=False, exists=True), help="Compiled rules (JSON).")
 @click.option("--prompts", required=True, type=click.Path(dir_okay=False, exists=True), help="One user prompt per line.")
 @click.option("--edited", type=click.Path(dir_okay=False, exists=True), help="Edited GGUF: adds the weights and both arms.")
-@click.option("--phrases", type=click.Path(dir_okay=False, exists=True), help="Phrases to rate (default: the rules').")
+@click.option("--phrases", type=click.Path(dir_okay=False, exists=True),
+              help="Phrases to rate (default: the rules'; or discover's JSON, with --top).")
+@_TOP
 @_gen_options
 @click.option("--n-boot", default=1000, show_default=True, type=click.IntRange(0), help="Bootstrap resamples.")
 @click.option("--slots", default=16, show_default=True, type=click.IntRange(1),
               help="Replies decoded together (1: one at a time; up to 3: bitwise the one-at-a-time loop).")
 @_engine_settings
 @JSON_FLAG
-def shape_rates_cmd(model, rules, prompts, edited, phrases, max_new, temperature, top_k, seeds, n_boot, slots,
+def shape_rates_cmd(model, rules, prompts, edited, phrases, top, max_new, temperature, top_k, seeds, n_boot, slots,
                     as_json, **flags) -> None:
     """Phrase rates and KL of base / rules / weights / both on the same prompts and seeds."""
     from exactedit.native.shaping import render_shape_rates, shape_rates
 
-    r = with_progress("sampling", shape_rates, model, rules, _lines(prompts), _lines(phrases) if phrases else None,
+    r = with_progress("sampling", shape_rates, model, rules, _lines(prompts), _phrases(phrases, top) if phrases else None,
                       edited=edited, config=_gen_config(max_new, temperature, top_k), seeds=seeds or (0,),
                       settings=_settings(**flags), n_boot=n_boot, slots=slots)
     emit(r, render_shape_rates(r), as_json, allow_nan=False)

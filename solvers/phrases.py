@@ -42,17 +42,72 @@ class PhraseError(FieldError):
 
 
 MAX_PHRASE_BYTES = 256
+MAX_PHRASES_FILE = 64 << 20   # a phrases file (text or discover's JSON) is read whole
 TOKEN_CONTROL = 3   # llama.cpp's token type of control tokens (chat scaffolding): no text
 
 
-def load_phrases(path) -> tuple[str, ...]:
-    """Banned phrases, one per line; blank lines and lines starting with '#' are skipped."""
+def load_phrases(path, top: int | None = None) -> tuple[str, ...]:
+    """Banned phrases from a text file (one per line; blank lines and lines starting with '#'
+    skipped), or from `exactedit discover`'s JSON (a file whose text starts with '{'): its first
+    `top` usable entries (`discovered_phrases`)."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_PHRASES_FILE + 1)
+        if len(data) > MAX_PHRASES_FILE:
+            raise PhraseError(path, "phrases", f"larger than {MAX_PHRASES_FILE >> 20} MiB")
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise PhraseError(path, "phrases", f"cannot read as UTF-8 text ({exc})") from None
-    return parse_phrases(text.splitlines(), path)
+    if text.lstrip().startswith("{"):
+        return discovered_phrases(text, path, top)
+    phrases = parse_phrases(text.splitlines(), path)
+    return phrases[:top] if top else phrases
+
+
+def ban_text(phrase: str) -> str | None:
+    """A discovered phrase as a ban: its words without trailing punctuation ("Here's an example:"
+    -> "Here's an example"); None when fewer than two words remain (a ban needs a prefix)."""
+    words = phrase.split()
+    while words and not any(is_word_char(c) for c in words[-1]):
+        words.pop()
+    if words:
+        words[-1] = words[-1].rstrip("".join(c for c in words[-1] if not is_word_char(c) and c not in "'’"))
+    return " ".join(words) if len(words) >= 2 and words[-1] else None
+
+
+def discovered_phrases(text: str, where, top: int | None = None) -> tuple[str, ...]:
+    """The ban list of discover's JSON ({"phrases": [{"phrase", "ban_phrase"?, ...}, ...]}, sorted
+    by z): each entry at its measured ban point (`ban_phrase`, written by `discover --model`), else
+    its text without trailing punctuation; one-word entries skipped (a ban needs a prefix);
+    duplicates kept once; the first `top` of them."""
+    import json
+
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise PhraseError(where, "json", f"not valid JSON ({exc})") from None
+    entries = doc.get("phrases") if isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        raise PhraseError(where, "phrases", "expected discover's JSON: an object with a list 'phrases'")
+    out: list[str] = []
+    for k, e in enumerate(entries):
+        if not isinstance(e, dict) or not isinstance(e.get("phrase"), str):
+            raise PhraseError(where, f"phrases[{k}].phrase", "expected an object with a string 'phrase'")
+        ban = e.get("ban_phrase")
+        if ban is not None and not isinstance(ban, str):
+            raise PhraseError(where, f"phrases[{k}].ban_phrase", "expected a string")
+        phrase = ban_text(" ".join((ban or e["phrase"]).split()))
+        if phrase is None or phrase in out:
+            continue
+        if len(phrase.encode("utf-8")) > MAX_PHRASE_BYTES:
+            raise PhraseError(where, f"phrases[{k}].phrase", f"phrase longer than {MAX_PHRASE_BYTES} bytes")
+        out.append(phrase)
+        if top and len(out) >= top:
+            break
+    if not out:
+        raise PhraseError(where, "phrases", "no usable phrase (entries of two or more words)")
+    return tuple(out)
 
 
 def parse_phrases(lines: Sequence[str], where="phrases") -> tuple[str, ...]:

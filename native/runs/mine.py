@@ -144,7 +144,7 @@ def generate(model, prompt_tokens: Sequence[np.ndarray], chat: ModelChat, cfg: M
                           turn_end=sp.turn_end, processor=processor, sequential=sequential, progress=progress)
 
 
-def _infos(prompts, samples, chat: ModelChat) -> tuple[ReplyInfo, ...]:
+def reply_infos(prompts, samples, chat: ModelChat) -> tuple[ReplyInfo, ...]:
     return tuple(ReplyInfo(reply_name(p, s.seed), i, s.seed, int(s.tokens.size), s.stop,
                            chat.table.decode([t for t in s.tokens if t not in chat.specials.end_of_generation]))
                  for i, (p, row) in enumerate(zip(prompts, samples)) for s in row)
@@ -179,7 +179,7 @@ def mine(model, prompts: Sequence[str], phrases: Sequence[str], out=None, *, edi
     # every side through the same loop: with a processor on one side, all run one reply at a time
     one_by_one = any(f is not None for f in processors.values())
     base = generate(model, ptoks, chat, cfg, settings, processors.get("base"), tick, one_by_one)
-    infos = _infos(prompts, base, chat)
+    infos = reply_infos(prompts, base, chat)
     rates = {"base": _style(base, infos, chat, cfg.starters)}
     matcher = PhraseMatcher(phrases, TokenBytes(chat.table), cfg.capitalized)
     ed, ed_infos = None, ()
@@ -187,7 +187,7 @@ def mine(model, prompts: Sequence[str], phrases: Sequence[str], out=None, *, edi
         off = len(prompts) * cfg.samples
         tick2 = None if progress is None else (lambda d, _t: progress(off + d, total))
         ed = generate(edited, ptoks, chat, cfg, settings, processors.get("edited"), tick2, one_by_one)
-        ed_infos = _infos(prompts, ed, chat)
+        ed_infos = reply_infos(prompts, ed, chat)
         rates["edited"] = _style(ed, ed_infos, chat, cfg.starters)
     pr = phrase_rates(matcher, _replies(base), None if ed is None else _replies(ed), capitalized=cfg.capitalized,
                       n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
@@ -214,6 +214,24 @@ def mine(model, prompts: Sequence[str], phrases: Sequence[str], out=None, *, edi
                 "chat": chat.to_dict()}
         dump = str(capture_dump(model, docs, out, settings=settings, overwrite=overwrite, extra_meta=meta).path)
     return MineResult(dump, tuple(contexts), infos, rates, pr, chat.to_dict(), ed_infos)
+
+
+def reply_records(r: MineResult, prompts: Sequence[str] | None = None) -> list[dict]:
+    """Every reply of a mine run (base, then edited) as a record: side, name, prompt (its text when
+    `prompts` is given, else its index), seed, tokens, stop, text. The shape `exactedit discover`
+    reads as model text."""
+    return [{"side": side, "name": x.name, "prompt": prompts[x.prompt] if prompts is not None else x.prompt,
+             "seed": x.seed, "tokens": x.tokens, "stop": x.stop, "text": x.text}
+            for side, xs in (("base", r.replies), ("edited", r.edited_replies)) for x in xs]
+
+
+def write_replies(r: MineResult, prompts: Sequence[str] | None, path) -> None:
+    """`reply_records` as JSON at `path`, written atomically."""
+    import json
+
+    from exactedit.quant.files import atomic_write_text
+
+    atomic_write_text(path, json.dumps(reply_records(r, prompts), indent=1, ensure_ascii=False) + "\n")
 
 
 def render_mine(r: MineResult) -> str:

@@ -323,13 +323,12 @@ def frontier_png(strength: dict, path: Path) -> Path:
 
 def _write_reports(r: RealDemoResult) -> RealDemoResult:
     from exactedit.evals.rates.report import plot_phrase_rates
+    from exactedit.native.runs.mine import write_replies
 
     obj, text = real_demo_report(r)
     files = {"json": r.out / "report.json", "md": r.out / "report.md", "rates_png": r.out / "phrase-rates.png",
              "collateral_png": r.out / "collateral.png", "replies": r.out / "replies.json"}
-    replies = [{"side": side, "name": x.name, "prompt": x.prompt, "seed": x.seed, "tokens": x.tokens, "stop": x.stop,
-                "text": x.text} for side, xs in (("base", r.rates.replies), ("edited", r.rates.edited_replies)) for x in xs]
-    atomic_write_text(files["replies"], json.dumps(replies, indent=1, ensure_ascii=False) + "\n")
+    write_replies(r.rates, None, files["replies"])
     plot_phrase_rates(r.rates.phrase_rates, files["rates_png"], title=f"{Path(r.model).name}: held-out prompts")
     _collateral_png(r.wfld.report["bars"], files["collateral_png"])
     strength = r.wfld.report.get("strength") or {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from exactedit.native.llamacpp.engine import LlamaEngine
 
@@ -17,25 +18,41 @@ class CompileResult:
     out: str
     out_sha256: str
     summary: dict
+    skipped: tuple[tuple[str, str], ...] = ()   # (phrase, why) of a --phrases list that no penalty can ban
 
     def to_dict(self) -> dict:
-        return {"out": self.out, "out_sha256": self.out_sha256, **self.summary}
+        return {"out": self.out, "out_sha256": self.out_sha256, **self.summary,
+                "skipped": [{"phrase": p, "why": w} for p, w in self.skipped]}
 
 
-def compile_file(rules, model, out) -> CompileResult:
-    from exactedit.solvers.shaping.compiled import read_compiled, write_compiled
-    from exactedit.solvers.shaping.rules_file import compile_rules, load_rules
+def compile_file(rules, model, out, *, phrases: Sequence[str] = (), bias: float = 6.0) -> CompileResult:
+    """Compile the rules file `rules` (or None: no file) for `model`, with a prefix penalty of
+    `bias` on `phrases` added (a list given outside the file, e.g. discover's; the phrases whose
+    last word is several tokens are skipped and listed)."""
+    import dataclasses
+
+    from exactedit.solvers.shaping.compiled import ShapingRulesError, read_compiled, write_compiled
+    from exactedit.solvers.shaping.rules_file import RulesSpec, compile_rules, listed_penalty, load_rules
     from exactedit.quant import gguf
     from exactedit.quant.files import file_sha256
 
-    spec = load_rules(rules)
+    spec = load_rules(rules) if rules is not None else RulesSpec("(no rules file)", "", ())
     g = gguf.open(model)
+    skipped = ()
     with LlamaEngine(model) as engine:
-        compiled = compile_rules(spec, g, lambda text, special: engine.tokenize(text, parse_special=special),
-                                 model_path=str(model))
+        tokenize = lambda text, special: engine.tokenize(text, parse_special=special)  # noqa: E731
+        if phrases:
+            penalty, skipped = listed_penalty(phrases, bias, g, tokenize, model_path=str(model))
+            if penalty is None:
+                raise ShapingRulesError("--phrases", "phrases", "no phrase whose last word is one token of "
+                                        f"{Path(model).name}: " + "; ".join(f"{p!r}: {w}" for p, w in skipped))
+            spec = dataclasses.replace(spec, rules=spec.rules + (penalty,))
+        if not spec.rules:
+            raise ShapingRulesError(spec.path, "rules", "no rules (give a rules file or --phrases)")
+        compiled = compile_rules(spec, g, tokenize, model_path=str(model))
     write_compiled(compiled, out)
     back = read_compiled(out)
-    return CompileResult(str(Path(out)), file_sha256(out), back.summary())
+    return CompileResult(str(Path(out)), file_sha256(out), back.summary(), tuple(skipped))
 
 
 def render_compile(r: CompileResult) -> str:
@@ -54,4 +71,5 @@ def render_compile(r: CompileResult) -> str:
         else:
             out.append(f"  persona-case (drop {rule['drop']:g}): {rule['pairs']} case pairs, "
                        f"{'active' if rule['active'] else 'inactive'}")
+    out += [f"  skipped {p!r}: {w}" for p, w in r.skipped]
     return "\n".join(out)

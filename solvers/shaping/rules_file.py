@@ -348,6 +348,23 @@ def _final(text: str, tb, tokenize: Tokenize, where: str) -> int:
     return canon[-1]
 
 
+def listed_penalty(phrases: Sequence[str], bias: float, g, tokenize: Tokenize, *, model_path: str = ""
+                   ) -> tuple[PenaltySpec | None, tuple[tuple[str, str], ...]]:
+    """A prefix penalty on a phrase list given outside a rules file (e.g. `exactedit discover`'s
+    JSON): the phrases whose last word is one token of the model, and (phrase, why) for the others,
+    which a penalty on one token cannot ban."""
+    m = _ModelView.of(g, model_path)
+    keep, skipped = [], []
+    for p in dict.fromkeys(" ".join(x.split()) for x in phrases):
+        try:
+            _final(p, m.text_bytes.__getitem__, tokenize, "phrases")
+        except ShapingRulesError as exc:
+            skipped.append((p, exc.message))
+            continue
+        keep.append(p)
+    return (PenaltySpec(tuple(keep), float(bias)) if keep else None), tuple(skipped)
+
+
 def check_compiled(compiled: CompiledRules, g, where, *, model_path: str = "") -> None:
     """Check compiled rules against the model they are used with, re-deriving from its token
     table what compiling derived: the vocabulary size, the chat markup from the template the

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from exactedit.dumps import DocInfo
-from exactedit.solvers.phrases import (PhraseError, 
+from exactedit.solvers.phrases import (PhraseError, ban_text,
     PhraseMatcher, TokenBytes, ends_at_boundary, load_phrases, parse_phrases, phrase_forms, split_last_word,
     starts_word, text_occurrences, tokenizations,
 )
@@ -38,6 +38,37 @@ def test_load_phrases(tmp_path):
         parse_phrases(["# nothing"])
     with pytest.raises(PhraseError, match="cannot read"):
         load_phrases(tmp_path / "missing.txt")
+
+
+def test_load_phrases_from_discover_json(tmp_path):
+    import json
+
+    p = tmp_path / "found.json"
+    entries = [{"phrase": "delve"}, {"phrase": "Here's an example:", "ban_phrase": "Here's an"},
+               {"phrase": "you can use"}, {"phrase": "you can use ."}, {"phrase": "it's worth noting that"}]
+    p.write_text(json.dumps({"phrases": entries}))
+    # one word skipped (no prefix), the measured ban point taken, trailing punctuation dropped, duplicates once
+    assert load_phrases(p) == ("Here's an", "you can use", "it's worth noting that")
+    assert load_phrases(p, top=2) == ("Here's an", "you can use")
+    p.write_text(json.dumps({"phrases": [{"phrase": "delve"}]}))
+    with pytest.raises(PhraseError, match="no usable phrase"):
+        load_phrases(p)
+    p.write_text(json.dumps({"phrases": [{"z": 3}]}))
+    with pytest.raises(PhraseError, match=r"phrases\[0\]\.phrase"):
+        load_phrases(p)
+    p.write_text('{"phrases": [')
+    with pytest.raises(PhraseError, match="not valid JSON"):
+        load_phrases(p)
+    t = tmp_path / "p.txt"
+    t.write_text("a b\nc d\ne f\n")
+    assert load_phrases(t, top=2) == ("a b", "c d")
+
+
+@pytest.mark.parametrize("text, ban", [("Here's an example:", "Here's an example"), ("delve", None),
+                                       ("you can use.", "you can use"), ("don't", None), ("end — to", "end — to"),
+                                       ("In summary ,", "In summary"), ("it's", None)])
+def test_ban_text(text, ban):
+    assert ban_text(text) == ban
 
 
 def test_forms_and_words():

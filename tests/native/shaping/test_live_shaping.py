@@ -93,6 +93,28 @@ def test_qwen_compile_uses_the_models_own_specials_and_tokenizer(qwen):
     assert len(c.rule("persona-case").pairs) > 10_000
 
 
+def test_qwen_compile_a_discovered_phrase_list(qwen, tmp_path):
+    """`shape compile --phrases F.json --top N` without a rules file: a prefix penalty on the list's
+    usable phrases, the ones whose last word is several tokens skipped and named."""
+    from exactedit.solvers.shaping.compiled import read_compiled
+
+    path, _, _ = qwen
+    found = tmp_path / "found.json"
+    found.write_text(json.dumps({"phrases": [{"phrase": "delve"}, {"phrase": "you can use"},
+                                             {"phrase": "a nonexistentwordxyz"}, {"phrase": "Here's an"},
+                                             {"phrase": "rather than"}]}))
+    out = tmp_path / "r.json"
+    res = _cli("shape", "compile", "--model", str(path), "--phrases", str(found), "--top", "3", "--bias", "5",
+               "--out", str(out), "--json")
+    assert res.exit_code == 0, res.output
+    obj = json.loads(res.stdout)
+    assert [s["phrase"] for s in obj["skipped"]] == ["a nonexistentwordxyz"]
+    rule = read_compiled(out).rule("prefix-penalty")
+    assert [p.text for p in rule.phrases] == ["you can use", "Here's an"] and rule.bias == 5.0
+    res = _cli("shape", "compile", "--model", str(path), "--out", str(tmp_path / "none.json"))
+    assert res.exit_code != 0 and "RULES file, --phrases" in res.output
+
+
 def test_qwen_verify_shaping_passes_bitwise(qwen, work):
     path, rules, _ = qwen
     res = _cli("verify", "shaping", "--model", str(path), "--rules", str(rules), "--prompts", str(work / "prompts.txt"),
