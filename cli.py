@@ -304,7 +304,9 @@ def apply_cmd(bundle, model, out, overwrite, as_json) -> None:
 @click.option("--model", default=None,
               help="Run the real-model loop instead, on this public model (qwen) through llama.cpp.")
 @click.option("--phrases", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="With --model: banned phrases, one per line (default: the bundled ones for the model).")
+              help="With --model: banned phrases, one per line, or discover's JSON with --top (default: the "
+                   "bundled ones for the model).")
+@_TOP
 @click.option("--prompts", type=click.Path(dir_okay=False, exists=True), default=None,
               help="With --model: prompts whose replies build the solve's data (default: bundled).")
 @click.option("--rate-prompts", type=click.Path(dir_okay=False, exists=True), default=None,
@@ -335,7 +337,7 @@ def apply_cmd(bundle, model, out, overwrite, as_json) -> None:
 @click.option("--strength-grid", default=None, metavar="S,S,...",
               help="With --model: solve wfld --strength-grid ('' for a fixed strength 1; default: the demo's).")
 @JSON_FLAG
-def demo_cmd(out, fixture, model, phrases, prompts, rate_prompts, watch, texts, same_sense, samples, rate_samples,
+def demo_cmd(out, fixture, model, phrases, top, prompts, rate_prompts, watch, texts, same_sense, samples, rate_samples,
              max_new, seed, ridge, corpus_tokens, key, word_holds, strength_grid, as_json) -> None:
     """The whole workflow on the bundled fixture: register + split, solve head, solve wfld, dev
     score, and the one-shot blind sign-off (its command line in OUT/blind.cmd). With --model: the
@@ -357,7 +359,8 @@ def demo_cmd(out, fixture, model, phrases, prompts, rate_prompts, watch, texts, 
                 chosen = {k: v for k, v in (("corpus_tokens", corpus_tokens), ("key", key), ("word_holds", word_holds),
                                             ("strength_grid", None if strength_grid is None else
                                              _floats(strength_grid, "--strength-grid"))) if v is not None}
-            cfg = RealDemoConfig(model=model, prompts=prompts, rate_prompts=rate_prompts, phrases=phrases, watch=watch,
+            cfg = RealDemoConfig(model=model, prompts=prompts, rate_prompts=rate_prompts, phrases=phrases, top=top,
+                                 watch=watch,
                                  texts=tuple(texts) or None, same_sense=same_sense, samples=samples, rate_samples=rate_samples,
                                  max_new=max_new, seed=seed, ridge=ridge, **chosen)
             result = run_real_demo(cfg, out, progress=progress)

@@ -55,7 +55,8 @@ class RealDemoConfig:
     model: str = "qwen"
     prompts: str | None = None          # one prompt per line: the solve's data
     rate_prompts: str | None = None     # one prompt per line: held-out, for the phrase rates only
-    phrases: str | None = None          # one banned phrase per line
+    phrases: str | None = None          # one banned phrase per line, or discover's JSON
+    top: int | None = None              # the first `top` phrases of `phrases` (discover's JSON: its usable ones)
     watch: str | None = None            # phrases measured in generation too, not solved for (optional)
     same_sense: str | None = None       # PHRASE=WORD[,WORD] per line: paraphrases held, never raised (optional)
     texts: tuple[str, ...] | None = None  # plain texts (legitimate uses, plain anchors)
@@ -98,6 +99,16 @@ class RealDemoConfig:
             raise RealDemoError(f"no bundled --{name.replace('_', '-')} for model {self.model!r} "
                                 f"(bundled: {sorted(p.name for p in DATA.iterdir())}); give the file")
         return path
+
+    def phrase_list(self) -> tuple[str, ...]:
+        """The phrases solved for: the phrases file's lines, or discover's JSON's usable entries
+        (each at its measured ban point), the first `top` of them."""
+        from exactedit.solvers.phrases import PhraseError, load_phrases
+
+        try:
+            return load_phrases(self.file("phrases"), self.top)
+        except PhraseError as exc:
+            raise RealDemoError(str(exc)) from None
 
     def watched(self) -> tuple[str, ...]:
         """The extra phrases of the rate measurement: --watch, else the bundled watch.txt, else none."""
@@ -198,8 +209,10 @@ def run_real_demo(cfg: RealDemoConfig, out, *, progress: Progress | None = None)
         t0 = now
 
     model = locate(cfg.model, progress=tick("model"))
-    phrases_file = cfg.file("phrases")
-    phrases = _lines(phrases_file)
+    phrases = cfg.phrase_list()
+    phrases_file = out / "phrases.txt"     # the list solved for, whatever form it was given in
+    atomic_write_text(phrases_file, f"# from {cfg.file('phrases')}" + (f", top {cfg.top}" if cfg.top else "")
+                      + "\n" + "".join(p + "\n" for p in phrases))
     ds = build_dataset(model, _lines(cfg.file("prompts")), phrases, out / "data", texts=cfg.text_files(),
                        config=DatasetConfig(samples=cfg.samples, max_new=cfg.max_new, seed=cfg.seed),
                        progress=tick("dataset"))
