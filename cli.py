@@ -240,7 +240,7 @@ def _lines(path) -> list[str]:
 def _phrases(path, top: int | None = None) -> list[str]:
     """A phrases file: one phrase per line, or `exactedit discover`'s JSON (its first `top` usable
     phrases, each at its measured ban point)."""
-    from exactedit.solvers.phrases import load_phrases
+    from exactedit.solvers import load_phrases
 
     return list(load_phrases(path, top))
 
@@ -518,7 +518,7 @@ def mine_cmd(engine_name, model, prompts, phrases, top, out, replies_out, edited
     if png:
         plot_phrase_rates(res.phrase_rates, png)
     if replies_out:
-        from exactedit.native.runs.mine import write_replies
+        from exactedit.native.runs import write_replies
 
         write_replies(res, _lines(prompts), replies_out)
     emit(res, render_mine(res), as_json, allow_nan=False)

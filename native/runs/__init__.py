@@ -20,6 +20,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "render_dataset": "dataset",
     "render_kld_run": "kld",
     "render_mine": "mine",
+    "write_replies": "mine",
     "run_kld": "kld",
     "run_mine": "mine:mine",
     "run_real_demo": "real_demo",
