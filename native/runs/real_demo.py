@@ -150,6 +150,7 @@ class RealDemoResult:
     seconds: dict = field(default_factory=dict)
     files: dict = field(default_factory=dict)
     corpus: object = None    # native.runs.corpus.CorpusResult, or None without a corpus
+    new_slop: object = None  # evals.discover.Discovery: the edited replies against the base ones
 
 
 def write_protocol(path: Path, data: Path, name: str, specials: Sequence[int], turn_end: int,
@@ -261,9 +262,35 @@ def run_real_demo(cfg: RealDemoConfig, out, *, progress: Progress | None = None)
     artefacts = {"base": variant_artefacts([r.text for r in rates.replies], measured),
                  "edited": variant_artefacts([r.text for r in rates.edited_replies], measured)}
     mark("phrase_rates")
+    new_slop = new_slop_of(rates)
+    mark("new_slop")
     r = RealDemoResult(out, str(model), ds, protocol, wf, applied, report, dev, rates, artefacts, seconds,
-                       corpus=corpus)
+                       corpus=corpus, new_slop=new_slop)
     return _write_reports(r)
+
+
+NEW_SLOP_TOP = 15
+
+
+def new_slop_of(rates):
+    """What took the banned phrases' place: `exactedit discover` on the edited model's rate replies
+    against the base model's (same prompts and seeds), both corpora pooled as the prior's background
+    (the reference is the same model's own text, not English at large); the prior's weight is a
+    tenth of the smaller side's words, so a phrase needs the evidence of several replies. None when
+    either side has no words."""
+    from exactedit.evals.discover import DiscoverError, Text, discover
+
+    def texts(side, replies):
+        return [Text(x.text, side, f"{side} reply {x.name}") for x in replies]
+
+    edited, base = texts("edited", rates.edited_replies), texts("base", rates.replies)
+    words = min(sum(len(t.text.split()) for t in side) for side in (edited, base)) if edited and base else 0
+    if words == 0:
+        return None
+    try:
+        return discover(edited, base, top=NEW_SLOP_TOP, background="human", alpha0=max(10.0, words / 10))
+    except DiscoverError:
+        return None
 
 
 def _write_png(fig, path: Path) -> Path:
@@ -412,6 +439,7 @@ def real_demo_report(r: RealDemoResult) -> tuple[dict, str]:
            "phrase_rates": rates, "rates_run": r.rates.phrase_rates.to_dict(),
            "artefacts": {k: [a.__dict__ for a in v] for k, v in r.artefacts.items()},
            "targets": targets,
+           "new_slop": r.new_slop.to_dict() if r.new_slop is not None else None,
            "seconds": {k: round(v, 2) for k, v in r.seconds.items()}}
     lines = [f"# exactedit demo --model: {Path(r.model).name}", "",
              f"data: {sum(s.docs for s in r.dataset.sets)} documents in {len(r.dataset.sets)} sets "
@@ -444,5 +472,12 @@ def real_demo_report(r: RealDemoResult) -> tuple[dict, str]:
     shown = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)   # noqa: E731
     lines += [f"  {t['name']:<52} {shown(t['value']):>14}  target {t['target']!s:<12} {'pass' if t['pass'] else 'FAIL'}"
               + (f"  ({'; '.join(t['failed'])})" if t.get("failed") else "") for t in targets]
+    lines += ["", "## new slop: the edited replies' phrases against the base replies' (same prompts and seeds)"]
+    if r.new_slop is None or not r.new_slop.phrases:
+        c = r.new_slop.config if r.new_slop is not None else None
+        lines.append("  none over-used" + (f" (z >= {c.min_z:g}, log-odds >= {c.min_log_odds:g}, in {c.min_docs}+ replies)"
+                                           if c else " (no words on one side)"))
+    lines += [f"  {p.phrase!r:<40} z {p.z:6.2f}  edited {p.model_count} ({p.model_per_1k:.2f}/1k words)  base "
+              f"{p.human_count} ({p.human_per_1k:.2f}/1k)" for p in (r.new_slop.phrases if r.new_slop else ())]
     lines += ["", "time: " + ", ".join(f"{k} {v:.0f} s" for k, v in r.seconds.items())]
     return obj, "\n".join(lines)
