@@ -186,16 +186,19 @@ def write_gguf(path, metadata: Mapping[str, Any], tensors: Mapping[str, TensorDa
 def synthetic_model(path, *, tail: str = "rmsnorm", vocab: int = 300, n: int = 256, h: int = 64,
                     layers: int = 2, tied: bool = False, head_type: str = "Q6_K", d_lo: int = 32,
                     seed: int = 0, metadata: Mapping[str, Any] | None = None,
-                    overwrite: bool = False) -> WrittenGGUF:
+                    overwrite: bool = False, down_type: str = "Q8_0", post_norm: bool = False) -> WrittenGGUF:
     """A small model-shaped GGUF with random weights and a `vocab`-token table, for tests and benches.
 
-    tail "rmsnorm": output_norm + output (or tied token_embd) + blk.L.ffn_down (Q8_0);
-    tail "hc4": output_hc_norm (F32) / _down / _up (BF16) + output + blk.L.ffn_down_shexp (Q8_0).
+    tail "rmsnorm": output_norm + output (or tied token_embd) + blk.L.ffn_down (`down_type`), and
+    with `post_norm` a Gemma-style blk.L.post_ffw_norm (F32, weights of mixed sign);
+    tail "hc4": output_hc_norm (F32) / _down / _up (BF16) + output + blk.L.ffn_down_shexp (`down_type`).
     """
     from exactedit.quant import quantize
 
     if tail not in ("rmsnorm", "hc4"):
         raise QuantError(f"tail must be 'rmsnorm' or 'hc4', got {tail!r}")
+    if post_norm and tail != "rmsnorm":
+        raise QuantError("a post-FFN norm is an rmsnorm tail's (Gemma style)")
     rng = np.random.default_rng(seed)
     arch = "llama" if tail == "rmsnorm" else "hc4test"
 
@@ -217,7 +220,9 @@ def synthetic_model(path, *, tail: str = "rmsnorm", vocab: int = 300, n: int = 2
     down = "ffn_down.weight" if tail == "rmsnorm" else "ffn_down_shexp.weight"
     for i in range(layers):
         tensors[f"blk.{i}.attn_norm.weight"] = TensorData.from_f32(1 + rng.standard_normal(n) * 0.1)
-        tensors[f"blk.{i}.{down}"] = q("Q8_0", n, h)
+        tensors[f"blk.{i}.{down}"] = q(down_type, n, h)
+        if post_norm:
+            tensors[f"blk.{i}.post_ffw_norm.weight"] = TensorData.from_f32(1 + rng.standard_normal(n) * 0.5)
     if tail == "rmsnorm":
         tensors["output_norm.weight"] = TensorData.from_f32(1 + rng.standard_normal(n) * 0.1)
     else:

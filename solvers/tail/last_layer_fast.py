@@ -35,10 +35,16 @@ def rmsnorm_l47_jax(R, hh, w_down):
     return R + hh @ w_down.T
 
 
+def post_norm_jax(y, w_post, eps):
+    """rmsnorm(y) * w_post over the last axis: the post-FFN norm (Gemma style), traceable (the
+    forward below and the WFLD linearization's VJP through the norm share it)."""
+    return _rms_norm(y, eps) * w_post
+
+
 @jax.jit
 def rmsnorm_post_l47_jax(R, hh, w_down, w_post, eps):
     """R' [T, n] = R + rmsnorm(hh @ w_down^T) * w_post (Gemma-style post-FFN norm), traceable."""
-    return R + _rms_norm(hh @ w_down.T, eps) * w_post
+    return R + post_norm_jax(hh @ w_down.T, w_post, eps)
 
 
 def _f32(x):

@@ -1,7 +1,10 @@
 """The edit's strength against its specificity: the frontier of an edit scaled per phrase.
 
 The edit's first Gauss-Newton round is linear in its targets, so it is the sum of one edit per
-phrase, dW_p (that phrase's targets, every hold at 0). At a strength vector s the tensor is
+phrase, dW_p (that phrase's targets, every hold at 0). The parts add up in dW, not in the logits:
+the tail is nonlinear in dW (the final norm and head; a post-FFN norm, Gemma style, before them),
+so a point's logits are never a sum of per-phrase effects and every point is scored through the
+exact tail. At a strength vector s the tensor is
 W + sum_p s_p dW_p (float, before shipping) and, on rows the solve never acted on, exactly (the
 full tail and a full-vocabulary pass per point):
 - the cut: per phrase, 1 - mean p'(rejected) / mean p(rejected) over its slop positions

@@ -1,7 +1,8 @@
 """The WFLD solve: the least-energy edit dW (n x h) that moves given logits by given amounts.
 
 Every condition k is linear in dW after linearization: <dW, u_k hh_k^T> = b_k (row slot_k, token
-token_k; u from `solvers.wfld.jacobian`). With the background metric C (h x h: the anchors' hh
+token_k; u from `solvers.wfld.jacobian`: the head's VJP, through a post-FFN norm's Jacobian at the
+point where the tail has one). With the background metric C (h x h: the anchors' hh
 covariance plus ridge * mean(diag) * I) and the collateral null space span(B) folded in,
     minimize tr(dW C dW^T)  subject to  dW B = 0  and the K conditions,
 whose solution lies in the span of the rank-1 conditions:
@@ -15,6 +16,11 @@ targets `target_eps`, so an infeasible target (its hh inside the null space) sta
 `gauss_newton` repeats: linearize at the edit as shipped (the tensor's quantization, by `ship`:
 a plain round trip, `Shipper`, or codes chosen to keep the conditions, `solvers.wfld.ship`), solve for the whole
 dW with the conditions' total targets, ship, re-score exactly through the nonlinear head.
+Round i solves <dW, U_i hh> = target - (l(W_i) - l(W_0)) + <dW_i, U_i hh>, the first-order model of
+l at the shipped point W_i = W_0 + dW_i; nothing assumes R' affine in dW, so a post-FFN norm (Gemma
+style: R' = R + rmsnorm(W hh) * w_post) converges the same way as long as U_i is the exact
+Jacobian at W_i (tests/solvers/wfld/test_jacobian.py checks it by finite differences; the rounds
+converge quadratically in float, tests/solvers/wfld/test_gauss_newton.py).
 """
 from __future__ import annotations
 

@@ -1,14 +1,23 @@
 """Linearized logits of the tail in the edited weight: one vector-Jacobian product per token.
 
 At row t the edit dW enters only through z_t = dW @ hh_t (SPEC.md section 5):
-    hc4:      R'_c = R_c + (yr + s_t (W + dW) hh_t) g_tc,  s_t = sigmoid(sgv_t), g_tc = 2 sigmoid(inj_tc / 4)
-    rmsnorm:  R'   = R + (W + dW) hh_t                        (s_t = 1, one stream, g = 1)
+    hc4:        R'_c = R_c + (yr + s_t (W + dW) hh_t) g_tc,  s_t = sigmoid(sgv_t), g_tc = 2 sigmoid(inj_tc / 4)
+    rmsnorm:    R'   = R + (W + dW) hh_t                        (s_t = 1, one stream, g = 1)
+    post-norm:  R'   = R + w_post * y_t / rms(y_t),  y_t = (W + dW) hh_t   (Gemma-style post-FFN norm)
 so the first-order change of logit v is <dW, u_tv hh_t^T> with
-    u_tv = s_t * sum_c g_tc * (d l_v / d R'_c)    in R^n,
-d l_v / d R' being the head's VJP with cotangent W_out[v] (times 1 - tanh^2 under a softcap).
-`head_vjp_ref` is the numpy float64 analytic VJP (the reference); `head_vjp_jax` the JAX autodiff
-fast path through `solvers.tail.head_fast`; a test table compares both with finite differences.
-A post-FFN norm (Gemma style) makes R' nonlinear in dW and is refused.
+    u_tv = s_t * sum_c g_tc * (d l_v / d R'_c)    in R^n                          (hc4, rmsnorm)
+    u_tv = J_post(y_t)^T (d l_v / d R')                                          (post-norm)
+d l_v / d R' being the head's VJP with cotangent W_out[v] (times 1 - tanh^2 under a softcap), and
+J_post the RMSNorm's full Jacobian at y_t = W hh_t (W the weights linearized at), normalization
+term included: with r = 1 / sqrt(mean(y^2) + eps) and c a cotangent,
+    J_post(y)^T c = r (w_post * c) - r^3 / n * y (y . (w_post * c)).
+A post-norm tail's R' is not affine in dW, but it is a smooth function of dW @ hh_t alone, so the
+linearization is exact to first order at the point it is taken; Gauss-Newton
+(`solvers.wfld.gauss_newton`) re-linearizes at the shipped point each round and re-scores exactly.
+`head_vjp_ref` / `post_norm_vjp_ref` are the numpy float64 analytic VJPs (the reference);
+`head_vjp_jax` / `post_norm_vjp_jax` the JAX autodiff fast paths through `solvers.tail.head_fast`
+and `solvers.tail.last_layer_fast.post_norm_jax` (the forward's own norm); a test table compares
+both with finite differences of the exact forward.
 """
 from __future__ import annotations
 
@@ -21,8 +30,8 @@ import numpy as np
 
 from exactedit.solvers.tail import head_ref
 from exactedit.solvers.tail import head_fast
+from exactedit.solvers.tail import last_layer_fast as l47_fast
 from exactedit.solvers.tail.buckets import map_rows
-from exactedit.solvers.wfld.config import WfldError
 from exactedit.solvers.tail.last_layer_ref import sigmoid, stream_gates
 
 CHUNK = 64  # rows per VJP batch
@@ -68,17 +77,19 @@ def editable_weight(tail) -> np.ndarray:
     """The runtime view of the tensor the edit adds to, [n, h] float32."""
     if tail.kind == "hc4":
         return np.asarray(tail.l47.w_sd)
-    if tail.l47.w_post is not None:
-        raise WfldError(tail.path, "post_ffn_norm", "a post-FFN norm makes R' nonlinear in dW; "
-                        "wfld needs R' affine in dW (hc4, or rmsnorm without a post-FFN norm)")
     return np.asarray(tail.l47.w_down)
 
 
+def has_post_norm(tail) -> bool:
+    """Whether the FFN output goes through a post-FFN norm before the residual add (Gemma style)."""
+    return tail.kind != "hc4" and tail.l47.w_post is not None
+
+
 def ffn_gains(tail, rs: RowSet) -> tuple[np.ndarray, np.ndarray]:
-    """(s [T], g [T, S]) float64: how dW @ hh reaches each stream of R'."""
+    """(s [T], g [T, S]) float64: how dW @ hh reaches each stream of R' (before a post-FFN norm,
+    whose Jacobian `linearize` applies on top: s = g = 1 there)."""
     if tail.kind == "hc4":
         return sigmoid(rs.sgv), stream_gates(rs.inj)
-    editable_weight(tail)  # refuses a post-FFN norm
     return np.ones(rs.rows), np.ones((rs.rows, 1))
 
 
@@ -176,6 +187,43 @@ def head_vjp_jax(tail, Rp, cot) -> np.ndarray:
     return np.asarray(out, dtype=np.float64)
 
 
+# ---- the post-FFN norm's VJP: R' = R + rmsnorm(y) * w_post at y = W hh -----------------------------
+
+def post_norm_vjp_ref(y, w_post, eps: float, cot) -> np.ndarray:
+    """J_post(y)^T c [T, m, n] float64 for cotangents `cot` [T, m, n] at y [T, n]: the analytic
+    VJP of y -> w_post * y / sqrt(mean(y^2) + eps), normalization term included (module doc)."""
+    y = np.asarray(y, dtype=np.float64)
+    wc = np.asarray(cot, dtype=np.float64) * np.asarray(w_post, dtype=np.float64)          # [T, m, n]
+    r = 1.0 / np.sqrt(np.mean(y * y, axis=-1, keepdims=True) + eps)                     # [T, 1]
+    dot = np.sum(wc * y[:, None, :], axis=-1, keepdims=True)                            # [T, m, 1]
+    return r[:, None] * wc - (r ** 3)[:, None] / y.shape[-1] * y[:, None, :] * dot
+
+
+@jax.jit
+def _post_vjp(hh, cot, w_down, w_post, eps):
+    _, pull = jax.vjp(lambda y: l47_fast.post_norm_jax(y, w_post, eps), hh @ w_down.T)
+    return _pull_each(pull, cot)
+
+
+def post_norm_vjp_jax(tail, hh, cot) -> np.ndarray:
+    """Same as `post_norm_vjp_ref` at y = hh @ W^T (W the tail's w_down), float32 through JAX
+    autodiff of the forward's own norm (returned as float64); bucketed rows as `head_vjp_jax`."""
+    f32 = lambda x: jnp.asarray(np.asarray(x), dtype=jnp.float32)  # noqa: E731
+    p = tail.l47
+    out = map_rows(_post_vjp, [np.asarray(hh, np.float32), np.asarray(cot, np.float32)], f32(p.w_down),
+                   f32(p.w_post), jnp.float32(p.eps))
+    return np.asarray(out, dtype=np.float64)
+
+
+def post_norm_vjp(tail, hh, cot, *, reference: bool) -> np.ndarray:
+    """u = J_post(W hh)^T cot [T, m, n] float64 for a post-norm tail (reference: numpy float64)."""
+    if not reference:
+        return post_norm_vjp_jax(tail, hh, cot)
+    p = tail.l47
+    y = np.asarray(hh, dtype=np.float64) @ np.asarray(p.w_down, dtype=np.float64).T
+    return post_norm_vjp_ref(y, p.w_post, p.eps, cot)
+
+
 # ---- logits and condition vectors at selected rows ------------------------------------------------
 
 class Linearization(NamedTuple):
@@ -187,13 +235,15 @@ class Linearization(NamedTuple):
 
 def linearize(tail, rs: RowSet, tokens, *, backend: str = "jax", head_cache: dict | None = None) -> Linearization:
     """Logits l_tv of `tokens` [T, m] at the RowSet's rows through `tail` (whose weights are the
-    point of linearization), and u_tv with l_v(W + dW) ~ l_v(W) + u_tv . (dW @ hh_t).
+    point of linearization), and u_tv with l_v(W + dW) ~ l_v(W) + u_tv . (dW @ hh_t) (through the
+    post-FFN norm's Jacobian at W hh_t where the tail has one).
     `head_cache` (owned by the caller, for one head) keeps head rows already read."""
     tokens = np.asarray(tokens, dtype=np.int64)
     T, m = tokens.shape
     reference = backend == "numpy"
     vjp = head_vjp_ref if reference else head_vjp_jax
     s, g = ffn_gains(tail, rs)
+    post = has_post_norm(tail)
     cache = head_cache if head_cache is not None else {}
     missing = [int(i) for i in np.unique(tokens[tokens >= 0]) if int(i) not in cache]
     if missing:
@@ -217,6 +267,8 @@ def linearize(tail, rs: RowSet, tokens, *, backend: str = "jax", head_cache: dic
         dR = vjp(tail, Rp, cot)
         if tail.kind == "hc4":
             u[a:b] = s[a:b, None, None] * np.einsum("tmcn,tc->tmn", dR, g[a:b])
+        elif post:
+            u[a:b] = post_norm_vjp(tail, rs.hh[a:b], dR, reference=reference)
         else:
             u[a:b] = dR
         logits[a:b] = np.where(tokens[a:b] >= 0, lg, np.nan)

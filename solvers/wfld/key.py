@@ -1,8 +1,10 @@
 """The edit's key: which input directions (hh space) of the FFN down projection a WFLD edit may use.
 
-An edit dW (n x h) changes row t's residual by dW hh_t, so what decides where it acts is its input
-side. The min-norm solve (solvers.wfld.gauss_newton) puts every condition's key at M hh_k, M the
-background metric's inverse restricted to the null space: "a context where this word is likely".
+An edit dW (n x h) changes row t's FFN output y_t = W hh_t by dW hh_t (the residual by that, or by
+a post-FFN norm's response to it), so what decides where it acts is its input side: dW hh = 0
+leaves y_t, hence R'_t, exactly unchanged, post-FFN norm or not. The min-norm solve
+(solvers.wfld.gauss_newton) puts every condition's key at M hh_k, M the background metric's inverse
+restricted to the null space: "a context where this word is likely".
 A specific edit acts after the phrase's prefix and not at the word's other contexts, so it needs
 directions that separate the two. With a key space Q (h x q, orthonormal columns) the edit is
 restricted to dW = D Q^T and the solve is today's one in q coordinates:

@@ -17,6 +17,14 @@ error per row, so `hold_weight` says how many times more a held direction counts
 background. `quant.feedback.ship_rows` then chooses each edited row's codes within the row's
 original block scales (on which the unedited weights are exact) by error feedback in H, and
 keeps per row the best of that, nearest rounding and ggml's own quantizer, scored in H.
+
+Through a post-FFN norm (Gemma style, R' = R + rmsnorm(y) * w_post, y = W hh) the error reaches R'
+as J_post(y) E hh = w_post * (r E hh - r^3 / n * y (y . E hh)): row r of E scaled by w_post[r] * r
+(a factor per row, which leaves each row's choice of codes unchanged) less a radial part that mixes
+the rows and that H, being per row, does not see. H stays a weighting for choosing codes; what the
+report gives as shipped is exact (every Gauss-Newton round re-scores the shipped bytes through the
+norm and the head), and the held uses' relative error ||E h|| / ||W0 h|| is the relative change of
+the norm's input y there (of which the component along y itself drops out of the norm's output).
 """
 from __future__ import annotations
 

@@ -39,7 +39,9 @@ def condition_phrase(problem: WfldProblem) -> np.ndarray:
 
 def scaled(problem: WfldProblem, scale) -> WfldProblem:
     """The same problem with every target multiplied by `scale`: one number, or one per phrase
-    (the targets at that phrase's FTPO rows); the holds' targets are 0 and stay held."""
+    (the targets at that phrase's FTPO rows); the holds' targets are 0 and stay held. The targets
+    are logit changes, solved for from the base by Gauss-Newton and re-scored exactly, so a scaled
+    problem is exact whatever the tail's curvature (not a scaled edit)."""
     sv = np.asarray(scale, dtype=np.float64)
     if sv.ndim == 0:
         factor = np.full(problem.cond.size, float(sv))
@@ -51,7 +53,9 @@ def scaled(problem: WfldProblem, scale) -> WfldProblem:
 
 def phrase_parts(problem: WfldProblem, phrases: int) -> list[np.ndarray]:
     """Per phrase, the first Gauss-Newton round's edit for that phrase's targets alone (every other
-    target and every hold at 0), at the base linearization: their sum is that round's edit."""
+    target and every hold at 0), at the base linearization: their sum is that round's edit, in dW
+    (their effects on the logits do not add up through the nonlinear tail, post-FFN norm or not:
+    `frontier` scores every combination exactly)."""
     ph = condition_phrase(problem)
     bs = np.stack([np.where(ph == p, problem.cond.target, 0.0) for p in range(phrases)], axis=1)
     return wfld.min_norm_parts(problem.base.U, problem.hh, problem.M, bs, problem.cond.eps)

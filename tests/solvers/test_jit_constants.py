@@ -102,7 +102,8 @@ def test_head_vjps_capture_no_array():
     hc4 = lowered_text(jacobian._hc4_vjp, _f32(64, 4, N), _f32(64, 8, N), _f32(4, N), _f32(D_LO, 4 * N),
                        _f32(4 * N, D_LO), eps)
     rms = lowered_text(jacobian._rms_vjp, _f32(64, N), _f32(64, 8, N), _f32(N), eps)
-    assert large_constants(hc4) == [] and large_constants(rms) == []
+    post = lowered_text(jacobian._post_vjp, _f32(64, H), _f32(64, 8, N), _f32(N, H), _f32(N), eps)
+    assert large_constants(hc4) == [] and large_constants(rms) == [] and large_constants(post) == []
 
 
 def test_head_solver_steps_capture_no_array():

@@ -1,7 +1,11 @@
-"""A tiny synthetic hc4 world for the wfld tests: a GGUF with a word-level byte-BPE token table,
+"""A tiny synthetic world for the wfld tests: a GGUF with a word-level byte-BPE token table,
 and dumps whose token streams plant the banned phrases (in several tokenizations), their
 legitimate uses and chat turns. Activations are random (seeded): the tests check the solver's
 algebra and bookkeeping, not what a real model would say (the bundled fixture does that).
+
+Tails (`build_world(root, tail=...)`): "hc4" (the production tail, Q8_0 W_sd, h = 32) or "post"
+(an rmsnorm tail with a Gemma-style post-FFN norm, R' = R + rmsnorm(W_down hh) * w_post, its
+ffn_down in Q6_K, h = 256: a Q6_K row needs whole super-blocks of 256).
 """
 from __future__ import annotations
 
@@ -26,6 +30,8 @@ PHRASES = ("end to end", "rather than", "right away")
 CHATML_TEMPLATE = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
                    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 N, H, D_LO = 256, 32, 32
+H_POST = 256        # hh width of the "post" tail (Q6_K rows are whole 256-wide super-blocks)
+TAILS = ("hc4", "post")
 
 
 def _enc(text: str) -> str:
@@ -73,10 +79,14 @@ def chat(ids: Ids, *replies: str) -> list[int]:
     return out
 
 
-def build_model(path) -> Path:
+def build_model(path, tail: str = "hc4") -> Path:
+    if tail not in TAILS:
+        raise ValueError(f"tail must be one of {TAILS}, got {tail!r}")
     tokens, types = vocab()
     u32 = GGUFValueType.UINT32
-    synthetic_model(path, tail="hc4", vocab=len(tokens), n=N, h=H, d_lo=D_LO, layers=2, seed=7,
+    shape = (dict(tail="hc4", h=H, d_lo=D_LO) if tail == "hc4" else
+             dict(tail="rmsnorm", h=H_POST, down_type="Q6_K", post_norm=True))
+    synthetic_model(path, vocab=len(tokens), n=N, layers=2, seed=7, **shape,
                     metadata={"tokenizer.ggml.tokens": tokens,
                               "tokenizer.ggml.token_type": np.array(types, np.int32),
                               # a chat model's own specials (quant.specials): ChatML turns, eos = turn end
@@ -86,9 +96,10 @@ def build_model(path) -> Path:
     return Path(path)
 
 
-def write_trace(path, docs: list[tuple[str, list[int], tuple[str, ...]]], *, seed: int, hh_of=None) -> Path:
-    """A dump of documents (name, ids, tags); activations random but a function of the seed.
-    `hh_of(token, rng)` may fix the hh of a row from the token it reads."""
+def write_trace(path, docs: list[tuple[str, list[int], tuple[str, ...]]], *, seed: int, hh_of=None,
+                tail: str = "hc4") -> Path:
+    """A dump of documents (name, ids, tags) for the `tail`'s model; activations random but a
+    function of the seed. `hh_of(token, rng)` may fix the hh of a row from the token it reads."""
     tokens, types = vocab()
     strings = [quant_decode(t) for t in tokens]
     special = [i for i, t in enumerate(types) if t == 3]
@@ -103,26 +114,31 @@ def write_trace(path, docs: list[tuple[str, list[int], tuple[str, ...]]], *, see
         roles.append(infer_roles(np.asarray(d_ids), strings, special))
         infos.append(DocInfo(name, a, len(d_ids), name.split("-")[0], "synthetic", tags))
         a = b
-    hh = rng.standard_normal((T, H)).astype(np.float32)
+    hh = rng.standard_normal((T, H if tail == "hc4" else H_POST)).astype(np.float32)
     if hh_of is not None:
         hh = np.stack([hh_of(int(t), rng) for t in ids]).astype(np.float32)
-    fields = {"tokens": ids, "next": nxt, "R": rng.standard_normal((T, 4, N)).astype(np.float32),
-              "inj": rng.standard_normal((T, 4)).astype(np.float32), "hh": hh,
-              "sgv": rng.standard_normal(T).astype(np.float32),
-              "yr": (0.5 * rng.standard_normal((T, N))).astype(np.float32),
+    if tail == "hc4":
+        fields = {"tokens": ids, "next": nxt, "R": rng.standard_normal((T, 4, N)).astype(np.float32),
+                  "inj": rng.standard_normal((T, 4)).astype(np.float32), "hh": hh,
+                  "sgv": rng.standard_normal(T).astype(np.float32),
+                  "yr": (0.5 * rng.standard_normal((T, N))).astype(np.float32),
+                  "roles": np.concatenate(roles)}
+        return write_dump(path, arch="hc4", layer=1, fields=fields, docs=infos)
+    fields = {"tokens": ids, "next": nxt, "R": rng.standard_normal((T, N)).astype(np.float32), "hh": hh,
               "roles": np.concatenate(roles)}
-    return write_dump(path, arch="hc4", layer=1, fields=fields, docs=infos)
+    return write_dump(path, arch="rmsnorm", layer=1, fields=fields, docs=infos)
 
 
 def quant_decode(token: str) -> str:
     return token if token in SPECIALS else token.replace("\u0120", " ").replace("\u010a", "\n")
 
 
-def build_world(root) -> dict[str, Path]:
-    """model.gguf, phrases.txt and dumps train / heldout / collateral / anchors under `root`."""
+def build_world(root, tail: str = "hc4") -> dict[str, Path]:
+    """model.gguf, phrases.txt and dumps train / heldout / collateral / anchors under `root`, for
+    the `tail` (TAILS)."""
     root = Path(root)
     ids = Ids()
-    out = {"model": build_model(root / "model.gguf")}
+    out = {"model": build_model(root / "model.gguf", tail)}
     (root / "phrases.txt").write_text("# banned\n" + "\n".join(PHRASES) + "\n")
     out["phrases"] = root / "phrases.txt"
     slop = ["we should test it end to end.", "it is better to do it now rather than later.",
@@ -130,15 +146,15 @@ def build_world(root) -> dict[str, Path]:
             "we can test it right away.", "it takes more than an hour.", "keep it far away.",
             "at the end of the day, it is here.", "we can do it right now."]
     train = [(f"train-{i}", chat(ids, *slop[i % 10:] + slop[:i % 10]), ("chat", "slop")) for i in range(2)]
-    out["train"] = write_trace(root / "train", train, seed=1)
+    out["train"] = write_trace(root / "train", train, seed=1, tail=tail)
     held = [("heldout-a", chat(ids, "we test the weekend end to end.", "go right away.",
                                 "do it soon rather than later.", "it takes more than a day."), ("chat", "slop"))]
-    out["heldout"] = write_trace(root / "heldout", held, seed=2)
+    out["heldout"] = write_trace(root / "heldout", held, seed=2, tail=tail)
     coll = [("collateral-a", ids.text("at the end of the day, it is more than an hour. keep it far away. "
                                       "the end of it is far away, more than a day.\n"), ("plain", "collateral"))]
-    out["collateral"] = write_trace(root / "collateral", coll, seed=3)
+    out["collateral"] = write_trace(root / "collateral", coll, seed=3, tail=tail)
     anchors = [("anchor-plain", ids.text("the day is here. we go at an hour. keep this. it is the way.\n"),
                 ("anchor", "plain")),
                ("anchor-chat", chat(ids, "sure, we can do this today.", "it is here."), ("anchor", "chat"))]
-    out["anchors"] = write_trace(root / "anchors", anchors, seed=4)
+    out["anchors"] = write_trace(root / "anchors", anchors, seed=4, tail=tail)
     return out
