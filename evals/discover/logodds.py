@@ -30,6 +30,8 @@ import numpy as np
 
 from exactedit.evals.discover.tokens import is_punct
 
+#: the least background share left to the rest of the vocabulary beside one gram
+REST_MIN = 1e-9
 #: wordfreq's smallest frequency in its large English list: unknown words get this much
 WORDFREQ_FLOOR = 1e-8
 
@@ -45,17 +47,22 @@ def log_odds(y_m, y_h, n_m, n_h, alpha, alpha_total) -> LogOdds:
     y_m, y_h, alpha = (np.asarray(x, np.float64) for x in (y_m, y_h, alpha))
     n_m, n_h, alpha_total = (np.asarray(x, np.float64) for x in (n_m, n_h, alpha_total))
     am, ah = y_m + alpha, y_h + alpha
-    delta = (np.log(am) - np.log(n_m + alpha_total - am)) - (np.log(ah) - np.log(n_h + alpha_total - ah))
+    rest_m = (n_m - y_m) + (alpha_total - alpha)       # n + a_tot - y - a, grouped so that a rest
+    rest_h = (n_h - y_h) + (alpha_total - alpha)       # much smaller than a_tot loses no digits
+    if not (np.all(alpha > 0) and np.all(rest_m > 0) and np.all(rest_h > 0)):
+        raise ValueError("log_odds needs alpha > 0 and n + alpha_total - y - alpha > 0 on both sides")
+    delta = (np.log(am) - np.log(rest_m)) - (np.log(ah) - np.log(rest_h))
     var = 1.0 / am + 1.0 / ah
     return LogOdds(delta, var, delta / np.sqrt(var))
 
 
 def prior(p, alpha0: float, alpha_min: float) -> tuple[np.ndarray, np.ndarray]:
     """(alpha, alpha_total) per gram: alpha0 * p floored at alpha_min; the total is the gram's alpha
-    plus the rest's background mass alpha0 * (1 - p)."""
+    plus the rest's background mass alpha0 * (1 - p), kept at least alpha0 * REST_MIN (a gram whose p
+    rounds to 1 would leave the rest nothing, and a side made of that gram alone a log of 0)."""
     p = np.asarray(p, np.float64)
     alpha = np.maximum(alpha0 * p, alpha_min)
-    return alpha, alpha + alpha0 * (1.0 - p)
+    return alpha, alpha + alpha0 * np.maximum(1.0 - p, REST_MIN)
 
 
 def normalized(logp) -> np.ndarray:

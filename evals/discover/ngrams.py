@@ -9,11 +9,12 @@
 
 The stream holds the model's texts first, then the human ones, each text's sentences (tokens.py)
 separated by -1, so no n-gram crosses a sentence or a text. Every token has a surface id (as
-written, quotes normalized) and a key id (what is counted). The key folds case at a sentence start
-only: a Titlecase first token ("Here's", "However") counts as its lowercase-first form, unless the
-capitalized form is at least as common as the folded one in mid-sentence (a name, "I", "Python"),
-which stays as written. Nothing else changes case, so "Here's an example" opening a sentence and
-"here's an example" inside one are one phrase, and "US" is never "us".
+written, quotes normalized) and a key id (what is counted). The key folds case at a clause start
+only (a sentence's first token, or one right after "(" or ":" as in "Note: Here's"): a Titlecase
+token there ("Here's", "However") counts as its lowercase-first form, unless the capitalized form
+is more common than the folded one in mid-sentence (a name: "Python"); the pronoun I ("I", "I'm")
+never folds. Nothing else changes case, so "Here's an example" opening a sentence and "here's an
+example" inside one are one phrase, and "US" is never "us".
 
 Orders are built one on another: the n-gram starting at position i is the pair (its first n-1
 tokens' id at order n-1, the key of token i+n-1), and np.unique numbers the pairs. Counts, the
@@ -30,6 +31,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from exactedit.evals.discover.tokens import is_punct, sentences
+
+#: a token right after one of these starts a clause (its case folds as at a sentence start)
+CLAUSE_OPENERS = frozenset({"(", ":"})
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,10 @@ class Level:
 
 
 def _fold(tok: str) -> str:
-    """"Here's" -> "here's"; anything not Titlecase ("IBM", "iPhone", "the", ",") unchanged."""
+    """"Here's" -> "here's"; anything not Titlecase ("IBM", "iPhone", "the", ",") and the pronoun I
+    ("I", "I'm", "I've") unchanged."""
+    if tok == "I" or tok.startswith("I'"):
+        return tok
     if len(tok) > 0 and tok[0].isupper() and tok[1:] == tok[1:].lower():
         return tok[0].lower() + tok[1:]
     return tok
@@ -96,7 +103,7 @@ def encode(model_texts: Sequence[str], human_texts: Sequence[str],
             for i, (tok, _, _, sp) in enumerate(sent):
                 sid = vocab.setdefault(tok, len(vocab))
                 surf.append(sid)
-                start.append(i == 0 or (i == 1 and sent[0][0] == "("))
+                start.append(i == 0 or sent[i - 1][0] in CLAUSE_OPENERS)
                 space.append(sp)
                 doc.append(d)
             surf.append(-1)

@@ -25,7 +25,8 @@ def _sources(sources: dict[str, int], shown: int = 3) -> str:
 def render_discovery(d: Discovery) -> str:
     """The ranked phrases as a table, under the two corpora's sizes and the settings."""
     c = d.config
-    out = [f"model text: {d.model.texts} texts, {d.model.words} words ({len(d.model.sources)} sources); "
+    k = len(d.model.sources)
+    out = [f"model text: {d.model.texts} texts, {d.model.words} words ({k} source{'s' if k != 1 else ''}); "
            f"human text: {d.human.texts} texts, {d.human.words} words",
            f"log-odds with a {c.background} prior (alpha0 {c.alpha0:g}, floor {c.alpha_min:g}); grams of 1-{c.max_n} "
            f"tokens (extended to {c.max_len}) seen {c.min_count}+ times, z >= {c.min_z:g}"]

@@ -92,7 +92,7 @@ class _Splitter:
     def close(self) -> None:
         if any(not is_punct(t[0]) for t in self.cur):      # a run of punctuation alone is no sentence
             self.out.append(self.cur)
-            self.cur = []
+        self.cur = []
         self.ending = False
 
     def line(self, lo: int, hi: int) -> None:
