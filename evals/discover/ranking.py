@@ -161,7 +161,8 @@ def discover(model_texts: Sequence[Text | str], human_texts: Sequence[Text | str
     scores = _score_levels(stream, levels, cfg)
     chosen = _select(stream, levels, scores, cfg)
     words = (stream.words(True), stream.words(False))
-    phrases = tuple(_phrase(stream, levels, scores, n, g, model, words) for n, g in chosen)
+    where = {n: occurrences(stream, levels[n - 1], [g for k, g in chosen if k == n]) for n in {n for n, _ in chosen}}
+    phrases = tuple(_phrase(stream, levels, scores, n, g, where[n][g], model, words) for n, g in chosen)
     notes = []
     if words[1] < 10 * cfg.alpha0:
         notes.append(f"the human text is small ({words[1]} words against alpha0 {cfg.alpha0:g}): the prior pulls "
@@ -250,9 +251,9 @@ def _redundant(levels: list[Level], listed: dict[tuple[int, int], float], share:
     return dropped
 
 
-def _phrase(stream: Stream, levels, scores, n: int, g: int, model: list[Text], words) -> Phrase:
+def _phrase(stream: Stream, levels, scores, n: int, g: int, pos, model: list[Text], words) -> Phrase:
+    """The listed gram g of order n, its model positions `pos`, as a Phrase."""
     lv, sc = levels[n - 1], scores[n - 1]
-    pos = occurrences(stream, lv, [g])[g]
     sources = Counter(model[int(stream.doc[p])].source for p in pos)
     first = int(lv.first[g])
     text = model[int(stream.doc[first])].text

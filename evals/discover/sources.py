@@ -165,7 +165,7 @@ def _wanted(speaker: str, side: str) -> bool:
 
 def _decode(path: Path, data: bytes, field: str) -> str:
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")            # a leading byte-order mark is no text
     except UnicodeDecodeError as exc:
         raise DiscoverError(path, field, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 

@@ -33,8 +33,8 @@ import re
 Tok = tuple[str, int, int, bool]
 
 # curly quotes and apostrophes -> straight ones (one character each: offsets stay valid)
-_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'", "\u2032": "'",
-                         "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u201f": '"', "\u2033": '"'})
+_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'",
+                         "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u201f": '"'})
 
 _TOKEN = re.compile(r"""
     (?P<url>(?:https?|ftp)://[^\s<>()\[\]"'`]*[^\s<>()\[\]"'`.,;:!?]|www\.[^\s<>()\[\]"'`]*[^\s<>()\[\]"'`.,;:!?])

@@ -9,7 +9,8 @@ import math
 
 import pytest
 
-from exactedit.evals.discover.ranking import DiscoverConfig, Discovery, discover
+from exactedit.evals.discover.ngrams import count_grams, encode, gram_table
+from exactedit.evals.discover.ranking import DiscoverConfig, Discovery, _score_levels, discover
 from exactedit.evals.discover.sources import DiscoverError, Text
 from tests.evals.discover.synth import corpus
 
@@ -39,6 +40,25 @@ def test_planted_phrases_rank_first_with_their_exact_counts(planted, background)
     assert d.model.words > 2 * d.human.words > 0 and h_planted[SHARED] > 30      # the sizes differ
 
 
+def test_the_wordfreq_prior_biases_toward_the_larger_corpus_by_alpha0_as_documented():
+    """A phrase both sides use at one rate, rare in English, with 6x more model text: the wordfreq
+    prior's delta is log((n_h + a0) / n_h) - log((n_m + a0) / n_m) (docs/discover.md), small at the
+    default alpha0 and listed at 100,000; the pooled background has no such bias."""
+    model, _ = corpus(31, 600, {"quarterly report": 0.2})
+    human, _ = corpus(32, 100, {"quarterly report": 0.2})
+    stream = encode(model, human)
+    levels = count_grams(stream, 2)
+    g = list(gram_table(stream, levels, 2)).index(("quarterly", "report"))
+    n_m, n_h = levels[1].model.sum(), levels[1].human.sum()
+    for a0 in (1000.0, 10_000.0, 100_000.0):
+        wf = _score_levels(stream, levels, DiscoverConfig(alpha0=a0, max_n=2, max_len=2))[1]
+        pooled = _score_levels(stream, levels, DiscoverConfig(alpha0=a0, max_n=2, max_len=2, background="human"))[1]
+        assert abs(wf.delta[g] - (math.log((n_h + a0) / n_h) - math.log((n_m + a0) / n_m))) < 0.03
+        assert abs(pooled.delta[g]) < 0.01
+    assert wf.z[g] > 10 and "quarterly report" in {p.phrase for p in discover(model, human, alpha0=100_000.0).phrases}
+    assert "quarterly report" not in {p.phrase for p in discover(model, human).phrases}
+
+
 def test_corpora_differing_by_chance_list_no_phrase():
     d = discover(corpus(3, 300)[0], corpus(4, 150)[0], top=50)
     assert [p.phrase for p in d.phrases if p.n > 1] == []
@@ -55,8 +75,16 @@ def test_a_phrase_longer_than_max_n_grows_by_extension():
     d = discover(model, human, max_n=5, max_len=6)
     longest = max(d.phrases, key=lambda p: p.n)
     assert longest.n == 6 and longest.phrase.lower() in long
-    d = discover(model, human, max_n=5, max_len=8, min_z=50.0)    # extension needs over-used sub-grams
-    assert d.phrases == ()
+
+
+def test_extension_needs_both_sub_grams_over_used():
+    """"delve into the": "delve into" is over-used, "into the" is not (the human says it as often), so
+    past max_n = 2 the trigram is no candidate; scored directly (max_n = 3) it is listed."""
+    model, _ = corpus(14, 300, {"delve into the": 0.05, "into the": 0.02})
+    human, _ = corpus(15, 150, {"into the": 0.2})
+    assert "delve into the" in {p.phrase.lower() for p in discover(model, human, max_n=3).phrases}
+    listed = {p.phrase.lower() for p in discover(model, human, max_n=2, max_len=3).phrases}
+    assert "delve into" in listed and "delve into the" not in listed
 
 
 def test_redundancy_keeps_the_longer_gram_when_it_holds_nearly_every_use():

@@ -143,7 +143,7 @@ def test_bad_bytes_and_bad_json_files(tmp_path):
     g.write_text('[{"text": "ok"},\n {"text": ]')
     with pytest.raises(DiscoverError, match=r"top\.json: json: not valid JSON"):
         model_texts([g])
-    g.write_text('{"messages": [{"role": "assistant", "content": "one record"}]}')
+    g.write_bytes(b'\xef\xbb\xbf{"messages": [{"role": "assistant", "content": "one record"}]}')   # a BOM
     assert [t.text for t in model_texts([g])] == ["one record"]
 
 
