@@ -391,27 +391,48 @@ def demo_cmd(out, fixture, model, phrases, top, prompts, rate_prompts, watch, te
               help="The prior's background: English word frequencies, or both corpora pooled.")
 @click.option("--alpha0", default=1000.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="The prior's weight in grams (keep it well below your text's word count).")
+@click.option("--min-z", default=3.0, show_default=True, type=float,
+              help="Listed: z at least this (with little text of your own, z stays small: see docs/discover.md).")
 @click.option("--sides", default=None, metavar="SIDE,...",
               help="Of reply records with a side (replies.json: base, edited), only these.")
 @click.option("--png", type=click.Path(dir_okay=False), help="Write a chart of the top phrases here.")
+@click.option("--model", type=MODEL, default=None,
+              help="GGUF path or public model name: each phrase's tokens, whether its last word is one token, "
+                   "and its ban point measured by the model (p of the last word after its prefix).")
+@click.option("--contexts", default=4, show_default=True, type=click.IntRange(1),
+              help="With --model: occurrences per phrase the ban point is measured at.")
+@click.option("--certain", default=0.9, show_default=True, type=click.FloatRange(0, 1),
+              help="With --model: a last word this likely after its prefix moves the ban one word earlier.")
 @JSON_FLAG
-def discover_cmd(model_text, human, out, top, min_count, max_n, background, alpha0, sides, png, as_json) -> None:
+def discover_cmd(model_text, human, out, top, min_count, max_n, background, alpha0, min_z, sides, png, model, contexts,
+                 certain, as_json) -> None:
     """Phrases the model over-uses against your own writing: n-grams ranked by the log-odds z with an
-    informative Dirichlet prior (docs/discover.md)."""
-    from exactedit.evals.discover import DiscoverConfig, discover_paths, plot_discovery, render_discovery, write_discovery
+    informative Dirichlet prior (docs/discover.md); with --model, where to ban each one."""
+    from exactedit.evals.discover import (DiscoverConfig, discover, human_texts, model_texts, plot_discovery,
+                                          render_discovery, write_discovery)
 
-    _refuse_clobber({"--out": out, "--png": png}, {"--model-text": model_text, "--human": human})
+    _refuse_clobber({"--out": out, "--png": png}, {"--model-text": model_text, "--human": human,
+                                                  "--model": _existing(model)})
     with _bad_parameter():
         cfg = DiscoverConfig(top=top, min_count=min_count, max_n=max_n, max_len=max(max_n, 8), background=background,
-                             alpha0=alpha0)
+                             alpha0=alpha0, min_z=min_z)
     chosen = None if sides is None else [s.strip() for s in sides.split(",") if s.strip()]
     if chosen == []:
         raise click.BadParameter("expected side names separated by commas", param_hint="--sides")
-    d = with_progress("tokenizing", discover_paths, model_text, human, cfg, sides=chosen)
-    write_discovery(d, out)
+    mt, ht = model_texts(model_text, sides=chosen), human_texts(human)
+    d = with_progress("tokenizing", discover, mt, ht, cfg)
+    text = render_discovery(d)
+    obj = d.to_dict()
+    if model is not None:
+        from exactedit.native.runs import ban_lines, discover_with_model
+
+        obj = with_progress("ban points", discover_with_model, model, mt, ht, cfg, contexts=contexts,
+                            certain=certain)
+        text += "\n\n" + "\n".join(ban_lines(obj["phrases"]))
+    write_discovery(obj, out)
     if png:
         plot_discovery(d, png)
-    emit(d, render_discovery(d) + f"\n\nwrote {out}" + (f" and {png}" if png else ""), as_json, allow_nan=False)
+    emit(obj, text + f"\n\nwrote {out}" + (f" and {png}" if png else ""), as_json, allow_nan=False)
 
 
 @main.command("generate")

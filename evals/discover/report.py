@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 from exactedit.evals.discover.ranking import Discovery
@@ -77,7 +78,9 @@ def plot_discovery(d: Discovery, path, top: int = 30) -> Path:
     return path
 
 
-def write_discovery(d: Discovery, path) -> Path:
-    """The Discovery's JSON, written through `path.tmp` + fsync + rename."""
-    atomic_write_text(path, d.to_json())
+def write_discovery(d: Discovery | dict, path) -> Path:
+    """The Discovery's JSON (or a JSON object built from one, e.g. with ban points added), written
+    through `path.tmp` + fsync + rename."""
+    text = d.to_json() if isinstance(d, Discovery) else json.dumps(d, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+    atomic_write_text(path, text)
     return Path(path)

@@ -54,6 +54,8 @@ class Text:
     text: str
     source: str      # its tag: model / provider, else the file name (":side" for a reply's side)
     where: str       # file, with its line (JSONL) or index (JSON list)
+    prompt: str | None = None   # the user turn it answered, where the file says (a reply's "prompt", the
+                                # user turn before it in a transcript): `discover --model` frames it in chat
 
 
 @dataclass(frozen=True)
@@ -141,17 +143,21 @@ def _read_file(path: Path, side: str, sides, limits: Limits) -> list[Text]:
     records = _jsonl(path, limits) if suffix == ".jsonl" else _json(path)
     kinds: Counter = Counter()
     out = []
+    last_user = None
     for where, rec in records:
         kind, turns = _turns(rec)
         kinds[kind] += 1
         for speaker, text, tag, rec_side in turns:
+            if speaker == "user" and text.strip():
+                last_user = text
             if not _wanted(speaker, side) or not text.strip():
                 continue
             if sides is not None and rec_side is not None and rec_side not in sides:
                 kinds[f"side {rec_side!r} (not asked)"] += 1
                 continue
             source = path.name if side == "human" else (tag or path.name) + (f":{rec_side}" if rec_side else "")
-            out.append(Text(text, source, f"{path}{where}"))
+            prompt = _str(rec.get("prompt")) if speaker == "author" else last_user if speaker == "assistant" else None
+            out.append(Text(text, source, f"{path}{where}", prompt))
     if not out:
         held = ", ".join(f"{n} {k}" for k, n in kinds.most_common(6)) or "no records"
         want = "assistant turns or reply texts" if side == "model" else "user turns or reply texts"

@@ -1,5 +1,5 @@
 """The code behind `exactedit mine` (`mine`), `dataset build` (`dataset`), `dataset corpus`
-(`corpus`), `kld` with llama.cpp's files (`kld`) and `demo --model` (`real_demo`, its bundled
+(`corpus`), `discover --model` (`discover`), `kld` with llama.cpp's files (`kld`) and `demo --model` (`real_demo`, its bundled
 inputs in `data/`). Imported only by
 cli.py, fixtures/, bench/ and other runs (tests/test_layers.py).
 
@@ -14,7 +14,9 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "MineConfig": "mine",
     "RealDemoConfig": "real_demo",
     "build_corpus": "corpus",
+    "ban_lines": "discover",
     "build_dataset": "dataset",
+    "discover_with_model": "discover",
     "real_demo_report": "real_demo",
     "render_corpus": "corpus",
     "render_dataset": "dataset",

@@ -6,8 +6,9 @@ Per phrase (evals/discover ranks them on text alone), from the model itself:
 - `final_one_token`: whether its last word is one token there; a prefix penalty lowers one token,
   and so does a WFLD edit, so a phrase whose last word is several tokens cannot be banned at it;
 - `final_p`: the model's probability of the last word right after the prefix, averaged over up to
-  `contexts` occurrences in the model text (each reply after its prompt in the model's own chat
-  template where the prompt is known, else the text alone), the word's tokens chained;
+  `contexts` occurrences of the prefix in the model text, whatever followed it there (each reply
+  after its prompt in the model's own chat template where the prompt is known, else the text
+  alone), the word's tokens chained;
 - `ban_phrase`: the suggested ban point. A last word the model gives with p >= `certain` after its
   prefix has no real alternative there: banning it would only force an odd continuation, and the
   decision was made one word earlier (measured on Qwen: " example" after "Here's an" at p 0.9997,
@@ -30,6 +31,7 @@ from exactedit.solvers.phrases import ban_text, phrase_forms, split_last_word
 Progress = Callable[[int, int], None]
 CONTEXT_CHARS = 600        # reply text kept before an occurrence (the prompt is always kept)
 MAX_CONTEXT_TOKENS = 1024  # a context longer than this keeps its last tokens only
+MAX_SCANNED = 10_000       # prefix occurrences looked at per phrase (the contexts spread over them)
 
 
 @dataclass(frozen=True)
@@ -40,21 +42,25 @@ class Source:
     prompt: str | None = None
 
 
-def occurrences(phrase: str, sources: Sequence[Source], limit: int) -> list[tuple[int, int]]:
-    """Up to `limit` (source index, offset of the phrase's last word's leading space) of whole-word
-    occurrences of the phrase (as written, or with a capital first letter), in order."""
+def prefix_occurrences(phrase: str, sources: Sequence[Source], limit: int) -> list[tuple[int, int]]:
+    """Up to `limit` (source index, offset right after it) of whole-word occurrences of the phrase's
+    prefix (as written, or with a capital first letter), spread evenly over the first `MAX_SCANNED`
+    found, whatever follows them: p(last
+    word | prefix) is measured where the prefix was written, not only where the phrase was (that
+    would count only the contexts that did continue)."""
     split = split_last_word(phrase)
     if split is None:
         return []
-    alts = "|".join(re.escape(f) for f in phrase_forms(phrase, True))
+    alts = "|".join(re.escape(f) for f in phrase_forms(split[0], True))
     pat = re.compile(rf"(?<!\w)(?:{alts})(?!\w)")
-    out = []
+    found = []
     for i, s in enumerate(sources):
-        for m in pat.finditer(s.text):
-            out.append((i, m.end() - len(split[1])))
-            if len(out) >= limit:
-                return out
-    return out
+        found += [(i, m.end()) for m in pat.finditer(s.text)]
+        if len(found) >= MAX_SCANNED:
+            break
+    if len(found) <= limit:
+        return found
+    return [found[k] for k in np.unique(np.linspace(0, len(found) - 1, limit).round().astype(int))]
 
 
 def _final_logp(engine: LlamaEngine, head: np.ndarray, word: np.ndarray) -> float:
@@ -91,7 +97,7 @@ def annotate(model, phrases: Sequence[dict], sources: Sequence[Source], *, conte
             word = engine.tokenize(split[1], parse_special=False)
             res["final_one_token"] = bool(word.size == 1 and engine.piece(int(word[0])) == split[1].encode("utf-8"))
             logps = []
-            for i, at in occurrences(phrase, sources, contexts):
+            for i, at in prefix_occurrences(phrase, sources, contexts):
                 src = sources[i]
                 before = src.text[max(0, at - CONTEXT_CHARS):at]
                 head = engine.tokenize(before, parse_special=False)
@@ -110,7 +116,7 @@ def annotate(model, phrases: Sequence[dict], sources: Sequence[Source], *, conte
             else:
                 res["ban_phrase"] = phrase
                 if res["final_p"] is None:
-                    res["ban_note"] = "no occurrence found in the model text to measure p(last word | prefix)"
+                    res["ban_note"] = "the prefix does not occur in the model text: p(last word | prefix) unmeasured"
                 elif res["final_p"] >= certain:
                     res["ban_note"] = (f"{split[1]!r} is nearly certain after {split[0]!r} (p {res['final_p']:.3f}) "
                                        "but the prefix is one word: banned as is")
@@ -121,3 +127,31 @@ def annotate(model, phrases: Sequence[dict], sources: Sequence[Source], *, conte
             if progress is not None:
                 progress(k + 1, len(phrases))
     return out
+
+
+def ban_lines(phrases: Sequence[dict]) -> list[str]:
+    """The text table of `annotate`'s results: each phrase's tokens, p(last word | prefix) and ban point."""
+    out = [f"{'phrase':<32} {'tokens':>6} {'p(last)':>8} {'n':>3}  ban at"]
+    for p in phrases:
+        fp = "-" if p["final_p"] is None else f"{p['final_p']:.3f}"
+        ban = repr(p["ban_phrase"]) if p["ban_phrase"] else "-"
+        out.append(f"{p['phrase'][:32]!s:<32} {len(p['tokens']):>6} {fp:>8} {p['contexts']:>3}  {ban}"
+                   + (f"  ({p['ban_note']})" if p["ban_note"] else ""))
+    return out
+
+
+def discover_with_model(model, model_texts, human_texts, config, *, contexts: int = 4, certain: float = 0.9,
+                        progress: Progress | None = None) -> dict:
+    """`evals.discover.discover` on the texts, then each listed phrase `annotate`d by `model` at its
+    occurrences in the model text (each framed by its prompt where the file gives one): the JSON
+    object `discover --model` writes (discover's, phrases annotated, the model named)."""
+    from exactedit.evals.discover import discover
+    from exactedit.quant.files import file_sha256
+
+    d = discover(model_texts, human_texts, config)
+    obj = d.to_dict()
+    sources = [Source(t.text, t.prompt) for t in model_texts]
+    obj["phrases"] = annotate(model, obj["phrases"], sources, contexts=contexts, certain=certain, progress=progress)
+    obj["tokenizer"] = {"model": str(model), "sha256": file_sha256(model), "contexts": contexts, "certain": certain}
+    return obj
+

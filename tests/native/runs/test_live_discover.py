@@ -34,24 +34,27 @@ def test_annotate_measures_the_ban_point(qwen):
     assert ex["ban_phrase"] == "Here's an" and "one word earlier" in ex["ban_note"]
     assert use["tokens"] == [" you", " can", " use"] and use["final_one_token"]
     assert use["contexts"] == 4 and use["final_p"] < 0.9 and use["ban_phrase"] == "you can use"
+    you = annotate(qwen, [{"phrase": "you can"}], [Source(REPLY, PROMPT)])[0]   # "you can", "You can", "if you need"
+    assert you["contexts"] == 3 and you["ban_phrase"] == "you can"
     assert one["ban_phrase"] is None and "needs a prefix" in one["ban_note"]
-    assert odd["contexts"] == 0 and odd["final_p"] is None and not odd["final_one_token"]
-    assert "tokens: no one-token ban" in odd["ban_note"]
+    # p(last word | prefix) is measured where the prefix was written ("a file" in both sources),
+    # whatever followed: the word never did, and is several tokens
+    assert odd["contexts"] == 2 and odd["final_p"] < 1e-3 and not odd["final_one_token"]
+    assert "tokens: no one-token ban" in odd["ban_note"] and odd["ban_phrase"] == "a file unfindablewordxyz"
 
 
 def test_discover_cli_with_model_writes_ban_points_the_phrase_lists_take(qwen, tmp_path):
     from exactedit import cli
+    from exactedit.native.runs.real_demo import DATA
     from exactedit.solvers import load_phrases
 
     replies = tmp_path / "replies.json"
     replies.write_text(json.dumps([{"side": "base", "prompt": PROMPT, "text": REPLY.replace("pandas", f"tool {k}")}
                                    for k in range(6)]))
-    human = tmp_path / "mine.txt"
-    human.write_text("I wrote this myself. The harbour was quiet and the boats were tied up for the night. "
-                     "A gull sat on the post and watched the water. Nothing else moved until the morning.\n")
+    human = DATA / "qwen" / "texts"           # the bundled plain texts, about 2,200 words
     out = tmp_path / "found.json"
     r = CliRunner().invoke(cli.main, ["discover", "--model-text", str(replies), "--human", str(human), "--out",
-                                      str(out), "--model", str(qwen), "--top", "30", "--alpha0", "50"])
+                                      str(out), "--model", str(qwen), "--top", "30"])
     assert r.exit_code == 0, r.output
     found = json.loads(out.read_text())
     by = {p["phrase"].lower(): p for p in found["phrases"]}

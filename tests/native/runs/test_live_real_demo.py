@@ -74,3 +74,23 @@ def test_the_default_variant_corpus_holds_and_strength_on_dev(demo):
     assert sum(b["n"] for b in coll) > sum(report["corpus"]["parts"][2]["uses"].values()) - 1
     assert demo.files["frontier_png"].stat().st_size > 0
     assert "strength per phrase, chosen on dev" in demo.files["md"].read_text()
+
+
+def test_new_slop_and_discovery_on_the_models_own_replies(demo):
+    """report.json's `new_slop` (discover on the edited rate replies against the base ones), and
+    discover on the model's own replies (the data's and the rates' base side, both replies files)
+    against the bundled plain texts: Qwen's known phrases rank among the top."""
+    from exactedit.evals.discover import discover, human_texts, model_texts
+    from exactedit.native.runs.real_demo import DATA
+
+    report = json.loads(demo.files["json"].read_text())
+    assert "new_slop" in report and "## new slop" in demo.files["md"].read_text()
+    if report["new_slop"] is not None:
+        assert report["new_slop"]["model"]["texts"] == 3 and report["new_slop"]["human"]["texts"] == 3
+        assert report["new_slop"]["settings"]["background"] == "human"
+    texts = model_texts([demo.out / "data" / "replies.json", demo.files["replies"]], sides=["base"])
+    assert len(texts) == 8 + 3 and all(t.prompt for t in texts)
+    d = discover(texts, human_texts([DATA / "qwen" / "texts"]), top=30, min_z=2.0)
+    found = {p.phrase.lower() for p in d.phrases}
+    assert found & {"you can", "here's", "here's an example", "you can use", "in this", "an example"}, sorted(found)
+    assert (demo.out / "phrases.txt").read_text().splitlines()[1:] == ["Here's an", "you can use"]
