@@ -22,7 +22,12 @@ def demo(tmp_path_factory):
     d = tmp_path_factory.mktemp("real-demo")
     (d / "prompts.txt").write_text("\n".join(_lines(DATA / "qwen" / "prompts.txt")[:8]) + "\n")
     (d / "rates.txt").write_text("\n".join(_lines(DATA / "qwen" / "rate_prompts.txt")[:3]) + "\n")
+    # the phrase list as `exactedit discover --model` writes it: the demo starts from discover's JSON
+    (d / "found.json").write_text(json.dumps({"phrases": [
+        {"phrase": "Here's an example", "z": 3.2, "ban_phrase": "Here's an"}, {"phrase": "example", "z": 3.1},
+        {"phrase": "you can use", "z": 2.9}, {"phrase": "you can", "z": 2.8}]}))   # --top 2: the one word skipped
     cfg = RealDemoConfig(prompts=str(d / "prompts.txt"), rate_prompts=str(d / "rates.txt"), samples=1,
+                         phrases=str(d / "found.json"), top=2,
                          rate_samples=1, max_new=64, verify_tokens=64, n_boot=200, corpus_tokens=900)
     return run_real_demo(cfg, d / "out")
 
