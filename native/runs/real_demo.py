@@ -15,9 +15,13 @@
    edited, same prompts and seeds (`mine --edited`), for the solved phrases and the watched ones
    (`watch`: e.g. the whole phrase when the solve bans its prefix), and the variant artefacts in
    those replies;
-8. DIR/report.md, DIR/report.json (`verify`, `bars`, `phrase_rates`, `artefacts`, `targets`, ...),
-   DIR/replies.json (every rate reply's text, base and edited), and PNGs (rates before / after per
-   phrase, per-word collateral).
+8. new slop: `exactedit discover` on the edited rate replies against the base ones (what took the
+   banned phrases' place);
+9. DIR/report.md, DIR/report.json (`verify`, `bars`, `phrase_rates`, `artefacts`, `targets`,
+   `new_slop`, ...), DIR/replies.json (every rate reply's text and prompt, base and edited), and PNGs
+   (rates before / after per phrase, per-word collateral).
+The phrases may be a phrases file or discover's JSON (`top`); the list solved for is written to
+DIR/phrases.txt.
 Each step is the library call behind its CLI command; nothing here prints.
 """
 from __future__ import annotations
@@ -151,6 +155,7 @@ class RealDemoResult:
     files: dict = field(default_factory=dict)
     corpus: object = None    # native.runs.corpus.CorpusResult, or None without a corpus
     new_slop: object = None  # evals.discover.Discovery: the edited replies against the base ones
+    rate_prompts: tuple[str, ...] = ()   # the held-out prompts of `rates` (replies.json names them)
 
 
 def write_protocol(path: Path, data: Path, name: str, specials: Sequence[int], turn_end: int,
@@ -256,7 +261,8 @@ def run_real_demo(cfg: RealDemoConfig, out, *, progress: Progress | None = None)
                          config=ScoreConfig(heldout_role="dev", bars="anti-slop"), progress=tick("eval score"))
     mark("eval_score")
     measured = tuple(dict.fromkeys(phrases + cfg.watched()))
-    rates = mine(model, _lines(cfg.file("rate_prompts")), measured, None, edited=applied.out,
+    rate_prompts = _lines(cfg.file("rate_prompts"))
+    rates = mine(model, rate_prompts, measured, None, edited=applied.out,
                  config=MineConfig(max_new=cfg.max_new, seed=cfg.seed + 10_000, samples=cfg.rate_samples,
                                    n_boot=cfg.n_boot), progress=tick("phrase rates"))
     artefacts = {"base": variant_artefacts([r.text for r in rates.replies], measured),
@@ -265,7 +271,7 @@ def run_real_demo(cfg: RealDemoConfig, out, *, progress: Progress | None = None)
     new_slop = new_slop_of(rates)
     mark("new_slop")
     r = RealDemoResult(out, str(model), ds, protocol, wf, applied, report, dev, rates, artefacts, seconds,
-                       corpus=corpus, new_slop=new_slop)
+                       corpus=corpus, new_slop=new_slop, rate_prompts=rate_prompts)
     return _write_reports(r)
 
 
@@ -368,7 +374,7 @@ def _write_reports(r: RealDemoResult) -> RealDemoResult:
     obj, text = real_demo_report(r)
     files = {"json": r.out / "report.json", "md": r.out / "report.md", "rates_png": r.out / "phrase-rates.png",
              "collateral_png": r.out / "collateral.png", "replies": r.out / "replies.json"}
-    write_replies(r.rates, None, files["replies"])
+    write_replies(r.rates, r.rate_prompts or None, files["replies"])
     plot_phrase_rates(r.rates.phrase_rates, files["rates_png"], title=f"{Path(r.model).name}: held-out prompts")
     _collateral_png(r.wfld.report["bars"], files["collateral_png"])
     strength = r.wfld.report.get("strength") or {}
