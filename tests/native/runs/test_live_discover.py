@@ -54,7 +54,7 @@ def test_discover_cli_with_model_writes_ban_points_the_phrase_lists_take(qwen, t
     human = DATA / "qwen" / "texts"           # the bundled plain texts, about 2,200 words
     out = tmp_path / "found.json"
     r = CliRunner().invoke(cli.main, ["discover", "--model-text", str(replies), "--human", str(human), "--out",
-                                      str(out), "--model", str(qwen), "--top", "30"])
+                                      str(out), "--model", str(qwen), "--top", "30", "--contexts", "2"])
     assert r.exit_code == 0, r.output
     found = json.loads(out.read_text())
     by = {p["phrase"].lower(): p for p in found["phrases"]}
