@@ -285,7 +285,7 @@ def main(jax_cache) -> None:
         os.environ["EXACTEDIT_JAX_CACHE"] = jax_cache
 
 
-# ---- top-level commands: apply, demo, generate, inspect, kld, logits, mine, untie ----------------
+# ---- top-level commands: apply, demo, discover, generate, inspect, kld, logits, mine, untie ------
 
 @main.command("apply")
 @click.argument("bundle", type=click.Path(file_okay=False, exists=True))
@@ -383,6 +383,46 @@ def demo_cmd(out, fixture, model, phrases, top, prompts, rate_prompts, watch, te
     emit(*report, as_json)
     if model is not None and not result.verify.passed:
         sys.exit(1)
+
+
+@main.command("discover")
+@click.option("--model-text", "model_text", required=True, multiple=True, type=click.Path(exists=True),
+              help="The model's text: replies JSON, chat transcripts (.jsonl: OpenAI, ShareGPT, Claude Code), .txt / "
+                   ".md files, or directories of them (repeatable).")
+@click.option("--human", required=True, multiple=True, type=click.Path(exists=True),
+              help="Your own writing to compare against: .txt / .md / .json / .jsonl files or directories (the user's "
+                   "turns of transcripts; repeatable).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="The ranked phrases as JSON.")
+@click.option("--top", default=50, show_default=True, type=click.IntRange(1), help="Phrases listed.")
+@click.option("--min-count", default=3, show_default=True, type=click.IntRange(1),
+              help="Model occurrences a phrase needs to be scored.")
+@click.option("--max-n", default=5, show_default=True, type=click.IntRange(1, 16),
+              help="Every phrase up to this many tokens is scored (longer ones grow by extension).")
+@click.option("--background", type=click.Choice(["wordfreq", "human"]), default="wordfreq", show_default=True,
+              help="The prior's background: English word frequencies, or both corpora pooled.")
+@click.option("--alpha0", default=1000.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="The prior's weight in grams (keep it well below your text's word count).")
+@click.option("--sides", default=None, metavar="SIDE,...",
+              help="Of reply records with a side (replies.json: base, edited), only these.")
+@click.option("--png", type=click.Path(dir_okay=False), help="Write a chart of the top phrases here.")
+@JSON_FLAG
+def discover_cmd(model_text, human, out, top, min_count, max_n, background, alpha0, sides, png, as_json) -> None:
+    """Phrases the model over-uses against your own writing: n-grams ranked by the log-odds z with an
+    informative Dirichlet prior (docs/discover.md)."""
+    from exactedit.evals.discover import DiscoverConfig, discover_paths, plot_discovery, render_discovery, write_discovery
+
+    _refuse_clobber({"--out": out, "--png": png}, {"--model-text": model_text, "--human": human})
+    with _bad_parameter():
+        cfg = DiscoverConfig(top=top, min_count=min_count, max_n=max_n, max_len=max(max_n, 8), background=background,
+                             alpha0=alpha0)
+    chosen = None if sides is None else [s.strip() for s in sides.split(",") if s.strip()]
+    if chosen == []:
+        raise click.BadParameter("expected side names separated by commas", param_hint="--sides")
+    d = with_progress("tokenizing", discover_paths, model_text, human, cfg, sides=chosen)
+    write_discovery(d, out)
+    if png:
+        plot_discovery(d, png)
+    emit(d, render_discovery(d) + f"\n\nwrote {out}" + (f" and {png}" if png else ""), as_json, allow_nan=False)
 
 
 @main.command("generate")

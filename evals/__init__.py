@@ -2,7 +2,8 @@
 `protocol` (the TOML protocol, the hash-chained ledger and its anchors, splits, test-once, the blind
 registry), `scoring` (RowScores -> bars, bootstrap intervals, bar reports, bar (d) use by use),
 `kl` (KL statistics in llama.cpp's form, its base-file format), `rates` (phrase rates of free
-generation, variant artefacts) and `runs` (the code behind the `solve` and `eval` commands: a
+generation, variant artefacts), `discover` (the phrases a model over-uses against the user's own
+writing) and `runs` (the code behind the `solve` and `eval` commands: a
 protocol, a ledger and a split put around the solvers' math).
 
 The names below are imported on first use (their modules pull in numba / JAX).

@@ -19,7 +19,8 @@ LAYERS = {
     "dumps": 1,
     "solvers.tail": 2,
     "solvers": 3, "solvers.head": 3, "solvers.wfld": 3, "solvers.shaping": 3,
-    "evals": 4, "evals.protocol": 4, "evals.kl": 4, "evals.scoring": 4, "evals.rates": 4, "evals.runs": 4,
+    "evals": 4, "evals.protocol": 4, "evals.kl": 4, "evals.scoring": 4, "evals.rates": 4, "evals.discover": 4,
+    "evals.runs": 4,
     "native": 5, "native.llamacpp": 5, "native.shaping": 5, "native.verify": 5, "native.runs": 5,
     "fixtures": 6, "bench": 6, "": 7,
 }

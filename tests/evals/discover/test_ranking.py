@@ -1,0 +1,153 @@
+"""discover on synthetic corpora with planted phrases: the planted ones rank first with their exact
+counts, a phrase planted at the same rate on both sides is not listed, corpora differing by chance
+list no phrase, and the listing rules (extension past max_n, redundancy, function words, one-text
+phrases, attached punctuation) do what docs/discover.md says; the JSON shape; config checks."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from exactedit.evals.discover.ngrams import count_grams, encode, gram_table
+from exactedit.evals.discover.ranking import DiscoverConfig, Discovery, _score_levels, discover
+from exactedit.evals.discover.sources import DiscoverError, Text
+from tests.evals.discover.synth import corpus
+
+SLOP = {"delve into": 0.05, "it's worth noting that": 0.04, "here's an example": 0.03}
+SHARED = "quarterly report meeting"
+
+
+@pytest.fixture(scope="module")
+def planted():
+    model, m_planted = corpus(1, 300, {**SLOP, SHARED: 0.04})
+    human, h_planted = corpus(2, 150, {SHARED: 0.04})
+    return model, human, m_planted, h_planted
+
+
+@pytest.mark.parametrize("background", ["wordfreq", "human"])
+def test_planted_phrases_rank_first_with_their_exact_counts(planted, background):
+    model, human, m_planted, h_planted = planted
+    d = discover(model, human, background=background, top=10)
+    top = {p.phrase.lower(): p for p in d.phrases[:3]}
+    assert set(top) == set(SLOP), [p.phrase for p in d.phrases]
+    for phrase, p in top.items():
+        assert (p.model_count, p.human_count, p.n) == (m_planted[phrase], 0, len(phrase.split()))
+        assert math.isclose(p.model_per_1k, 1000 * p.model_count / d.model.words)
+        assert p.z >= 3 and p.log_odds > 2 and p.sources == {"text": p.model_count}
+        assert phrase in p.example.lower()
+    assert SHARED not in {p.phrase.lower() for p in d.phrases}
+    assert d.model.words > 2 * d.human.words > 0 and h_planted[SHARED] > 30      # the sizes differ
+
+
+def test_the_wordfreq_prior_biases_toward_the_larger_corpus_by_alpha0_as_documented():
+    """A phrase both sides use at one rate, rare in English, with 6x more model text: the wordfreq
+    prior's delta is log((n_h + a0) / n_h) - log((n_m + a0) / n_m) (docs/discover.md), small at the
+    default alpha0 and listed at 100,000; the pooled background has no such bias."""
+    model, _ = corpus(31, 600, {"quarterly report": 0.2})
+    human, _ = corpus(32, 100, {"quarterly report": 0.2})
+    stream = encode(model, human)
+    levels = count_grams(stream, 2)
+    g = list(gram_table(stream, levels, 2)).index(("quarterly", "report"))
+    n_m, n_h = levels[1].model.sum(), levels[1].human.sum()
+    for a0 in (1000.0, 10_000.0, 100_000.0):
+        wf = _score_levels(stream, levels, DiscoverConfig(alpha0=a0, max_n=2, max_len=2))[1]
+        pooled = _score_levels(stream, levels, DiscoverConfig(alpha0=a0, max_n=2, max_len=2, background="human"))[1]
+        assert abs(wf.delta[g] - (math.log((n_h + a0) / n_h) - math.log((n_m + a0) / n_m))) < 0.03
+        assert abs(pooled.delta[g]) < 0.01
+    assert wf.z[g] > 10 and "quarterly report" in {p.phrase for p in discover(model, human, alpha0=100_000.0).phrases}
+    assert "quarterly report" not in {p.phrase for p in discover(model, human).phrases}
+
+
+def test_corpora_differing_by_chance_list_no_phrase():
+    d = discover(corpus(3, 300)[0], corpus(4, 150)[0], top=50)
+    assert [p.phrase for p in d.phrases if p.n > 1] == []
+
+
+def test_a_phrase_longer_than_max_n_grows_by_extension():
+    long = "at the very end of the long day"
+    model, planted = corpus(5, 250, {long: 0.05})
+    human, _ = corpus(6, 150)
+    d = discover(model, human, max_n=5, max_len=8)
+    longest = max(d.phrases, key=lambda p: p.n)
+    assert (longest.phrase.lower(), longest.n, longest.model_count) == (long, 8, planted[long])
+    assert not [p for p in d.phrases if 2 < p.n < 8]              # its sub-grams: the same uses, dropped
+    d = discover(model, human, max_n=5, max_len=6)
+    longest = max(d.phrases, key=lambda p: p.n)
+    assert longest.n == 6 and longest.phrase.lower() in long
+
+
+def test_extension_needs_both_sub_grams_over_used():
+    """"delve into the": "delve into" is over-used, "into the" is not (the human says it as often), so
+    past max_n = 2 the trigram is no candidate; scored directly (max_n = 3) it is listed."""
+    model, _ = corpus(14, 300, {"delve into the": 0.05, "into the": 0.02})
+    human, _ = corpus(15, 150, {"into the": 0.2})
+    assert "delve into the" in {p.phrase.lower() for p in discover(model, human, max_n=3).phrases}
+    listed = {p.phrase.lower() for p in discover(model, human, max_n=2, max_len=3).phrases}
+    assert "delve into" in listed and "delve into the" not in listed
+
+
+def test_redundancy_keeps_the_longer_gram_when_it_holds_nearly_every_use():
+    model, _ = corpus(7, 300, {"delve into the": 0.03, "delve into": 0.03, "it's worth noting that": 0.04})
+    human, _ = corpus(8, 150)
+    phrases = [p.phrase.lower() for p in discover(model, human).phrases]
+    assert "it's worth noting that" in phrases
+    assert not {"it's worth noting", "worth noting that", "worth noting", "noting that"} & set(phrases)
+    assert "delve into" in phrases and "delve into the" in phrases             # half the uses are alone
+
+
+def test_function_words_and_punctuation_must_be_really_over_used():
+    model, _ = corpus(9, 300, {"—": 0.3, "of the": 0.1})
+    human, _ = corpus(10, 150, {"of the": 0.07})
+    d = discover(model, human)
+    by = {p.phrase: p for p in d.phrases}
+    assert "—" in by and by["—"].human_count == 0
+    strict = discover(model, human, function_log_odds=50.0)
+    assert "—" not in {p.phrase for p in strict.phrases} and "of the" not in {p.phrase for p in strict.phrases}
+
+
+def test_a_phrase_of_one_text_and_one_after_attached_punctuation_are_not_listed():
+    model, _ = corpus(11, 200, every_doc={"tapestry of dreams": 40})
+    human, _ = corpus(12, 100)
+    assert "tapestry of dreams" not in {p.phrase.lower() for p in discover(model, human).phrases}
+    assert "so tapestry of dreams again." in {p.phrase.lower() for p in discover(model, human, min_docs=1).phrases}
+    comma, _ = corpus(13, 300, {", delve into": 0.05})
+    listed = discover(comma, human).phrases
+    assert "delve into" in {p.phrase for p in listed}
+    assert not [p.phrase for p in listed if p.n > 1 and p.phrase.startswith(",")]
+
+
+def test_json_shape_and_sources(planted):
+    model, human, _, _ = planted
+    tagged = [Text(t, "qwen" if i % 3 else "gemma", f"m[{i}]") for i, t in enumerate(model)]
+    d = discover(tagged, human, top=5)
+    data = json.loads(d.to_json())
+    assert set(data) == {"phrases", "model", "human", "settings", "notes"}
+    assert set(data["phrases"][0]) == {"phrase", "n", "z", "log_odds", "model_count", "human_count", "model_per_1k",
+                                       "human_per_1k", "model_docs", "human_docs", "sources", "example"}
+    assert data["model"] == {"texts": 300, "tokens": d.model.tokens, "words": d.model.words,
+                             "sources": {"qwen": 200, "gemma": 100}}
+    assert data["settings"] == {**DiscoverConfig().__dict__, "top": 5}
+    first = d.phrases[0]
+    assert sum(first.sources.values()) == first.model_count and set(first.sources) <= {"qwen", "gemma"}
+    assert [p.z for p in d.phrases] == sorted((p.z for p in d.phrases), reverse=True)
+    assert isinstance(d, Discovery) and data == d.to_dict()
+
+
+def test_a_small_human_text_gets_a_note():
+    d = discover(corpus(1, 30, SLOP)[0], corpus(2, 10)[0])
+    assert d.notes and "small" in d.notes[0]
+
+
+def test_inputs_with_nothing_to_count_are_refused():
+    with pytest.raises(DiscoverError, match="human text: words: no words"):
+        discover(["some text here"], ["```\ncode only\n```"])
+    with pytest.raises(DiscoverError, match="model text: texts: none given"):
+        discover([], ["x"])
+
+
+@pytest.mark.parametrize("fields", [dict(top=0), dict(max_n=6, max_len=5), dict(background="web"), dict(alpha0=0.0),
+                                    dict(alpha_min=-1.0), dict(redundancy=0.0), dict(min_z=math.nan)])
+def test_config_checks(fields):
+    with pytest.raises(ValueError):
+        DiscoverConfig(**fields)
