@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -276,8 +276,8 @@ class GivenTemplate:
     where it came from. It stands in for the model's own (`tokenizer.chat_template`), which it
     overrides when the GGUF has one; it is compiled and rendered in the same sandbox."""
 
-    source: str
-    path: str
+    source: str = field(repr=False)
+    path: str = ""
 
     @property
     def sha256(self) -> str:
