@@ -430,10 +430,12 @@ def discover_cmd(model_text, human, out, top, min_count, max_n, background, alph
 @click.option("--prompt", required=True, help="The user's message.")
 @click.option("--rules", type=click.Path(dir_okay=False, exists=True), help="Compiled shaping rules to run live.")
 @click.option("--persona/--no-persona", default=None, help="Override the rules' persona gate.")
+@_CHAT_TEMPLATE
 @_gen_options
 @_engine_settings
 @JSON_FLAG
-def generate_cmd(model, prompt, rules, persona, max_new, temperature, top_k, seeds, as_json, **flags) -> None:
+def generate_cmd(model, prompt, rules, persona, chat_template, max_new, temperature, top_k, seeds, as_json,
+                 **flags) -> None:
     """Sample one reply with llama.cpp, the shaping rules (if given) between logits and sampler."""
     from exactedit.native.llamacpp import Sampling
     from exactedit.native.shaping import generate_text, render_generation
@@ -441,7 +443,8 @@ def generate_cmd(model, prompt, rules, persona, max_new, temperature, top_k, see
     if len(seeds) > 1:
         raise click.UsageError("generate takes one --seed")
     cfg = Sampling(max_new=max_new, temperature=temperature, top_k=top_k, seed=seeds[0] if seeds else 0)
-    r = generate_text(model, prompt, cfg, rules, settings=_settings(**flags), persona=persona)
+    r = generate_text(model, prompt, cfg, rules, settings=_settings(**flags), persona=persona,
+                      chat_template=chat_template)
     emit(r, render_generation(r), as_json)
 
 
