@@ -15,12 +15,12 @@ from tests import oracles
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
-# bundled data prompts whose replies echo "What is the ..." (the phrase the bundled list bans) and
-# one that says "What does": the split is by prompt hash, so every set gets some of them
+# bundled data prompts whose replies echo "What is the ..." and "What are ..." (the phrases the
+# bundled list bans) most: the split is by prompt hash, so every set gets some of them
 PROMPTS = ["What is the capital of France?", "What is the main language spoken in Brazil?",
            "What is the largest planet in our solar system?", "What is the boiling point of water?",
-           "What is the difference between weather and climate?", "What is the tallest mountain in the world?",
-           "What is the speed of light?", "What is gravity?"]
+           "What is the difference between weather and climate?", "What is the speed of light?",
+           "What are the three states of matter?", "How does the heart pump blood?"]
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def test_report_carries_verify_bars_and_phrase_rates(demo):
     assert report["verify"]["passed"] is True
     assert report["bars"] and all("pass" in b and b["bar"] for b in report["bars"])
     rates = report["phrase_rates"]
-    assert [p["phrase"] for p in rates] == ["What is the", "What does"]
+    assert [p["phrase"] for p in rates] == ["What is the", "What are"]
     assert all(p["base"]["replies"] == 3 and p["edited"]["replies"] == 3 for p in rates)
     assert {t["name"] for t in report["targets"]} >= {"bars (a)-(g)", "verify live (bitwise)",
                                                       "variant artefacts, edited replies"}
