@@ -107,3 +107,15 @@ def test_the_given_framing_is_recorded_in_the_dumps_manifest(tmp_path):
     assert res["chat_framing"] == m.chat_framing == f"user:{tpl}"
     assert m.meta["chat"]["format"]["turn_end"] == "<end_of_turn>"
     assert m.meta["chat"]["chat_template_file"]["sha256"] == read_template(tpl).sha256
+
+
+@pytest.mark.parametrize("meta,framing", [
+    ({"import": {"chat_framing": "gguf"}}, "gguf"),
+    ({"documents": {"chat": {"chat_framing": "fallback:chatml"}}}, "fallback:chatml"),
+    ({"chat": {"chat_framing": "user:t.jinja"}, "dataset": {"set": "train"}}, "user:t.jinja"),   # mine, dataset
+    ({"chat": {"format": {}}}, None), ({}, None)])
+def test_the_manifest_reads_the_framing_wherever_a_command_recorded_it(meta, framing):
+    from exactedit.dumps.format import Manifest
+
+    m = Manifest("rmsnorm", 0, 1, {}, {}, (), meta=meta)
+    assert m.chat_framing == framing
