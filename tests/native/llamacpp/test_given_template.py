@@ -119,3 +119,19 @@ def test_the_manifest_reads_the_framing_wherever_a_command_recorded_it(meta, fra
 
     m = Manifest("rmsnorm", 0, 1, {}, {}, (), meta=meta)
     assert m.chat_framing == framing
+
+
+def test_the_bundled_gemma_template_renders_gemma_3s_turns(tmp_path):
+    """native/runs/data/gemma/chat_template.jinja: one <bos>, Gemma 3's turns, the assistant named
+    "model", a system message folded into the first user turn (as Gemma's own template does)."""
+    from exactedit.native.runs.real_demo import DATA
+
+    tpl = DATA / "gemma" / "chat_template.jinja"
+    chat = model_chat(_model(tmp_path), template=tpl)
+    assert chat.fmt == ChatFormat("<start_of_turn>", "<end_of_turn>", "\n", "model")
+    assert chat.specials.turn_end == 5 and chat.framing == f"user:{tpl}"
+    conv = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Why?"}]
+    assert chat.render(conv, add_generation_prompt=True) == (
+        "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n"
+        "<start_of_turn>user\nWhy?<end_of_turn>\n<start_of_turn>model\n")
