@@ -159,6 +159,11 @@ _CHAT_FALLBACK = click.option(
     "--chat-fallback", type=click.Choice(["chatml"]), default=None,
     help="The framing to use when the model's chat template is refused or fails (recorded in the dump's "
          "manifest); without it such a template stops the command.")
+_CHAT_TEMPLATE = click.option(
+    "--chat-template", "chat_template", type=click.Path(dir_okay=False, exists=True), default=None,
+    help="A Jinja2 chat template file to render chat with, for a model whose GGUF has none (Gemma 3 270M); "
+         "it wins over the GGUF's own when both exist. Rendered in the same sandbox; the turn framing, the "
+         "turn end and the specials are read off it (framing 'user:FILE' in the dump's manifest).")
 
 
 TILE_ROWS = click.option("--tile-rows", default=8192, show_default=True, type=click.IntRange(1),
@@ -302,7 +307,8 @@ def apply_cmd(bundle, model, out, overwrite, as_json) -> None:
 @click.option("--fixture", type=click.Path(file_okay=False, exists=True), default=None,
               help="Fixture directory (default: the bundled fixtures/default).")
 @click.option("--model", default=None,
-              help="Run the real-model loop instead, on this public model (qwen) through llama.cpp.")
+              help="Run the real-model loop instead, on this public model (qwen, gemma) through llama.cpp, with "
+                   "its bundled inputs and settings (native/runs/data/NAME/).")
 @click.option("--phrases", type=click.Path(dir_okay=False, exists=True), default=None,
               help="With --model: banned phrases, one per line, or discover's JSON with --top (default: the "
                    "bundled ones for the model).")
@@ -320,13 +326,19 @@ def apply_cmd(bundle, model, out, overwrite, as_json) -> None:
 @click.option("--same-sense", "same_sense", type=click.Path(dir_okay=False, exists=True), default=None,
               help="With --model: PHRASE=WORD[,WORD] per line, paraphrases of a phrase's final token that the "
                    "solve holds with it (default: the bundled list, if any).")
-@click.option("--samples", default=2, show_default=True, type=click.IntRange(1), help="With --model: replies per prompt.")
-@click.option("--rate-samples", default=2, show_default=True, type=click.IntRange(1),
-              help="With --model: replies per held-out rate prompt.")
-@click.option("--max-new", default=160, show_default=True, type=click.IntRange(1), help="With --model: reply cap.")
+@click.option("--chat-template", "chat_template", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="With --model: a Jinja2 chat template file, used instead of the GGUF's own (default: the bundled "
+                   "chat_template.jinja for a model whose file has none, e.g. gemma).")
+@click.option("--samples", default=None, type=click.IntRange(1),
+              help="With --model: replies per prompt (default: the model's, 2 for qwen).")
+@click.option("--rate-samples", default=None, type=click.IntRange(1),
+              help="With --model: replies per held-out rate prompt (default: the model's, 2 for qwen).")
+@click.option("--max-new", default=None, type=click.IntRange(1),
+              help="With --model: reply cap (default: the model's, 160 for qwen).")
 @click.option("--seed", default=0, show_default=True, type=int, help="With --model: sampling seed.")
-@click.option("--ridge", default=0.01, show_default=True, type=float,
-              help="With --model: solve wfld's background ridge (chosen on dev: docs/real-model.md).")
+@click.option("--ridge", default=None, type=float,
+              help="With --model: solve wfld's background ridge (default: the model's, 0.01 for qwen; chosen on dev: "
+                   "docs/real-model.md).")
 @click.option("--corpus-tokens", type=click.IntRange(0), default=None,
               help="With --model: prefill budget of the teacher-forced corpus windows (dataset corpus); 0: none "
                    "(default: the demo's, docs/real-model.md).")
@@ -337,15 +349,15 @@ def apply_cmd(bundle, model, out, overwrite, as_json) -> None:
 @click.option("--strength-grid", default=None, metavar="S,S,...",
               help="With --model: solve wfld --strength-grid ('' for a fixed strength 1; default: the demo's).")
 @JSON_FLAG
-def demo_cmd(out, fixture, model, phrases, top, prompts, rate_prompts, watch, texts, same_sense, samples, rate_samples,
-             max_new, seed, ridge, corpus_tokens, key, word_holds, strength_grid, as_json) -> None:
+def demo_cmd(out, fixture, model, phrases, top, prompts, rate_prompts, watch, texts, same_sense, chat_template, samples,
+             rate_samples, max_new, seed, ridge, corpus_tokens, key, word_holds, strength_grid, as_json) -> None:
     """The whole workflow on the bundled fixture: register + split, solve head, solve wfld, dev
     score, and the one-shot blind sign-off (its command line in OUT/blind.cmd). With --model: the
     anti-slop loop on a real model (data from its own replies, solve, apply, verify live, dev score,
     phrase rates on held-out prompts; OUT/report.md, report.json and PNGs)."""
     _refuse_clobber({"--out": out}, {"--fixture": fixture, "--model": _existing(model), "--phrases": phrases,
                                     "--prompts": prompts, "--rate-prompts": rate_prompts, "--watch": watch,
-                                    "--texts": texts, "--same-sense": same_sense})
+                                    "--texts": texts, "--same-sense": same_sense, "--chat-template": chat_template})
     with contextlib.ExitStack() as stack:
         bars: dict = {}
 
@@ -356,13 +368,12 @@ def demo_cmd(out, fixture, model, phrases, top, prompts, rate_prompts, watch, te
             from exactedit.native.runs import RealDemoConfig, real_demo_report, run_real_demo
 
             with _bad_parameter():
-                chosen = {k: v for k, v in (("corpus_tokens", corpus_tokens), ("key", key), ("word_holds", word_holds),
-                                            ("strength_grid", None if strength_grid is None else
-                                             _floats(strength_grid, "--strength-grid"))) if v is not None}
-            cfg = RealDemoConfig(model=model, prompts=prompts, rate_prompts=rate_prompts, phrases=phrases, top=top,
-                                 watch=watch,
-                                 texts=tuple(texts) or None, same_sense=same_sense, samples=samples, rate_samples=rate_samples,
-                                 max_new=max_new, seed=seed, ridge=ridge, **chosen)
+                grid = None if strength_grid is None else _floats(strength_grid, "--strength-grid")
+            cfg = RealDemoConfig.for_model(model, prompts=prompts, rate_prompts=rate_prompts, phrases=phrases, top=top,
+                                           watch=watch, texts=tuple(texts) or None, same_sense=same_sense,
+                                           chat_template=chat_template, samples=samples, rate_samples=rate_samples,
+                                           max_new=max_new, seed=seed, ridge=ridge, corpus_tokens=corpus_tokens, key=key,
+                                           word_holds=word_holds, strength_grid=grid)
             result = run_real_demo(cfg, out, progress=progress)
             report = real_demo_report(result)
         else:
@@ -440,10 +451,12 @@ def discover_cmd(model_text, human, out, top, min_count, max_n, background, alph
 @click.option("--prompt", required=True, help="The user's message.")
 @click.option("--rules", type=click.Path(dir_okay=False, exists=True), help="Compiled shaping rules to run live.")
 @click.option("--persona/--no-persona", default=None, help="Override the rules' persona gate.")
+@_CHAT_TEMPLATE
 @_gen_options
 @_engine_settings
 @JSON_FLAG
-def generate_cmd(model, prompt, rules, persona, max_new, temperature, top_k, seeds, as_json, **flags) -> None:
+def generate_cmd(model, prompt, rules, persona, chat_template, max_new, temperature, top_k, seeds, as_json,
+                 **flags) -> None:
     """Sample one reply with llama.cpp, the shaping rules (if given) between logits and sampler."""
     from exactedit.native.llamacpp import Sampling
     from exactedit.native.shaping import generate_text, render_generation
@@ -451,7 +464,8 @@ def generate_cmd(model, prompt, rules, persona, max_new, temperature, top_k, see
     if len(seeds) > 1:
         raise click.UsageError("generate takes one --seed")
     cfg = Sampling(max_new=max_new, temperature=temperature, top_k=top_k, seed=seeds[0] if seeds else 0)
-    r = generate_text(model, prompt, cfg, rules, settings=_settings(**flags), persona=persona)
+    r = generate_text(model, prompt, cfg, rules, settings=_settings(**flags), persona=persona,
+                      chat_template=chat_template)
     emit(r, render_generation(r), as_json)
 
 
@@ -555,11 +569,12 @@ def logits_cmd(model, dump_dir, rows, out, tile_rows, match_engine, verify_hashe
 @click.option("--shape", "shape_rules", type=click.Path(dir_okay=False, exists=True),
               help="Compiled shaping rules (exactedit shape compile) to run live on every side.")
 @_CHAT_FALLBACK
+@_CHAT_TEMPLATE
 @click.option("--overwrite", is_flag=True)
 @_engine_settings
 @JSON_FLAG
 def mine_cmd(engine_name, model, prompts, phrases, top, out, replies_out, edited, max_new, samples, temperature, top_k, seed,
-             capitalized, n_boot, tags, source, character, png, shape_rules, chat_fallback, overwrite, as_json,
+             capitalized, n_boot, tags, source, character, png, shape_rules, chat_fallback, chat_template, overwrite, as_json,
              **flags) -> None:
     """Sample replies to the turn end, find prefix-exact slop contexts, dump them; phrase rates
     (base and --edited) and style rates of the generation."""
@@ -569,10 +584,10 @@ def mine_cmd(engine_name, model, prompts, phrases, top, out, replies_out, edited
 
     _refuse_clobber({"--out": out, "--png": png, "--replies": replies_out},
                     {"--model": model, "--prompts": prompts, "--phrases": phrases, "--edited": edited,
-                     "--shape": shape_rules})
+                     "--shape": shape_rules, "--chat-template": chat_template})
     cfg = MineConfig(max_new=max_new, temperature=temperature, top_k=top_k, seed=seed, samples=samples,
                      capitalized=capitalized, n_boot=n_boot, tags=tuple(tags), source=source or "mine",
-                     character=character, chat_fallback=chat_fallback)
+                     character=character, chat_fallback=chat_fallback, chat_template=chat_template)
     res = with_progress("sampling", run_mine, model, _lines(prompts), _phrases(phrases, top), out, edited=edited, config=cfg,
                         settings=_settings(**flags), processors=shape_processors(model, shape_rules, edited),
                         overwrite=overwrite)
@@ -842,6 +857,7 @@ def dataset() -> None:
 @click.option("--chunk", default=256, show_default=True, type=click.IntRange(16), help="Tokens per text document.")
 @click.option("--capitalized/--no-capitalized", default=True, show_default=True)
 @_CHAT_FALLBACK
+@_CHAT_TEMPLATE
 @click.option("--overwrite", is_flag=True)
 @_engine_settings
 @JSON_FLAG
@@ -853,7 +869,8 @@ def dataset_build(model, prompts, phrases, top, texts, out, overwrite, as_json, 
 
     from exactedit.native.runs import DatasetConfig, build_dataset, render_dataset
 
-    _refuse_clobber({"--out": out}, {"--model": model, "--prompts": prompts, "--phrases": phrases, "--texts": texts})
+    _refuse_clobber({"--out": out}, {"--model": model, "--prompts": prompts, "--phrases": phrases, "--texts": texts,
+                                     "--chat-template": flags.get("chat_template")})
     cfg = DatasetConfig(**flags)
     files = sorted(Path(texts).glob("*.txt")) if texts else []
     res = with_progress("sampling", build_dataset, model, _lines(prompts), _phrases(phrases, top), out, texts=files,
@@ -885,6 +902,7 @@ def dataset_build(model, prompts, phrases, top, texts, out, overwrite, as_json, 
               help="Use the Python standard library's docstrings.")
 @click.option("--capitalized/--no-capitalized", default=True, show_default=True)
 @_CHAT_FALLBACK
+@_CHAT_TEMPLATE
 @click.option("--overwrite", is_flag=True)
 @_engine_settings
 @JSON_FLAG
@@ -894,7 +912,8 @@ def dataset_corpus(model, phrases, top, texts, out, overwrite, as_json, n_ctx, n
     of the phrases' final tokens: solve / dev / collateral dumps, split by source document."""
     from exactedit.native.runs import CorpusConfig, build_corpus, render_corpus
 
-    _refuse_clobber({"--out": out}, {"--model": model, "--phrases": phrases, "--texts": list(texts)})
+    _refuse_clobber({"--out": out}, {"--model": model, "--phrases": phrases, "--texts": list(texts),
+                                     "--chat-template": flags.get("chat_template")})
     cfg = CorpusConfig(**flags)
     res = with_progress("prefill", build_corpus, model, _phrases(phrases, top), out, texts=list(texts), config=cfg,
                         settings=_settings(n_ctx, n_batch, n_ubatch, n_threads, flash_attn), overwrite=overwrite)
@@ -914,15 +933,17 @@ def dump() -> None:
 @click.option("--model", type=MODEL, default=None,
               help="GGUF path or public model name: check dims, record its sha256, derive row roles from its chat.")
 @_CHAT_FALLBACK
+@_CHAT_TEMPLATE
 @click.option("--overwrite", is_flag=True)
 @JSON_FLAG
-def dump_import(source, out, model, chat_fallback, overwrite, as_json) -> None:
+def dump_import(source, out, model, chat_fallback, chat_template, overwrite, as_json) -> None:
     """Raw little-endian field files + SOURCE/dump.toml (dtype, shape per field) -> a v1 dump
     (docs/dump-format.md, "Importing an engine's raw arrays")."""
     from exactedit.native.llamacpp import import_dump, render_import
 
-    _refuse_clobber({"--out": out}, {"SOURCE": source, "--model": model})
-    res = import_dump(source, out, model=model, overwrite=overwrite, chat_fallback=chat_fallback)
+    _refuse_clobber({"--out": out}, {"SOURCE": source, "--model": model, "--chat-template": chat_template})
+    res = import_dump(source, out, model=model, overwrite=overwrite, chat_fallback=chat_fallback,
+                      chat_template=chat_template)
     emit(res, render_import(res), as_json)
 
 
@@ -955,18 +976,21 @@ def engine() -> None:
 @_labels
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Dump directory to write.")
 @_CHAT_FALLBACK
+@_CHAT_TEMPLATE
 @click.option("--overwrite", is_flag=True)
 @_engine_settings
 @JSON_FLAG
-def engine_dump(model, tokens, text, chat_file, tags, source, character, out, chat_fallback, overwrite, as_json,
+def engine_dump(model, tokens, text, chat_file, tags, source, character, out, chat_fallback, chat_template, overwrite,
+                as_json,
                 **flags) -> None:
     """Capture an rmsnorm dump (R = ffn_inp, hh = the FFN hidden) with llama.cpp: labelled documents
     (stable names, tags plain/chat + --tag, row roles from the model's chat framing)."""
     from exactedit.native.llamacpp import DumpInputs, dump_documents, render_documents
 
-    _refuse_clobber({"--out": out}, {"--model": model, "--tokens": tokens, "--text": text, "--chat": chat_file})
+    _refuse_clobber({"--out": out}, {"--model": model, "--tokens": tokens, "--text": text, "--chat": chat_file,
+                                     "--chat-template": chat_template})
     inputs = DumpInputs(text=text, tokens=tokens, chat=chat_file, tags=tuple(tags), source=source,
-                        character=character or "", chat_fallback=chat_fallback)
+                        character=character or "", chat_fallback=chat_fallback, chat_template=chat_template)
     res = with_progress("capturing", dump_documents, model, inputs, out, settings=_settings(**flags),
                         overwrite=overwrite)
     emit(res, render_documents(res), as_json)

@@ -187,12 +187,14 @@ class Manifest:
     @property
     def chat_framing(self) -> str | None:
         """Where the turn framing that labelled the row roles came from: "gguf" (the model's own
-        template), "fallback:NAME" (its template was refused or failed; the user named NAME),
-        "default:chatml" (the model has no template); None when the dump does not say (roles given
-        with the dump, or written before this was recorded: meta.import.chat_framing,
-        meta.documents.chat.chat_framing)."""
+        template), "user:FILE" (a template the user gave), "fallback:NAME" (its template was refused
+        or failed; the user named NAME), "default:chatml" (the model has no template); None when the
+        dump does not say (roles given with the dump, or written before this was recorded:
+        meta.import.chat_framing, meta.documents.chat.chat_framing for `engine dump`, meta.chat.chat_framing
+        for `mine`, `dataset build` and `dataset corpus`)."""
         docs = self.meta.get("documents")
-        for part in (self.meta.get("import"), docs.get("chat") if isinstance(docs, Mapping) else None):
+        for part in (self.meta.get("import"), docs.get("chat") if isinstance(docs, Mapping) else None,
+                     self.meta.get("chat")):
             if isinstance(part, Mapping) and isinstance(part.get("chat_framing"), str):
                 return part["chat_framing"]
         return None

@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -108,7 +108,7 @@ class _Sandbox:
             self.proc = subprocess.Popen([sys.executable, "-P", "-c", code], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
         except OSError as exc:
-            raise ChatTemplateError(owner.where, _FIELD, f"cannot start its sandbox process ({exc})") from None
+            raise ChatTemplateError(owner.where, owner.field, f"cannot start its sandbox process ({exc})") from None
         self.close = weakref.finalize(self, _kill, self.proc)
         b = owner.budget
         try:
@@ -133,7 +133,7 @@ class _Sandbox:
                 left = deadline - time.monotonic()
                 if left <= 0 or not select.select([fd], [], [], left)[0]:
                     self.close()
-                    raise ChatTemplateError(owner.where, _FIELD, f"over its time budget ({seconds:g} s) while "
+                    raise ChatTemplateError(owner.where, owner.field, f"over its time budget ({seconds:g} s) while "
                                             f"{doing}: stopped")
                 chunk = os.read(fd, 1 << 20)
                 if not chunk:
@@ -141,7 +141,7 @@ class _Sandbox:
                 buf += chunk
         except OSError:
             self.close()
-            raise ChatTemplateError(owner.where, _FIELD, f"its sandbox process ended while {doing} (exit status "
+            raise ChatTemplateError(owner.where, owner.field, f"its sandbox process ended while {doing} (exit status "
                                     f"{proc.returncode}): jinja2 not importable, or killed") from None
         reply = json.loads(buf)
         if "error" in reply:
@@ -152,6 +152,8 @@ class _Sandbox:
 
 class ChatTemplate:
     """A compiled template; `render(messages)` gives the prompt text (special tokens as text).
+    Its errors name `where` (the model, or the template's file) and `field` (the GGUF key, or
+    "chat_template" for a template given as a file).
 
     The template is compiled and rendered in its own child process (quant/template_sandbox.py),
     under `budget` (TemplateBudget): a template past its time is stopped, one past its memory or
@@ -162,13 +164,13 @@ class ChatTemplate:
     BATCH = 256
 
     def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "", where: str = "chat_template",
-                 budget: TemplateBudget = TemplateBudget()):
+                 budget: TemplateBudget = TemplateBudget(), field: str = _FIELD):
         if not isinstance(source, str) or not source.strip():
-            raise ChatTemplateError(where, _FIELD, "empty or not a string")
+            raise ChatTemplateError(where, field, "empty or not a string")
         if len(source) > budget.source_chars:
-            raise ChatTemplateError(where, _FIELD, f"{len(source)} chars, over the source limit "
+            raise ChatTemplateError(where, field, f"{len(source)} chars, over the source limit "
                                     f"({budget.source_chars} chars)")
-        self.source, self.where, self.budget = source, where, budget
+        self.source, self.where, self.budget, self.field = source, where, budget, field
         self.bos_token, self.eos_token = bos_token, eos_token
         self._lock = threading.Lock()
         self._sandbox: _Sandbox | None = _Sandbox(self)
@@ -195,7 +197,7 @@ class ChatTemplate:
                 "budget": f"over its budget while {doing}: {msg}",
                 "memory": f"over its memory budget ({self.budget.memory_bytes / 2**20:g} MiB) while {doing}",
                 }.get(kind, f"failed while rendering ({typ}: {msg})")
-        return ChatTemplateError(self.where, _FIELD, text if conversation is None else f"{text} (conversation "
+        return ChatTemplateError(self.where, self.field, text if conversation is None else f"{text} (conversation "
                                  f"{conversation} of the batch)")
 
     def render(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = False,
@@ -244,6 +246,17 @@ def check_messages(messages, where="messages") -> list[dict[str, str]]:
     return out
 
 
+def _bos_eos(g) -> dict:
+    """bos_token / eos_token: the open GGUF's own token strings ("" where it names none)."""
+    tokens = g.tokens()
+
+    def tok(key):
+        i = g.get(key)
+        return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else ""
+
+    return {"bos_token": tok("tokenizer.ggml.bos_token_id"), "eos_token": tok("tokenizer.ggml.eos_token_id")}
+
+
 def from_gguf(g) -> ChatTemplate:
     """The chat template of an open GGUF (quant.gguf.GGUFFile), with its bos / eos token strings."""
     source = g.get("tokenizer.chat_template")
@@ -251,14 +264,59 @@ def from_gguf(g) -> ChatTemplate:
         raise ChatTemplateError(g.path, "tokenizer.chat_template",
                                 "this GGUF carries no chat template, so chat text cannot be rendered "
                                 "the model's way")
-    tokens = g.tokens()
+    return ChatTemplate(source, where=str(g.path), **_bos_eos(g))
 
-    def tok(key):
-        i = g.get(key)
-        return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else ""
 
-    return ChatTemplate(source, bos_token=tok("tokenizer.ggml.bos_token_id"),
-                        eos_token=tok("tokenizer.ggml.eos_token_id"), where=str(g.path))
+GIVEN_FIELD = "chat_template"      # the field a given template's errors name (the file is the place)
+
+
+@dataclass(frozen=True)
+class GivenTemplate:
+    """A chat template given by the user as a Jinja2 file (`--chat-template FILE`): its source and
+    where it came from. It stands in for the model's own (`tokenizer.chat_template`), which it
+    overrides when the GGUF has one; it is compiled and rendered in the same sandbox."""
+
+    source: str = field(repr=False)
+    path: str = ""
+
+    @property
+    def sha256(self) -> str:
+        import hashlib
+
+        return hashlib.sha256(self.source.encode("utf-8")).hexdigest()
+
+    def compile(self, g, budget: TemplateBudget = TemplateBudget()) -> ChatTemplate:
+        """The template for the open GGUF `g` (its bos / eos token strings), errors naming the file."""
+        return ChatTemplate(self.source, where=self.path, budget=budget, field=GIVEN_FIELD, **_bos_eos(g))
+
+
+def read_template(path, budget: TemplateBudget = TemplateBudget()) -> GivenTemplate:
+    """A chat template file, read bounded: at most `budget.source_chars` characters of UTF-8 text
+    (no more than 4 bytes a character is read), not empty. Errors name the file and `chat_template`."""
+    path = Path(path)
+    limit = budget.source_chars
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(4 * limit + 1)
+    except OSError as exc:
+        raise ChatTemplateError(path, GIVEN_FIELD, f"cannot read the template file ({exc.strerror or exc})") from None
+    try:
+        source = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if len(data) > 4 * limit:
+            raise ChatTemplateError(path, GIVEN_FIELD, f"over the source limit ({limit} chars)") from None
+        raise ChatTemplateError(path, GIVEN_FIELD, f"not UTF-8 text (byte {exc.start})") from None
+    if len(data) > 4 * limit or len(source) > limit:
+        raise ChatTemplateError(path, GIVEN_FIELD, f"over the source limit ({limit} chars)")
+    if not source.strip():
+        raise ChatTemplateError(path, GIVEN_FIELD, "empty")
+    return GivenTemplate(source, str(path))
+
+
+def template_of(g, given: GivenTemplate | None = None) -> ChatTemplate:
+    """The template chat text is rendered with: `given` when there is one (it wins over the GGUF's
+    own), else the GGUF's (`from_gguf`)."""
+    return given.compile(g) if given is not None else from_gguf(g)
 
 
 def probe_format(template: ChatTemplate, special_texts: Sequence[str]) -> ChatFormat:
@@ -276,17 +334,17 @@ def probe_format(template: ChatTemplate, special_texts: Sequence[str]) -> ChatFo
         return min(hits, key=lambda h: (h[0], -len(h[1]))) if hits else None
 
     if _SENTINEL_USER not in prompt or _SENTINEL_REPLY not in full:
-        raise ChatTemplateError(where, "tokenizer.chat_template", "does not write the message contents")
+        raise ChatTemplateError(where, template.field, "does not write the message contents")
     after_reply = full[full.rindex(_SENTINEL_REPLY) + len(_SENTINEL_REPLY):]
     end = first_special(after_reply)
     if end is None or after_reply[:end[0]].strip():
-        raise ChatTemplateError(where, "tokenizer.chat_template", "no special token closes an assistant turn")
+        raise ChatTemplateError(where, template.field, "no special token closes an assistant turn")
     header = prompt[prompt.rindex(_SENTINEL_USER) + len(_SENTINEL_USER):]
     pos = header.find(end[1])
     rest = header[pos + len(end[1]):] if pos >= 0 else header
     start = first_special(rest)
     if start is None:
-        raise ChatTemplateError(where, "tokenizer.chat_template", "no special token opens the assistant turn")
+        raise ChatTemplateError(where, template.field, "no special token opens the assistant turn")
     role_part = rest[start[0] + len(start[1]):]
     inner = first_special(role_part)
     if inner is not None:
@@ -294,7 +352,7 @@ def probe_format(template: ChatTemplate, special_texts: Sequence[str]) -> ChatFo
     elif "\n" in role_part:
         role, header_end = role_part.split("\n", 1)[0], "\n"
     else:
-        raise ChatTemplateError(where, "tokenizer.chat_template", "cannot find where the turn header ends")
+        raise ChatTemplateError(where, template.field, "cannot find where the turn header ends")
     if not role.strip():
-        raise ChatTemplateError(where, "tokenizer.chat_template", "the assistant turn names no role")
+        raise ChatTemplateError(where, template.field, "the assistant turn names no role")
     return ChatFormat(start[1], end[1], header_end, role.strip())

@@ -10,7 +10,9 @@ GGUF records them two ways:
 
 `model_specials(g)` collects both, plus the tokens the chat template names (rendered in its
 sandbox; a template that is refused or fails leaves `template_error` saying why, for the caller
-to stop on or to name a fallback), and derives:
+to stop on or to name a fallback), and derives the roles below. The chat template is the GGUF's
+own, or the one the user gives (`template=`, quant.chat_template.GivenTemplate: it wins over the
+file's; Gemma 3 270M's file has none, and its turn end is then `<end_of_turn>`, not `<eos>`):
 - `turn_end`: the end-of-turn token: `eot_token_id` when given, else the token the chat template
   closes an assistant turn with, else `eos_token_id`;
 - `end_of_generation`: eos, eot, eom and the turn end (where generation stops);
@@ -52,6 +54,7 @@ class ModelSpecials:
     texts: dict[int, str] = field(default_factory=dict)   # id -> token string, for the ids above
     template_error: str = ""              # why the chat template's turn framing cannot be read ("": it can,
                                           # or there is no template): refused, failed, over budget, no shape
+    template_from: str = ""               # "gguf", "user:PATH" (a given template) or "" (none)
 
     @property
     def end_of_generation(self) -> tuple[int, ...]:
@@ -83,11 +86,13 @@ class ModelSpecials:
                 "turn_end": None if self.turn_end is None else self.text(self.turn_end),
                 "turn_end_from": self.turn_end_from,
                 "end_of_generation": [self.text(i) for i in self.end_of_generation],
-                "guards": [self.text(i) for i in self.guards], "template_error": self.template_error}
+                "guards": [self.text(i) for i in self.guards], "template_error": self.template_error,
+                "template_from": self.template_from}
 
 
-def model_specials(g) -> ModelSpecials:
-    """Read the special tokens of an open GGUF (quant.gguf.GGUFFile)."""
+def model_specials(g, template=None) -> ModelSpecials:
+    """Read the special tokens of an open GGUF (quant.gguf.GGUFFile); `template`: a chat template
+    given by the user (quant.chat_template.GivenTemplate), read in place of the GGUF's own."""
     tokens = g.tokens()
     V = len(tokens)
     types = g.token_types()
@@ -105,9 +110,10 @@ def model_specials(g) -> ModelSpecials:
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= int(v) < V:
             raise GGUFFormatError(g.path, f"tokenizer.ggml.{suffix}", f"{v!r} is not a token id in [0, {V})")
         ids[key] = int(v)
-    template, fmt_end, template_error = (), None, ""
-    if g.get("tokenizer.chat_template") is not None:
-        template, fmt_end, template_error = _template_tokens(g, tokens, control + user)
+    template_ids, fmt_end, template_error, template_from = (), None, "", ""
+    if template is not None or g.get("tokenizer.chat_template") is not None:
+        template_ids, fmt_end, template_error = _template_tokens(g, tokens, control + user, template)
+        template_from = "gguf" if template is None else f"user:{template.path}"
     if "eot" in ids:
         turn_end, src = ids["eot"], "eot_token_id"
     elif fmt_end is not None:
@@ -117,12 +123,12 @@ def model_specials(g) -> ModelSpecials:
     else:
         turn_end, src = None, ""
     tags = tuple(i for i in control + user if tokens[i] in ROLE_TAGS)
-    named = set(ids.values()) | set(template) | set(tags) | ({turn_end} if turn_end is not None else set())
-    return ModelSpecials(V, control, user, ids, template, turn_end, src, tags, {i: tokens[i] for i in sorted(named)},
-                         template_error)
+    named = set(ids.values()) | set(template_ids) | set(tags) | ({turn_end} if turn_end is not None else set())
+    return ModelSpecials(V, control, user, ids, template_ids, turn_end, src, tags,
+                         {i: tokens[i] for i in sorted(named)}, template_error, template_from)
 
 
-def _template_tokens(g, tokens, special_ids) -> tuple[tuple[int, ...], int | None, str]:
+def _template_tokens(g, tokens, special_ids, given=None) -> tuple[tuple[int, ...], int | None, str]:
     """Special tokens the chat template names (their strings in its source, or written by a probe
     conversation rendered in the sandbox), the one that closes an assistant turn (None when the
     template's shape is not found) and why its turn framing cannot be read ("" when it can)."""
@@ -132,10 +138,10 @@ def _template_tokens(g, tokens, special_ids) -> tuple[tuple[int, ...], int | Non
     for i in special_ids:
         if tokens[i].strip():
             by_text.setdefault(tokens[i], i)
-    source = g.get("tokenizer.chat_template")
+    source = given.source if given is not None else g.get("tokenizer.chat_template")
     text = source if isinstance(source, str) else ""
     try:
-        tpl = ct.from_gguf(g)
+        tpl = ct.template_of(g, given)
     except ct.ChatTemplateError as exc:   # refused before rendering: its source still names tokens
         return tuple(sorted({i for s, i in by_text.items() if s in text})), None, exc.message
     with tpl:

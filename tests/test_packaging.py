@@ -37,7 +37,9 @@ def test_wheel_has_one_top_level_package(wheel):
     assert tops == {"exactedit", info.split("/", 1)[0]}, tops
     for must in ("exactedit/__init__.py", "exactedit/cli.py", "exactedit/quant/q6_k.py",
                  "exactedit/solvers/tail/kl_pass.py", "exactedit/fixtures/default/model.gguf",
-                 "exactedit/fixtures/default/protocol.toml", "exactedit/fixtures/demo.py"):
+                 "exactedit/fixtures/default/protocol.toml", "exactedit/fixtures/demo.py",
+                 "exactedit/native/runs/data/gemma/chat_template.jinja",
+                 "exactedit/native/runs/data/gemma/defaults.toml"):
         assert must in names, must
     assert not [n for n in names if n.startswith("exactedit/tests/") or "/fixturegen/" in n]
 

@@ -4,7 +4,10 @@
 Jinja2's immutable sandbox, quant/chat_template.py), the turn framing probed from it (ChatML when
 the file has no template; a template that is refused or fails stops here unless the caller names
 a fallback framing), the special tokens and the turn end (quant/specials.py) and the token
-table. Dumps made from chat text get their row roles from these (dumps/roles.py), so nothing here
+table. `model_chat(path, template=FILE)` takes the chat template from a Jinja2 file the user gives
+instead (`--chat-template`; it wins over the GGUF's own, and is rendered in the same sandbox): the
+framing, the specials and the turn end are then read off it (framing "user:FILE"), and a given
+template that fails or has no turn shape always stops, naming the file. Dumps made from chat text get their row roles from these (dumps/roles.py), so nothing here
 assumes one model family.
 
 Document names are stable across runs: a hash of what the document is made of (the prompt, the
@@ -22,7 +25,8 @@ import numpy as np
 from exactedit.dumps.roles import infer_roles
 from exactedit.native.llamacpp.engine import EngineError
 from exactedit.quant import gguf
-from exactedit.quant.chat_template import CHATML, ChatFormat, ChatTemplate, ChatTemplateError, from_gguf, probe_format
+from exactedit.quant.chat_template import (CHATML, ChatFormat, ChatTemplate, ChatTemplateError, GivenTemplate,
+                                           from_gguf, probe_format, read_template)
 from exactedit.quant.specials import ModelSpecials, model_specials
 from exactedit.solvers.tail.model import TokenTable, load_tokens
 
@@ -51,8 +55,9 @@ FALLBACKS = {"chatml": CHATML}
 class ModelChat:
     """A model's chat conventions. `template` is None when the GGUF carries none or it was
     refused (then `render` refuses). `framing` says where `fmt` came from: "gguf" (probed from the
-    model's template), "fallback:NAME" (the template was refused or failed and the caller named
-    that fallback; `template_error` says why) or "default:chatml" (the GGUF has no template)."""
+    model's template), "user:FILE" (probed from the template the user gave; `given` holds it),
+    "fallback:NAME" (the template was refused or failed and the caller named that fallback;
+    `template_error` says why) or "default:chatml" (the GGUF has no template)."""
 
     path: Path
     template: ChatTemplate | None
@@ -61,6 +66,7 @@ class ModelChat:
     specials: ModelSpecials
     table: TokenTable
     template_error: str = ""
+    given: GivenTemplate | None = None
 
     def render(self, messages, *, add_generation_prompt: bool = False) -> str:
         return self._template().render(messages, add_generation_prompt=add_generation_prompt)
@@ -91,16 +97,36 @@ class ModelChat:
     def to_dict(self) -> dict:
         out = {"chat_template": self.template is not None, "format": self.fmt.to_dict(), "chat_framing": self.framing,
                "specials": self.specials.to_dict()}
+        if self.given is not None:
+            out["chat_template_file"] = {"path": self.given.path, "sha256": self.given.sha256}
         return {**out, "template_error": self.template_error} if self.template_error else out
 
 
-def model_chat(path, *, fallback: str | None = None) -> ModelChat:
+def tag_texts(table: TokenTable, specials: ModelSpecials) -> list[str]:
+    """The special tokens' strings that can be chat tags: not the whitespace ones (Gemma's
+    user-defined runs of newlines are text, and a "\n" token must not read as a turn start)."""
+    return [table.tokens[i] for i in specials.specials if table.tokens[i].strip()]
+
+
+def given_template(template) -> GivenTemplate | None:
+    """A chat template given by the user: None, a GivenTemplate, or a path to its Jinja2 file
+    (read bounded, quant.chat_template.read_template)."""
+    if template is None or isinstance(template, GivenTemplate):
+        return template
+    return read_template(template)
+
+
+def model_chat(path, *, fallback: str | None = None, template=None) -> ModelChat:
     """The chat conventions of the GGUF at `path`. A template that is refused, fails or has no
     turn shape stops here with its ChatTemplateError unless `fallback` names a framing of
-    FALLBACKS to use instead (recorded as `framing` "fallback:NAME")."""
+    FALLBACKS to use instead (recorded as `framing` "fallback:NAME"). `template`: a chat template
+    the user gives (a Jinja2 file's path, or a GivenTemplate), used instead of the GGUF's own."""
     path = Path(path)
     if fallback is not None and fallback not in FALLBACKS:
         raise ChatTemplateError(path, "fallback", f"expected one of {sorted(FALLBACKS)}, got {fallback!r}")
+    given = given_template(template)
+    if given is not None:
+        return _given_chat(path, given)
     with gguf.open(path) as g:
         specials = model_specials(g)
         table = load_tokens(g)
@@ -115,8 +141,7 @@ def model_chat(path, *, fallback: str | None = None) -> ModelChat:
         return ModelChat(path, None, CHATML, "default:chatml", specials, table)
     if template is not None:
         try:
-            return ModelChat(path, template, probe_format(template, [table.tokens[i] for i in specials.specials]),
-                             "gguf", specials, table)
+            return ModelChat(path, template, probe_format(template, tag_texts(table, specials)), "gguf", specials, table)
         except ChatTemplateError as exc:
             error = exc
     if fallback is None:
@@ -124,6 +149,20 @@ def model_chat(path, *, fallback: str | None = None) -> ModelChat:
                                 "and the turn end) cannot be read off it: name a fallback framing "
                                 f"({', '.join(sorted(FALLBACKS))}) to use one instead") from None
     return ModelChat(path, template, FALLBACKS[fallback], f"fallback:{fallback}", specials, table, error.message)
+
+
+def _given_chat(path: Path, given: GivenTemplate) -> ModelChat:
+    """model_chat with the user's template: its framing, specials and turn end, or its error."""
+    with gguf.open(path) as g:
+        specials = model_specials(g, given)
+        table = load_tokens(g)
+        template = given.compile(g)
+    if specials.template_error:
+        template.close()
+        raise ChatTemplateError(given.path, "chat_template", f"{specials.template_error}; so the model's turn "
+                                "framing (the roles and the turn end) cannot be read off it")
+    fmt = probe_format(template, tag_texts(table, specials))
+    return ModelChat(path, template, fmt, f"user:{given.path}", specials, table, given=given)
 
 
 def short_hash(obj) -> str:

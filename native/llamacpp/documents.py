@@ -36,6 +36,7 @@ class DumpInputs:
     source: str | None = None
     character: str = ""
     chat_fallback: str | None = None     # the framing to use when the model's template is refused or fails
+    chat_template: str | None = None     # a Jinja2 chat template file, used instead of the model's own
 
     def __post_init__(self):
         given = [x for x in (self.text, self.tokens, self.chat) if x is not None]
@@ -58,7 +59,7 @@ def build_docs(model, inputs: DumpInputs) -> tuple[list[CaptureDoc], ModelChat]:
     """The labelled documents of `inputs`, tokenized by the model's own tokenizer."""
     from exactedit.dumps import contract
 
-    chat = model_chat(model, fallback=inputs.chat_fallback)
+    chat = model_chat(model, fallback=inputs.chat_fallback, template=inputs.chat_template)
     src_path = Path(inputs.text or inputs.tokens or inputs.chat)
     source = inputs.source if inputs.source is not None else src_path.name
     kw = dict(source=source, character=inputs.character, tags=inputs.tags)
@@ -129,11 +130,13 @@ def dump_documents(model, inputs: DumpInputs, out, *, settings: EngineSettings |
     return summarize(res, docs, chat)
 
 
-def import_dump(src, out, *, model=None, overwrite: bool = False, chat_fallback: str | None = None) -> dict:
+def import_dump(src, out, *, model=None, overwrite: bool = False, chat_fallback: str | None = None,
+                chat_template=None) -> dict:
     """`exactedit dump import`: a raw engine dump (dumps/import_raw.py) -> a v1 dump; with `model`,
     the dims are checked against it, its sha256 recorded and the row roles derived from its chat
     framing (a template that is refused or fails stops the import unless `chat_fallback` names a
-    framing, native.llamacpp.chat.FALLBACKS; the framing used is recorded in the manifest).
+    framing, native.llamacpp.chat.FALLBACKS; `chat_template`: a Jinja2 template file used instead of
+    the model's own; the framing used is recorded in the manifest).
     Returns a summary (path, rows, documents, role rows, chat framing)."""
     from exactedit.dumps import ROLE_NAMES, read_dump
     from exactedit.dumps.import_raw import import_raw
@@ -142,7 +145,7 @@ def import_dump(src, out, *, model=None, overwrite: bool = False, chat_fallback:
 
     roles = expect = sha = chat = None
     if model is not None:
-        chat = model_chat(model, fallback=chat_fallback)
+        chat = model_chat(model, fallback=chat_fallback, template=chat_template)
         roles = chat.roles
         with _gguf.open(model) as g:
             expect, sha = load_tail(g).dump_expect(), g.sha256()

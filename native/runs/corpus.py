@@ -64,6 +64,7 @@ class CorpusConfig:
     stdlib: bool = True
     capitalized: bool = True
     chat_fallback: str | None = None      # the framing when the model's template is refused (native.llamacpp.chat)
+    chat_template: str | None = None      # a Jinja2 chat template file, used instead of the model's (native.llamacpp.chat)
 
     def __post_init__(self):
         for key, low in (("context", 1), ("after", 0), ("max_tokens", 1)):
@@ -345,7 +346,7 @@ def build_corpus(model, phrases: Sequence[str], out, *, texts: Sequence = (), wo
     sources = (stdlib_sources(stdlib_root) if cfg.stdlib else []) + text_sources(texts)
     if not sources:
         raise EngineError(out, "corpus", "no source documents (the stdlib is off and no texts were given)")
-    chat = model_chat(model, fallback=cfg.chat_fallback)
+    chat = model_chat(model, fallback=cfg.chat_fallback, template=cfg.chat_template)
     ids = tuple(sorted({int(x) for x in (words if words is not None else
                                           phrase_words(chat.table, phrases, capitalized=cfg.capitalized))}))
     if not ids:

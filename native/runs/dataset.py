@@ -37,7 +37,7 @@ import numpy as np
 
 from exactedit.dumps import ROLE_REPLY_END
 from exactedit.native.llamacpp.capture import CaptureDoc, capture_dump
-from exactedit.native.llamacpp.chat import model_chat, reply_name, short_hash
+from exactedit.native.llamacpp.chat import model_chat, prompt_tokens, reply_name, short_hash
 from exactedit.native.llamacpp.documents import labelled
 from exactedit.native.llamacpp.engine import EngineError, EngineSettings, LlamaEngine
 from exactedit.native.runs.mine import MineConfig, reply_infos, generate
@@ -68,6 +68,7 @@ class DatasetConfig:
     chunk: int = 256
     capitalized: bool = True
     chat_fallback: str | None = None      # the framing when the model's template is refused (native.llamacpp.chat)
+    chat_template: str | None = None      # a Jinja2 chat template file, used instead of the model's (native.llamacpp.chat)
 
     def __post_init__(self):
         shares = (self.heldout, self.collateral, self.anchor)
@@ -81,7 +82,7 @@ class DatasetConfig:
     def mine_config(self) -> MineConfig:
         return MineConfig(max_new=self.max_new, temperature=self.temperature, top_k=self.top_k, seed=self.seed,
                           samples=self.samples, capitalized=self.capitalized, n_boot=0,
-                          chat_fallback=self.chat_fallback)
+                          chat_fallback=self.chat_fallback, chat_template=self.chat_template)
 
 
 @dataclass(frozen=True)
@@ -203,10 +204,10 @@ def build_dataset(model, prompts: Sequence[str], phrases: Sequence[str], out, *,
     out = Path(out)
     if out.exists() and not overwrite:
         raise EngineError(out, "out", "exists (pass --overwrite to replace its dumps)")
-    chat = model_chat(model, fallback=cfg.chat_fallback)
+    chat = model_chat(model, fallback=cfg.chat_fallback, template=cfg.chat_template)
     groups = split_prompts(prompts, cfg)
     with LlamaEngine(model, settings) as engine:
-        ptoks = [engine.tokenize(chat.prompt(p)) for p in prompts]
+        ptoks = [prompt_tokens(engine, chat.prompt(p), engine.bos_if_added()) for p in prompts]
         text_docs = _text_docs([Path(t) for t in texts], engine, chat, cfg.chunk)
     samples = generate(model, ptoks, chat, cfg.mine_config(), settings, None, progress)
     replies: dict[int, list[CaptureDoc]] = {}

@@ -73,12 +73,12 @@ def _final_logp(engine: LlamaEngine, head: np.ndarray, word: np.ndarray) -> floa
     return float(np.sum(rows[np.arange(k), word] - lse))
 
 
-def annotate(model, phrases: Sequence[dict], sources: Sequence[Source], *, contexts: int = 4,
+def annotate(model, phrases: Sequence[dict], sources: Sequence[Source], *, contexts: int = 4, template=None,
              certain: float = 0.9, settings: EngineSettings | None = None,
              progress: Progress | None = None) -> list[dict]:
     """Each phrase entry (a dict with "phrase") with `tokens`, `final_one_token`, `final_p`,
     `contexts`, `ban_phrase` and `ban_note` added (see the module doc)."""
-    chat = model_chat(model)
+    chat = model_chat(model, template=template)
     out = []
     with LlamaEngine(model, settings or EngineSettings()) as engine:
         bos = engine.bos_if_added()

@@ -1,7 +1,8 @@
 """`exactedit mine`: the model's own replies, their slop contexts, and phrase rates in free generation.
 
-For each prompt the model's own chat template (from its GGUF, rendered in Jinja2's sandbox)
-writes one user turn and the generation prompt; the engine samples `samples` replies (seeds
+For each prompt the model's own chat template (from its GGUF, or the Jinja2 file given as
+`chat_template`; rendered in Jinja2's sandbox) writes one user turn and the generation prompt
+(the BOS prepended when the vocabulary adds one and the template did not write it); the engine samples `samples` replies (seeds
 `seed`, `seed + 1`, ...) up to the model's turn end (or another end-of-generation token) or
 `max_new` tokens (native/llamacpp/sample.py; a reply cut at the cap is truncated and counted). Banned phrases are found by the toolkit's one
 phrase matcher (solvers/phrases.py, the one `solve wfld` mines with): a *context* is a row
@@ -31,7 +32,7 @@ import numpy as np
 
 from exactedit.evals.rates.phrase_rates import PhraseRates, Reply, phrase_rates
 from exactedit.native.llamacpp.capture import capture_dump
-from exactedit.native.llamacpp.chat import ModelChat, model_chat, reply_name, short_hash
+from exactedit.native.llamacpp.chat import ModelChat, model_chat, prompt_tokens, reply_name, short_hash
 from exactedit.native.llamacpp.documents import labelled
 from exactedit.native.llamacpp.generate import Sampling
 from exactedit.native.llamacpp.sample import LogitsProcessor, Sample, sample_all
@@ -58,6 +59,7 @@ class MineConfig:
     n_boot: int = 1000
     level: float = 0.95
     chat_fallback: str | None = None      # the framing when the model's template is refused (native.llamacpp.chat)
+    chat_template: str | None = None      # a Jinja2 chat template file, used instead of the model's (native.llamacpp.chat)
 
     def __post_init__(self):
         if self.samples < 1 or self.n_boot < 0 or not 0 < self.level < 1:
@@ -170,10 +172,10 @@ def mine(model, prompts: Sequence[str], phrases: Sequence[str], out=None, *, edi
     if not prompts:
         raise EngineError(model, "prompts", "no prompts")
     phrases = parse_phrases(list(phrases), "phrases")
-    chat = model_chat(model, fallback=cfg.chat_fallback)
+    chat = model_chat(model, fallback=cfg.chat_fallback, template=cfg.chat_template)
     prompt_texts = [chat.prompt(p) for p in prompts]
     with LlamaEngine(model, settings) as engine:
-        ptoks = [engine.tokenize(t) for t in prompt_texts]
+        ptoks = [prompt_tokens(engine, t, engine.bos_if_added()) for t in prompt_texts]
     total = len(prompts) * cfg.samples * (2 if edited is not None else 1)
     tick = None if progress is None else (lambda d, _t: progress(d, total))
     # every side through the same loop: with a processor on one side, all run one reply at a time

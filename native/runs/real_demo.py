@@ -1,4 +1,10 @@
-"""`exactedit demo --model qwen`: the whole anti-slop loop on a real model, on llama.cpp.
+"""`exactedit demo --model qwen|gemma`: the whole anti-slop loop on a real model, on llama.cpp.
+
+The model's chat template is its GGUF's own, or a Jinja2 file (`chat_template`, else the bundled
+native/runs/data/NAME/chat_template.jinja: Gemma 3 270M's file carries none); it renders every
+prompt, and the turn framing, turn end and specials of the data and the protocol are read off it.
+The settings are RealDemoConfig's defaults, overridden per model by the bundled
+native/runs/data/NAME/defaults.toml (`RealDemoConfig.for_model`; chosen on dev data).
 
 1. the data, from the model's own replies (`dataset build`): train / held-out / collateral /
    anchor dumps, split by prompt;
@@ -77,6 +83,13 @@ class RealDemoConfig:
     key: str = "dense"                  # solve wfld --key (docs/real-model.md: chosen on dev)
     word_holds: int = 2000              # solve wfld --word-holds (every plausible row of the solve side)
     strength_grid: tuple[float, ...] = (1.0, 0.8, 0.6, 0.45, 0.3, 0.2)   # solve wfld --strength-grid (per phrase, on dev)
+    chat_template: str | None = None    # a Jinja2 chat template file (default: the bundled chat_template.jinja, if any)
+
+    @classmethod
+    def for_model(cls, model: str = "qwen", **given) -> "RealDemoConfig":
+        """The config for `model`: the fields `given` (None: not given), else the model's bundled
+        defaults.toml, else the class defaults."""
+        return cls(model=model, **{**model_defaults(model), **{k: v for k, v in given.items() if v is not None}})
 
     def __post_init__(self):
         if min(self.samples, self.rate_samples, self.max_new, self.verify_tokens) < 1:
@@ -132,11 +145,56 @@ class RealDemoConfig:
         except ValueError as exc:
             raise RealDemoError(f"{path}: {exc}") from None
 
+    def template(self):
+        """The chat template the demo renders with (quant.chat_template.GivenTemplate): --chat-template,
+        else the bundled chat_template.jinja; None: the GGUF's own."""
+        from exactedit.native.llamacpp.chat import given_template
+
+        path = self.chat_template
+        if path is None and (DATA / self.model / "chat_template.jinja").is_file():
+            path = DATA / self.model / "chat_template.jinja"
+        return None if path is None else given_template(path)
+
     def text_files(self) -> tuple[Path, ...]:
         if self.texts is not None:
             return tuple(Path(t) for t in self.texts)
         folder = DATA / self.model / "texts"
         return tuple(sorted(folder.glob("*.txt"))) if folder.is_dir() else ()
+
+
+DEFAULTS_FILE = "defaults.toml"
+_TUPLES = {"strength_grid": float, "texts": str}
+
+
+def model_defaults(model: str) -> dict:
+    """The bundled per-model settings (native/runs/data/NAME/defaults.toml: RealDemoConfig field =
+    value), {} when the model has none. An unknown field or a wrong type names the file and field."""
+    import dataclasses
+    import tomllib
+
+    path = DATA / model / DEFAULTS_FILE
+    if not path.is_file():
+        return {}
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise RealDemoError(f"{path}: cannot read as TOML ({exc})") from None
+    fields = {f.name: f for f in dataclasses.fields(RealDemoConfig)}
+    out = {}
+    for key, value in raw.items():
+        if key not in fields or key == "model":
+            raise RealDemoError(f"{path}: {key}: not a setting of the demo (one of {sorted(set(fields) - {'model'})})")
+        default = fields[key].default
+        if key in _TUPLES:
+            if not isinstance(value, list) or not all(isinstance(v, (_TUPLES[key], int)) for v in value):
+                raise RealDemoError(f"{path}: {key}: expected a list of {_TUPLES[key].__name__}, got {value!r}")
+            value = tuple(_TUPLES[key](v) for v in value)
+        elif default is not None and (isinstance(value, bool) != isinstance(default, bool) or (
+                not isinstance(value, type(default))
+                and not (isinstance(default, float) and isinstance(value, int)))):
+            raise RealDemoError(f"{path}: {key}: expected {type(default).__name__}, got {value!r}")
+        out[key] = float(value) if isinstance(default, float) else value
+    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -215,12 +273,15 @@ def run_real_demo(cfg: RealDemoConfig, out, *, progress: Progress | None = None)
         t0 = now
 
     model = locate(cfg.model, progress=tick("model"))
+    template = cfg.template()
+    tpl_path = None if template is None else template.path
     phrases = cfg.phrase_list()
     phrases_file = out / "phrases.txt"     # the list solved for, whatever form it was given in
     atomic_write_text(phrases_file, f"# from {cfg.file('phrases')}" + (f", top {cfg.top}" if cfg.top else "")
                       + "\n" + "".join(p + "\n" for p in phrases))
     ds = build_dataset(model, _lines(cfg.file("prompts")), phrases, out / "data", texts=cfg.text_files(),
-                       config=DatasetConfig(samples=cfg.samples, max_new=cfg.max_new, seed=cfg.seed),
+                       config=DatasetConfig(samples=cfg.samples, max_new=cfg.max_new, seed=cfg.seed,
+                                            chat_template=tpl_path),
                        progress=tick("dataset"))
     mark("dataset")
     corpus = None
@@ -228,11 +289,12 @@ def run_real_demo(cfg: RealDemoConfig, out, *, progress: Progress | None = None)
         from exactedit.native.runs.corpus import CorpusConfig, build_corpus
 
         corpus = build_corpus(model, phrases, out / "data" / "corpus", config=CorpusConfig(
-            max_tokens=cfg.corpus_tokens, context=cfg.corpus_context, after=4, seed=cfg.seed), progress=tick("corpus"))
+            max_tokens=cfg.corpus_tokens, context=cfg.corpus_context, after=4, seed=cfg.seed, chat_template=tpl_path),
+            progress=tick("corpus"))
         mark("corpus")
     parts = {p.name: p.dump for p in (corpus.parts if corpus else ()) if p.dump}
     with gguf.open(model) as g:
-        ms = model_specials(g)
+        ms = model_specials(g, template)
     tuples = ds.tuples("train", "heldout")       # the dataset build's own matching, not matched again
     if not tuples:
         raise RealDemoError(f"none of the phrases of {phrases_file} occurs in the model's replies: nothing to "
@@ -264,7 +326,7 @@ def run_real_demo(cfg: RealDemoConfig, out, *, progress: Progress | None = None)
     rate_prompts = _lines(cfg.file("rate_prompts"))
     rates = mine(model, rate_prompts, measured, None, edited=applied.out,
                  config=MineConfig(max_new=cfg.max_new, seed=cfg.seed + 10_000, samples=cfg.rate_samples,
-                                   n_boot=cfg.n_boot), progress=tick("phrase rates"))
+                                   n_boot=cfg.n_boot, chat_template=tpl_path), progress=tick("phrase rates"))
     artefacts = {"base": variant_artefacts([r.text for r in rates.replies], measured),
                  "edited": variant_artefacts([r.text for r in rates.edited_replies], measured)}
     mark("phrase_rates")

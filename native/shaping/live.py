@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from exactedit.native.llamacpp.chat import prompt_tokens, render_prompt
+from exactedit.native.llamacpp.chat import given_template, prompt_tokens, render_prompt
 from exactedit.native.llamacpp.engine import EngineError, LlamaEngine
 from exactedit.native.llamacpp.generate import Sampling, generate
 
@@ -93,16 +93,23 @@ class TextGeneration:
 
 
 def generate_text(model, prompt: str, config: Sampling, rules_path=None, settings=None,
-                  persona: bool | None = None) -> TextGeneration:
-    """One reply to `prompt` (the model's chat template; the rules' when given), rules live."""
+                  persona: bool | None = None, chat_template=None) -> TextGeneration:
+    """One reply to `prompt` (the model's chat template; the rules' when given; `chat_template`: a
+    Jinja2 file used instead of the model's, without rules), rules live."""
     from exactedit.quant import chat_template as ct
     from exactedit.quant import gguf
+    from exactedit.solvers.shaping.compiled import ShapingRulesError
 
+    if rules_path is not None and chat_template is not None:
+        raise ShapingRulesError(chat_template, "chat_template", "compiled rules render with the template they were "
+                                "compiled with: put it in the rules file's [chat] table instead")
     g = gguf.open(model)
-    compiled, tpl = open_rules(model, rules_path, g) if rules_path is not None else (None, ct.from_gguf(g))
+    given = given_template(chat_template)
+    compiled, tpl = (open_rules(model, rules_path, g) if rules_path is not None
+                     else (None, ct.template_of(g, given)))
     shaper = shaper_for(compiled, persona=persona) if compiled is not None else None
     with LlamaEngine(model, settings) as engine:
-        gen = generate(engine, prompt_tokens(engine, render_prompt(tpl, prompt)), config, shaper,
+        gen = generate(engine, prompt_tokens(engine, render_prompt(tpl, prompt), engine.bos_if_added()), config, shaper,
                        stop_ids=compiled.vocab.turn_end if compiled is not None else None)
         text = b"".join(engine.piece(int(t)) for t in gen.tokens).decode("utf-8", "replace")
     names = [r.name for r in compiled.rules] if compiled is not None else []

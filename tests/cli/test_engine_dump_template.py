@@ -30,3 +30,22 @@ def test_an_escaping_template_is_a_clean_cli_error(tmp_path, template):
     assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
     assert "tokenizer.chat_template: refused by the sandbox" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("template", [
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{% for m in messages %}{{ m['content'] }}{% endfor %}",          # no turn shape
+], ids=["escaping", "no-shape"])
+def test_a_bad_chat_template_file_is_a_clean_cli_error_naming_it(tmp_path, template):
+    """--chat-template FILE: the file's errors name the file and `chat_template`, before any engine."""
+    meta = {"tokenizer.ggml.tokens": VOCAB, "tokenizer.ggml.token_type": np.array([3, 3, 3] + [1] * 29, np.int32),
+            "tokenizer.ggml.eos_token_id": MetaValue(_VT.UINT32, 2)}
+    model = synthetic_model(tmp_path / "m.gguf", vocab=len(VOCAB), n=256, h=32, layers=1, metadata=meta).path
+    conv, tpl = tmp_path / "c.jsonl", tmp_path / "t.jinja"
+    conv.write_text(json.dumps([{"role": "user", "content": "hi"}]) + "\n")
+    tpl.write_text(template)
+    res = CliRunner().invoke(main, ["engine", "dump", "--model", str(model), "--chat", str(conv),
+                                    "--chat-template", str(tpl), "--out", str(tmp_path / "d")])
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    assert f"{tpl}: chat_template: " in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "d").exists()

@@ -57,8 +57,8 @@ def test_a_refused_template_stops_mine_and_dataset_build_unless_a_fallback_is_na
     class Refused(Exception):
         pass
 
-    def model_chat(path, fallback=None):
-        seen.append(fallback)
+    def model_chat(path, fallback=None, template=None):
+        seen.append(fallback if template is None else (fallback, template))
         raise Refused(fallback)
 
     monkeypatch.setattr(mine_mod, "model_chat", model_chat)
@@ -70,5 +70,11 @@ def test_a_refused_template_stops_mine_and_dataset_build_unless_a_fallback_is_na
     with pytest.raises(Refused):
         ds_mod.build_dataset("m.gguf", ["p1", "p2", "p3", "p4"], ["you can use"], tmp_path / "out",
                              config=DatasetConfig(chat_fallback="chatml"))
-    assert seen == [None, "chatml", "chatml"]
+    with pytest.raises(Refused):      # a given template reaches model_chat from both commands
+        mine_mod.mine("m.gguf", ["a prompt"], ["you can use"], None, config=MineConfig(chat_template="t.jinja"))
+    with pytest.raises(Refused):
+        ds_mod.build_dataset("m.gguf", ["p1", "p2", "p3", "p4"], ["you can use"], tmp_path / "out",
+                             config=DatasetConfig(chat_template="t.jinja"))
+    assert seen == [None, "chatml", "chatml", (None, "t.jinja"), (None, "t.jinja")]
     assert DatasetConfig(chat_fallback="chatml").mine_config().chat_fallback == "chatml"
+    assert DatasetConfig(chat_template="t.jinja").mine_config().chat_template == "t.jinja"

@@ -111,3 +111,41 @@ def test_dataset_tuples_are_one_mining_of_the_sets():
                                                  "anchors": NS(tuples=((7, 7),))})
     assert r.tuples("train", "heldout") == ((0, 9), (1, 2, 3), (5, 6))
     assert r.tuples("collateral") == () and "mining" not in r.to_dict()
+
+
+def test_bundled_gemma_data_template_and_defaults():
+    """Gemma 3 270M's GGUF has no chat template: the demo brings one, and its own settings."""
+    from exactedit.native.runs.dataset import DatasetConfig, split_prompts
+
+    cfg = RealDemoConfig.for_model("gemma")
+    prompts, rate = _lines(cfg.file("prompts")), _lines(cfg.file("rate_prompts"))
+    assert len(prompts) >= 24 and len(rate) >= 12 and not set(prompts) & set(rate)
+    assert all(len(p.split()) >= 2 for p in _lines(cfg.file("phrases"))) and len(cfg.text_files()) >= 3
+    groups = split_prompts(prompts, DatasetConfig())
+    assert min(len(v) for v in groups.values()) >= 3           # every set has prompts of its own
+    tpl = cfg.template()
+    assert tpl.path == str(DATA / "gemma" / "chat_template.jinja") and "<start_of_turn>" in tpl.source
+    assert (cfg.max_new, cfg.corpus_tokens) == (96, 3000)       # defaults.toml, not the class's 160 / 12,000
+    assert RealDemoConfig.for_model("gemma", max_new=7, samples=None).max_new == 7   # given beats the file
+    assert RealDemoConfig.for_model("qwen").template() is None  # Qwen's GGUF has its own
+    assert RealDemoConfig.for_model("qwen") == RealDemoConfig()  # no defaults.toml: the class's defaults
+
+
+@pytest.mark.parametrize("text,match", [("max_new = 'x'\n", "max_new: expected int"),
+                                        ("samples = true\n", "samples: expected int"),
+                                        ("nosuch = 1\n", "nosuch: not a setting"),
+                                        ("model = 'qwen'\n", "model: not a setting"),
+                                        ("strength_grid = [1, 'a']\n", "strength_grid: expected a list"),
+                                        ("max_new = \n", "cannot read as TOML")])
+def test_a_bad_defaults_file_names_the_file_and_field(tmp_path, monkeypatch, text, match):
+    from exactedit.native.runs import real_demo
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "defaults.toml").write_text(text)
+    monkeypatch.setattr(real_demo, "DATA", tmp_path)
+    with pytest.raises(RealDemoError, match=match) as e:
+        RealDemoConfig.for_model("m")
+    assert str(tmp_path / "m" / "defaults.toml") in str(e.value)
+    (tmp_path / "m" / "defaults.toml").write_text("ridge = 1\nstrength_grid = [1, 0.5]\n")
+    cfg = RealDemoConfig.for_model("m")
+    assert type(cfg.ridge) is float and cfg.ridge == 1.0 and cfg.strength_grid == (1.0, 0.5)

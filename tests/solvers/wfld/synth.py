@@ -5,7 +5,8 @@ algebra and bookkeeping, not what a real model would say (the bundled fixture do
 
 Tails (`build_world(root, tail=...)`): "hc4" (the production tail, Q8_0 W_sd, h = 32) or "post"
 (an rmsnorm tail with a Gemma-style post-FFN norm, R' = R + rmsnorm(W_down hh) * w_post, its
-ffn_down in Q6_K, h = 256: a Q6_K row needs whole super-blocks of 256).
+ffn_down in Q6_K, h = 256: a Q6_K row needs whole super-blocks of 256). `softcap`: the "post"
+tail as Gemma 2 writes it, architecture gemma2 with its final and attention logit softcap keys.
 """
 from __future__ import annotations
 
@@ -79,11 +80,16 @@ def chat(ids: Ids, *replies: str) -> list[int]:
     return out
 
 
-def build_model(path, tail: str = "hc4") -> Path:
+def build_model(path, tail: str = "hc4", softcap: float | None = None) -> Path:
     if tail not in TAILS:
         raise ValueError(f"tail must be one of {TAILS}, got {tail!r}")
     tokens, types = vocab()
-    u32 = GGUFValueType.UINT32
+    u32, f32 = GGUFValueType.UINT32, GGUFValueType.FLOAT32
+    gemma2 = {} if softcap is None else {
+        "general.architecture": "gemma2", "gemma2.block_count": MetaValue(u32, 2),
+        "gemma2.embedding_length": MetaValue(u32, N), "gemma2.attention.layer_norm_rms_epsilon": MetaValue(f32, 1e-6),
+        "gemma2.final_logit_softcapping": MetaValue(f32, softcap),
+        "gemma2.attn_logit_softcapping": MetaValue(f32, 50.0)}     # upstream of the dump: no part of the tail
     shape = (dict(tail="hc4", h=H, d_lo=D_LO) if tail == "hc4" else
              dict(tail="rmsnorm", h=H_POST, down_type="Q6_K", post_norm=True))
     synthetic_model(path, vocab=len(tokens), n=N, layers=2, seed=7, **shape,
@@ -92,7 +98,7 @@ def build_model(path, tail: str = "hc4") -> Path:
                               # a chat model's own specials (quant.specials): ChatML turns, eos = turn end
                               "tokenizer.ggml.eos_token_id": MetaValue(u32, tokens.index("<|im_end|>")),
                               "tokenizer.ggml.bos_token_id": MetaValue(u32, tokens.index("<|endoftext|>")),
-                              "tokenizer.chat_template": CHATML_TEMPLATE})
+                              "tokenizer.chat_template": CHATML_TEMPLATE, **gemma2})
     return Path(path)
 
 
@@ -133,12 +139,14 @@ def quant_decode(token: str) -> str:
     return token if token in SPECIALS else token.replace("\u0120", " ").replace("\u010a", "\n")
 
 
-def build_world(root, tail: str = "hc4") -> dict[str, Path]:
+def build_world(root, tail: str = "hc4", softcap: float | None = None) -> dict[str, Path]:
     """model.gguf, phrases.txt and dumps train / heldout / collateral / anchors under `root`, for
-    the `tail` (TAILS)."""
+    the `tail` (TAILS; `softcap`: Gemma 2's final logit softcap on the "post" tail)."""
     root = Path(root)
     ids = Ids()
-    out = {"model": build_model(root / "model.gguf", tail)}
+    if softcap is not None and tail != "post":
+        raise ValueError("a softcap world is the post tail's (Gemma 2)")
+    out = {"model": build_model(root / "model.gguf", tail, softcap)}
     (root / "phrases.txt").write_text("# banned\n" + "\n".join(PHRASES) + "\n")
     out["phrases"] = root / "phrases.txt"
     slop = ["we should test it end to end.", "it is better to do it now rather than later.",
