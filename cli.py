@@ -414,16 +414,17 @@ def demo_cmd(out, fixture, model, phrases, top, prompts, rate_prompts, watch, te
               help="With --model: occurrences per phrase the ban point is measured at.")
 @click.option("--certain", default=0.9, show_default=True, type=click.FloatRange(0, 1),
               help="With --model: a last word this likely after its prefix moves the ban one word earlier.")
+@_CHAT_TEMPLATE
 @JSON_FLAG
 def discover_cmd(model_text, human, out, top, min_count, max_n, background, alpha0, min_z, sides, png, model, contexts,
-                 certain, as_json) -> None:
+                 certain, chat_template, as_json) -> None:
     """Phrases the model over-uses against your own writing: n-grams ranked by the log-odds z with an
     informative Dirichlet prior (docs/discover.md); with --model, where to ban each one."""
     from exactedit.evals.discover import (DiscoverConfig, discover, human_texts, model_texts, plot_discovery,
                                           render_discovery, write_discovery)
 
     _refuse_clobber({"--out": out, "--png": png}, {"--model-text": model_text, "--human": human,
-                                                  "--model": _existing(model)})
+                                                  "--model": _existing(model), "--chat-template": chat_template})
     with _bad_parameter():
         cfg = DiscoverConfig(top=top, min_count=min_count, max_n=max_n, max_len=max(max_n, 8), background=background,
                              alpha0=alpha0, min_z=min_z)
@@ -438,7 +439,7 @@ def discover_cmd(model_text, human, out, top, min_count, max_n, background, alph
         from exactedit.native.runs import ban_lines, discover_with_model
 
         obj = with_progress("ban points", discover_with_model, model, mt, ht, cfg, contexts=contexts,
-                            certain=certain)
+                            certain=certain, template=chat_template)
         text += "\n\n" + "\n".join(ban_lines(obj["phrases"]))
     write_discovery(obj, out)
     if png:

@@ -141,7 +141,7 @@ def ban_lines(phrases: Sequence[dict]) -> list[str]:
 
 
 def discover_with_model(model, model_texts, human_texts, config, *, contexts: int = 4, certain: float = 0.9,
-                        progress: Progress | None = None) -> dict:
+                        template=None, progress: Progress | None = None) -> dict:
     """`evals.discover.discover` on the texts, then each listed phrase `annotate`d by `model` at its
     occurrences in the model text (each framed by its prompt where the file gives one): the JSON
     object `discover --model` writes (discover's, phrases annotated, the model named)."""
@@ -151,7 +151,9 @@ def discover_with_model(model, model_texts, human_texts, config, *, contexts: in
     d = discover(model_texts, human_texts, config)
     obj = d.to_dict()
     sources = [Source(t.text, t.prompt) for t in model_texts]
-    obj["phrases"] = annotate(model, obj["phrases"], sources, contexts=contexts, certain=certain, progress=progress)
-    obj["tokenizer"] = {"model": str(model), "sha256": file_sha256(model), "contexts": contexts, "certain": certain}
+    obj["phrases"] = annotate(model, obj["phrases"], sources, contexts=contexts, certain=certain, template=template,
+                              progress=progress)
+    obj["tokenizer"] = {"model": str(model), "sha256": file_sha256(model), "contexts": contexts, "certain": certain,
+                        "chat_template": None if template is None else str(template)}
     return obj
 
