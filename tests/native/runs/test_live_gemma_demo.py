@@ -13,6 +13,7 @@ import tomllib
 import pytest
 
 from tests import oracles
+from tests.native.runs.demo_checks import check_verifies_live_bitwise, checked_report
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
@@ -59,20 +60,14 @@ def test_the_bundled_template_frames_the_data(demo):
 
 
 def test_the_edit_verifies_live_bitwise(demo):
-    assert demo.verify.passed, [c.failures for c in demo.verify.checks]
-    assert all(c.stats.bitwise for c in demo.verify.checks)
-    assert demo.verify.edit_effect.max_abs > 0          # the edit changed the engine's logits
+    check_verifies_live_bitwise(demo)
 
 
 def test_report_carries_verify_bars_and_phrase_rates(demo):
-    report = json.loads(demo.files["json"].read_text())
-    assert report["verify"]["passed"] is True
-    assert report["bars"] and all("pass" in b and b["bar"] for b in report["bars"])
+    report = checked_report(demo)
     rates = report["phrase_rates"]
     assert [p["phrase"] for p in rates] == ["What is the", "What are"]
     assert all(p["base"]["replies"] == 3 and p["edited"]["replies"] == 3 for p in rates)
-    assert {t["name"] for t in report["targets"]} >= {"bars (a)-(g)", "verify live (bitwise)",
-                                                      "variant artefacts, edited replies"}
     assert report["corpus"] is None and set(report["seconds"]) >= {"dataset", "solve_wfld", "verify_live"}
     replies = json.loads(demo.files["replies"].read_text())
     assert [x["side"] for x in replies] == ["base"] * 3 + ["edited"] * 3 and all(x["text"] for x in replies)
