@@ -40,7 +40,7 @@ from exactedit.native.llamacpp.capture import CaptureDoc, capture_dump
 from exactedit.native.llamacpp.chat import model_chat, prompt_tokens, reply_name, short_hash
 from exactedit.native.llamacpp.documents import labelled
 from exactedit.native.llamacpp.engine import EngineError, EngineSettings, LlamaEngine
-from exactedit.native.runs.mine import MineConfig, reply_infos, generate
+from exactedit.native.runs.mine import MineConfig, generate, reply_infos, reply_record
 from exactedit.quant.files import atomic_write_text
 from exactedit.solvers.wfld.mining import mine as mine_dumps
 from exactedit.solvers.phrases import parse_phrases
@@ -252,9 +252,7 @@ def build_dataset(model, prompts: Sequence[str], phrases: Sequence[str], out, *,
     res = DatasetResult(out, {g: [short_hash(prompts[i]) for i in idx] for g, idx in groups.items()},
                         tuple(summaries), tuple(warnings), chat.to_dict(), minings)
     set_of = {i: PROMPT_SETS[g] for g, idx in groups.items() for i in idx}
-    records = [{"side": "base", "set": set_of[x.prompt], "name": x.name,
-                "prompt": prompts[x.prompt], "seed": x.seed, "tokens": x.tokens, "stop": x.stop, "text": x.text}
-               for x in reply_infos(prompts, samples, chat)]
+    records = [{**reply_record("base", x, prompts), "set": set_of[x.prompt]} for x in reply_infos(prompts, samples, chat)]
     atomic_write_text(out / "replies.json", json.dumps(records, indent=1, ensure_ascii=False) + "\n")
     atomic_write_text(out / "dataset.json", json.dumps(res.to_dict(), indent=1) + "\n")
     return res

@@ -218,13 +218,17 @@ def mine(model, prompts: Sequence[str], phrases: Sequence[str], out=None, *, edi
     return MineResult(dump, tuple(contexts), infos, rates, pr, chat.to_dict(), ed_infos)
 
 
+def reply_record(side: str, x: ReplyInfo, prompts: Sequence[str] | None = None) -> dict:
+    """One reply as a record: side, name, prompt (its text when `prompts` is given, else its index),
+    seed, tokens, stop, text. The shape `exactedit discover` reads as model text."""
+    return {"side": side, "name": x.name, "prompt": prompts[x.prompt] if prompts is not None else x.prompt,
+            "seed": x.seed, "tokens": x.tokens, "stop": x.stop, "text": x.text}
+
+
 def reply_records(r: MineResult, prompts: Sequence[str] | None = None) -> list[dict]:
-    """Every reply of a mine run (base, then edited) as a record: side, name, prompt (its text when
-    `prompts` is given, else its index), seed, tokens, stop, text. The shape `exactedit discover`
-    reads as model text."""
-    return [{"side": side, "name": x.name, "prompt": prompts[x.prompt] if prompts is not None else x.prompt,
-             "seed": x.seed, "tokens": x.tokens, "stop": x.stop, "text": x.text}
-            for side, xs in (("base", r.replies), ("edited", r.edited_replies)) for x in xs]
+    """Every reply of a mine run (base, then edited) as a `reply_record`."""
+    return [reply_record(side, x, prompts) for side, xs in (("base", r.replies), ("edited", r.edited_replies))
+            for x in xs]
 
 
 def write_replies(r: MineResult, prompts: Sequence[str] | None, path) -> None:
