@@ -42,14 +42,23 @@ def grams(draw):
 @example((np.array([5]), np.array([0]), 100, 100, np.array([1.0]), 10.0, 1.0))
 @example((np.array([0]), np.array([7]), 7, 50, np.array([1e-12]), 1e-3, 0.0))
 @example((np.array([0]), np.array([1]), 1, 1, np.array([1.0]), 1.0, 0.0))       # p = 1: the rest keeps REST_MIN
+@example((np.array([0, 0, 87, 0]), np.array([0, 0, 0, 0]), 196, 1,               # delta ~ 3e-7 from logs ~ 15
+          np.array([2, 1.25, 4, 1.75]) / 9, 4364527.0, 0.0))
 @settings(max_examples=300, deadline=None)
 def test_vectorized_equals_the_scalar_definition(case):
     y_m, y_h, n_m, n_h, p, alpha0, alpha_min = case
     alpha, total = prior(p, alpha0, alpha_min)
     got = log_odds(y_m, y_h, n_m, n_h, alpha, total)
     for i in range(len(y_m)):
-        want = scalar(int(y_m[i]), int(y_h[i]), n_m, n_h, float(alpha[i]), float(total[i]))
-        assert np.allclose([got.delta[i], got.var[i], got.z[i]], want, rtol=1e-9, atol=1e-12)
+        a, a_tot = float(alpha[i]), float(total[i])
+        want = scalar(int(y_m[i]), int(y_h[i]), n_m, n_h, a, a_tot)
+        # delta is a difference of four logs: when it is near 0 the logs cancel, and both ways of
+        # computing it can only agree to a few ulps of the largest log, not of delta itself
+        logs = [y_m[i] + a, (n_m - y_m[i]) + (a_tot - a), y_h[i] + a, (n_h - y_h[i]) + (a_tot - a)]
+        cancel = 64 * np.finfo(np.float64).eps * sum(abs(math.log(x)) + 1 for x in logs)
+        assert math.isclose(got.delta[i], want[0], rel_tol=1e-9, abs_tol=cancel)
+        assert math.isclose(got.var[i], want[1], rel_tol=1e-12)
+        assert math.isclose(got.z[i], want[2], rel_tol=1e-9, abs_tol=cancel / math.sqrt(want[1]))
 
 
 def test_log_odds_refuses_terms_it_cannot_take_the_log_of():
