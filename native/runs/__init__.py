@@ -1,6 +1,6 @@
 """The code behind `exactedit mine` (`mine`), `dataset build` (`dataset`), `dataset corpus`
-(`corpus`), `discover --model` (`discover`), `kld` with llama.cpp's files (`kld`) and `demo --model` (`real_demo`, its bundled
-inputs in `data/`). Imported only by
+(`corpus`), `discover --model` (`discover`), `kld` with llama.cpp's files (`kld`), `demo --model` (`real_demo`, its bundled
+inputs in `data/`) and what `antislop` refuses before generating (`preflight`). Imported only by
 cli.py, fixtures/, bench/ and other runs (tests/test_layers.py).
 
 The names below are imported on first use (their modules pull in numba / JAX).
@@ -12,6 +12,8 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "DatasetConfig": "dataset",
     "KldFiles": "kld",
     "MineConfig": "mine",
+    "PreflightError": "preflight",
+    "PreflightResult": "preflight",
     "RealDemoConfig": "real_demo",
     "build_corpus": "corpus",
     "ban_lines": "discover",
@@ -25,5 +27,6 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "write_replies": "mine",
     "run_kld": "kld",
     "run_mine": "mine:mine",
+    "run_preflight": "preflight:preflight",
     "run_real_demo": "real_demo",
 })
