@@ -42,13 +42,18 @@ def _progress(stack, label: str):
     first call and closed with `stack`."""
     bar = None
     if not sys.stderr.isatty():      # a log file: a line per tenth of the work (click draws nothing there)
+        import time
+
         shown = [None]           # the last tenth printed
+        start = time.monotonic()
 
         def line(done: int, total: int) -> None:
             tenth = (10 * done) // max(total, 1)
             if tenth != shown[0]:
                 shown[0] = tenth
-                click.echo(f"{label}: {done}/{total}", err=True)
+                spent = time.monotonic() - start
+                left = f", about {spent * (total - done) / done:.0f} s left" if 0 < done < total and spent > 1 else ""
+                click.echo(f"{label}: {done}/{total}{left}", err=True)
 
         return line
 
@@ -301,88 +306,150 @@ def apply_cmd(bundle, model, out, overwrite, as_json) -> None:
     emit(r, render_apply(r), as_json)
 
 
+def _loop_options(demo: bool):
+    """The options `antislop` and `demo --model` share (the same run; demo's defaults are the
+    bundled model's). `demo`: the help says they apply with --model."""
+    h = (lambda text: "With --model: " + text) if demo else (lambda text: text[:1].upper() + text[1:])
+    dflt = (lambda bundled: f" (default: {bundled})") if demo else (lambda bundled: "")
+    given = (lambda bundled: f" (default: {bundled})")
+    opts = [
+        click.option("--phrases", type=click.Path(dir_okay=False, exists=True), default=None,
+                     help=h("banned phrases, one per line, or discover's JSON with --top" + dflt("the bundled ones")
+                     + ("" if demo else " [required]") + ".")),
+        _TOP,
+        click.option("--prompts", type=click.Path(dir_okay=False, exists=True), default=None,
+                     help=h("prompts, one per line, whose replies build the solve's data" + dflt("bundled")
+                     + ("" if demo else " [required]") + ".")),
+        click.option("--rate-prompts", type=click.Path(dir_okay=False, exists=True), default=None,
+                     help=h("held-out prompts, one per line, for the phrase rates in free generation (none may be "
+                     "a data prompt)" + dflt("bundled") + ("" if demo else " [required]") + ".")),
+        click.option("--watch", type=click.Path(dir_okay=False, exists=True), default=None,
+                     help=h("phrases measured in generation beside the solved ones, not solved for (e.g. the whole "
+                     "phrase whose prefix is banned)" + dflt("the bundled watch list") + ".")),
+        click.option("--texts", multiple=True, type=click.Path(dir_okay=False, exists=True),
+                     help=h("plain texts for collateral, the null space and anchors (repeatable)"
+                     + dflt("bundled") + ".")),
+        click.option("--same-sense", "same_sense", type=click.Path(dir_okay=False, exists=True), default=None,
+                     help=h("PHRASE=WORD[,WORD] per line, paraphrases of a phrase's final token that the solve "
+                     "holds with it" + dflt("the bundled list, if any") + ".")),
+        click.option("--chat-template", "chat_template", type=click.Path(dir_okay=False, exists=True), default=None,
+                     help=h("a Jinja2 chat template file, used instead of the GGUF's own"
+                     + (" (default: the bundled chat_template.jinja for a model whose file has none, e.g. gemma)"
+                        if demo else "; needed for a GGUF without one") + ".")),
+        click.option("--samples", default=None, type=click.IntRange(1),
+                     help=h("replies per data prompt" + given("the model's, 2") + ".")),
+        click.option("--rate-samples", default=None, type=click.IntRange(1),
+                     help=h("replies per held-out rate prompt" + given("the model's, 2") + ".")),
+        click.option("--max-new", default=None, type=click.IntRange(1),
+                     help=h("reply cap in tokens" + given("the model's, 160") + ".")),
+        click.option("--seed", default=0, show_default=True, type=int, help=h("sampling seed.")),
+        click.option("--ridge", default=None, type=float,
+                     help=h("solve wfld's background ridge" + given("0.01, chosen on dev: docs/real-model.md") + ".")),
+        click.option("--corpus-tokens", type=click.IntRange(0), default=None,
+                     help=h("prefill budget of the teacher-forced corpus windows (dataset corpus); 0: none"
+                     + given("12,000; docs/real-model.md") + ".")),
+        click.option("--key", type=click.Choice(["dense", "discriminative", "units"]), default=None,
+                     help=h("solve wfld --key" + given("dense, chosen on dev") + ".")),
+        click.option("--word-holds", type=click.IntRange(0), default=None,
+                     help=h("solve wfld --word-holds" + given("2000, chosen on dev") + ".")),
+        click.option("--strength-grid", default=None, metavar="S,S,...",
+                     help=h("solve wfld --strength-grid ('' for a fixed strength 1)" + given("1,0.8,0.6,0.45,0.3,0.2")
+                     + ".")),
+        click.option("--rules-bias", default=None, type=click.FloatRange(min=0, min_open=True),
+                     help=h("the shipped rules' prefix penalty in nats (shape compile --bias)" + given("6") + ".")),
+    ]
+
+    def wrap(f):
+        for o in reversed(opts):
+            f = o(f)
+        return f
+    return wrap
+
+
+def _loop(model: str, out: str, given: dict, stack, demo: bool):
+    """Run (or continue) `exactedit antislop` for `model` into `out` with the shared options `given`."""
+    from exactedit.native.runs import AntislopConfig, run_antislop
+
+    model = str(model)
+    bars: dict = {}
+
+    def progress(label: str, done: int, total: int) -> None:
+        bars.setdefault(label, _progress(stack, label))(done, total)
+
+    given = dict(given)
+    with _bad_parameter():
+        if given["strength_grid"] is not None:
+            given["strength_grid"] = _floats(given["strength_grid"], "--strength-grid")
+    given["texts"] = tuple(given["texts"]) or None
+    if not demo:
+        missing = [f"--{k.replace('_', '-')}" for k in ("prompts", "phrases", "rate_prompts") if given[k] is None]
+        bundled = AntislopConfig(model=model).bundled
+        if missing and bundled is None:
+            raise click.UsageError(f"give {', '.join(missing)} (only a public model with bundled inputs has defaults: "
+                                   "`exactedit demo --model NAME`)")
+    cfg = AntislopConfig.for_model(model, **given)
+    return run_antislop(cfg, out, progress=progress, command=command_line())
+
+
+@main.command("antislop")
+@click.option("--model", required=True, type=MODEL, help="The GGUF to edit: a path, or a public model name.")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="The run's directory: new, or an earlier run's to continue it (stages whose inputs are unchanged "
+                   "are kept; the others are redone).")
+@_loop_options(demo=False)
+@JSON_FLAG
+def antislop_cmd(model, out, as_json, **given) -> None:
+    """The whole anti-slop loop on your GGUF: data from its own replies, protocol, solve wfld, apply,
+    verify live, dev score, sampler rules compiled for it, phrase rates on held-out prompts in four
+    arms (base, rules, weights, both), the cost on ordinary text. Ships OUT/edited.gguf and
+    OUT/rules.json side by side, with OUT/report.md, report.json and PNGs (docs/antislop.md)."""
+    _refuse_clobber({"--out": out}, {"--model": _existing(model), **{f"--{k}": given[k] for k in
+                                     ("phrases", "prompts", "rate_prompts", "watch", "same_sense", "chat_template")},
+                                     "--texts": given["texts"]})
+    with contextlib.ExitStack() as stack:
+        result = _loop(model, out, given, stack, demo=False)
+    emit(result.report, result.text, as_json)
+    if not result.verified:
+        sys.exit(1)
+
+
 @main.command("demo")
 @click.option("--out", default="demo-out", show_default=True, type=click.Path(file_okay=False),
-              help="New directory for the demo's bundles, reports and workspace.")
+              help="New directory for the demo's bundles, reports and workspace (with --model: an earlier run's "
+                   "to continue it).")
 @click.option("--fixture", type=click.Path(file_okay=False, exists=True), default=None,
               help="Fixture directory (default: the bundled fixtures/default).")
 @click.option("--model", default=None,
-              help="Run the real-model loop instead, on this public model (qwen, gemma) through llama.cpp, with "
-                   "its bundled inputs and settings (native/runs/data/NAME/).")
-@click.option("--phrases", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="With --model: banned phrases, one per line, or discover's JSON with --top (default: the "
-                   "bundled ones for the model).")
-@_TOP
-@click.option("--prompts", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="With --model: prompts whose replies build the solve's data (default: bundled).")
-@click.option("--rate-prompts", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="With --model: held-out prompts for the phrase rates (default: bundled).")
-@click.option("--watch", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="With --model: phrases measured in generation beside the solved ones, not solved for "
-                   "(default: the bundled watch list, e.g. the whole phrase whose prefix is banned).")
-@click.option("--texts", multiple=True, type=click.Path(dir_okay=False, exists=True),
-              help="With --model: plain texts for collateral, the null space and anchors (repeatable; "
-                   "default: bundled).")
-@click.option("--same-sense", "same_sense", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="With --model: PHRASE=WORD[,WORD] per line, paraphrases of a phrase's final token that the "
-                   "solve holds with it (default: the bundled list, if any).")
-@click.option("--chat-template", "chat_template", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="With --model: a Jinja2 chat template file, used instead of the GGUF's own (default: the bundled "
-                   "chat_template.jinja for a model whose file has none, e.g. gemma).")
-@click.option("--samples", default=None, type=click.IntRange(1),
-              help="With --model: replies per prompt (default: the model's, 2 for qwen).")
-@click.option("--rate-samples", default=None, type=click.IntRange(1),
-              help="With --model: replies per held-out rate prompt (default: the model's, 2 for qwen).")
-@click.option("--max-new", default=None, type=click.IntRange(1),
-              help="With --model: reply cap (default: the model's, 160 for qwen).")
-@click.option("--seed", default=0, show_default=True, type=int, help="With --model: sampling seed.")
-@click.option("--ridge", default=None, type=float,
-              help="With --model: solve wfld's background ridge (default: the model's, 0.01 for qwen; chosen on dev: "
-                   "docs/real-model.md).")
-@click.option("--corpus-tokens", type=click.IntRange(0), default=None,
-              help="With --model: prefill budget of the teacher-forced corpus windows (dataset corpus); 0: none "
-                   "(default: the demo's, docs/real-model.md).")
-@click.option("--key", type=click.Choice(["dense", "discriminative", "units"]), default=None,
-              help="With --model: solve wfld --key (default: the demo's, chosen on dev).")
-@click.option("--word-holds", type=click.IntRange(0), default=None,
-              help="With --model: solve wfld --word-holds (default: the demo's, chosen on dev).")
-@click.option("--strength-grid", default=None, metavar="S,S,...",
-              help="With --model: solve wfld --strength-grid ('' for a fixed strength 1; default: the demo's).")
+              help="Run the real-model loop instead (`exactedit antislop` with the model's bundled inputs and "
+                   "settings, native/runs/data/NAME/), on this public model (qwen, gemma) through llama.cpp.")
+@_loop_options(demo=True)
 @JSON_FLAG
-def demo_cmd(out, fixture, model, phrases, top, prompts, rate_prompts, watch, texts, same_sense, chat_template, samples,
-             rate_samples, max_new, seed, ridge, corpus_tokens, key, word_holds, strength_grid, as_json) -> None:
+def demo_cmd(out, fixture, model, as_json, **given) -> None:
     """The whole workflow on the bundled fixture: register + split, solve head, solve wfld, dev
-    score, and the one-shot blind sign-off (its command line in OUT/blind.cmd). With --model: the
-    anti-slop loop on a real model (data from its own replies, solve, apply, verify live, dev score,
-    phrase rates on held-out prompts; OUT/report.md, report.json and PNGs)."""
-    _refuse_clobber({"--out": out}, {"--fixture": fixture, "--model": _existing(model), "--phrases": phrases,
-                                    "--prompts": prompts, "--rate-prompts": rate_prompts, "--watch": watch,
-                                    "--texts": texts, "--same-sense": same_sense, "--chat-template": chat_template})
+    score, and the one-shot blind sign-off (its command line in OUT/blind.cmd). With --model:
+    `exactedit antislop` on a real model with its bundled inputs (data from its own replies, solve,
+    apply, verify live, dev score, rules, phrase rates on held-out prompts in four arms, cost;
+    OUT/report.md, report.json and PNGs)."""
+    _refuse_clobber({"--out": out}, {"--fixture": fixture, "--model": _existing(model),
+                                    **{f"--{k}": given[k] for k in ("phrases", "prompts", "rate_prompts", "watch",
+                                                                    "same_sense", "chat_template")},
+                                    "--texts": given["texts"]})
     with contextlib.ExitStack() as stack:
+        if model is not None:
+            result = _loop(model, out, given, stack, demo=True)
+            emit(result.report, result.text, as_json)
+            if not result.verified:
+                sys.exit(1)
+            return
         bars: dict = {}
 
         def progress(label: str, done: int, total: int) -> None:
             bars.setdefault(label, _progress(stack, label))(done, total)
 
-        if model is not None:
-            from exactedit.native.runs import RealDemoConfig, real_demo_report, run_real_demo
+        from exactedit.fixtures import DEFAULT_FIXTURE, demo_report, run_demo
 
-            with _bad_parameter():
-                grid = None if strength_grid is None else _floats(strength_grid, "--strength-grid")
-            cfg = RealDemoConfig.for_model(model, prompts=prompts, rate_prompts=rate_prompts, phrases=phrases, top=top,
-                                           watch=watch, texts=tuple(texts) or None, same_sense=same_sense,
-                                           chat_template=chat_template, samples=samples, rate_samples=rate_samples,
-                                           max_new=max_new, seed=seed, ridge=ridge, corpus_tokens=corpus_tokens, key=key,
-                                           word_holds=word_holds, strength_grid=grid)
-            result = run_real_demo(cfg, out, progress=progress)
-            report = real_demo_report(result)
-        else:
-            from exactedit.fixtures import DEFAULT_FIXTURE, demo_report, run_demo
-
-            report = demo_report(run_demo(out, fixture=fixture or DEFAULT_FIXTURE, progress=progress))
+        report = demo_report(run_demo(out, fixture=fixture or DEFAULT_FIXTURE, progress=progress))
     emit(*report, as_json)
-    if model is not None and not result.verify.passed:
-        sys.exit(1)
 
 
 @main.command("discover")

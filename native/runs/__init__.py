@@ -1,6 +1,7 @@
 """The code behind `exactedit mine` (`mine`), `dataset build` (`dataset`), `dataset corpus`
-(`corpus`), `discover --model` (`discover`), `kld` with llama.cpp's files (`kld`), `demo --model` (`real_demo`, its bundled
-inputs in `data/`) and what `antislop` refuses before generating (`preflight`). Imported only by
+(`corpus`), `discover --model` (`discover`), `kld` with llama.cpp's files (`kld`), `antislop` and `demo --model`
+(`antislop`; the bundled inputs of `demo --model NAME` in `data/`) and what `antislop` refuses before generating
+(`preflight`). Imported only by
 cli.py, fixtures/, bench/ and other runs (tests/test_layers.py).
 
 The names below are imported on first use (their modules pull in numba / JAX).
@@ -14,12 +15,11 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "MineConfig": "mine",
     "PreflightError": "preflight",
     "PreflightResult": "preflight",
-    "RealDemoConfig": "real_demo",
+    "AntislopConfig": "antislop.config",
     "build_corpus": "corpus",
     "ban_lines": "discover",
     "build_dataset": "dataset",
     "discover_with_model": "discover",
-    "real_demo_report": "real_demo",
     "render_corpus": "corpus",
     "render_dataset": "dataset",
     "render_kld_run": "kld",
@@ -28,5 +28,5 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "run_kld": "kld",
     "run_mine": "mine:mine",
     "run_preflight": "preflight:preflight",
-    "run_real_demo": "real_demo",
+    "run_antislop": "antislop.pipeline",
 })

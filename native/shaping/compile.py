@@ -25,10 +25,12 @@ class CompileResult:
                 "skipped": [{"phrase": p, "why": w} for p, w in self.skipped]}
 
 
-def compile_file(rules, model, out, *, phrases: Sequence[str] = (), bias: float = 6.0) -> CompileResult:
+def compile_file(rules, model, out, *, phrases: Sequence[str] = (), bias: float = 6.0,
+                 chat_template=None) -> CompileResult:
     """Compile the rules file `rules` (or None: no file) for `model`, with a prefix penalty of
     `bias` on `phrases` added (a list given outside the file, e.g. discover's; the phrases whose
-    last word is several tokens are skipped and listed)."""
+    last word is several tokens are skipped and listed). `chat_template`: a Jinja2 file whose
+    template the rules carry (a model whose GGUF has none), unless the rules file gives its own."""
     import dataclasses
 
     from exactedit.solvers.shaping.compiled import ShapingRulesError, read_compiled, write_compiled
@@ -37,6 +39,10 @@ def compile_file(rules, model, out, *, phrases: Sequence[str] = (), bias: float 
     from exactedit.quant.files import file_sha256
 
     spec = load_rules(rules) if rules is not None else RulesSpec("(no rules file)", "", ())
+    if chat_template is not None and spec.chat.template is None:
+        from exactedit.native.llamacpp.chat import given_template
+
+        spec = dataclasses.replace(spec, chat=dataclasses.replace(spec.chat, template=given_template(chat_template).source))
     g = gguf.open(model)
     skipped = ()
     with LlamaEngine(model) as engine:

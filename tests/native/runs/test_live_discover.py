@@ -45,7 +45,7 @@ def test_annotate_measures_the_ban_point(qwen):
 
 def test_discover_cli_with_model_writes_ban_points_the_phrase_lists_take(qwen, tmp_path):
     from exactedit import cli
-    from exactedit.native.runs.real_demo import DATA
+    from exactedit.native.runs.antislop.config import DATA
     from exactedit.solvers import load_phrases
 
     replies = tmp_path / "replies.json"

@@ -13,7 +13,7 @@ import tomllib
 import pytest
 
 from tests import oracles
-from tests.native.runs.demo_checks import check_verifies_live_bitwise, checked_report
+from tests.native.runs.demo_checks import check_four_arms, check_verifies_live_bitwise, checked_report
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
@@ -28,25 +28,26 @@ PROMPTS = ["What is the capital of France?", "What is the main language spoken i
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     oracles.live_model("gemma")   # missing extra: a skip, or a failure in CI (tests/oracles.py)
-    from exactedit.native.runs.real_demo import DATA, RealDemoConfig, _lines, run_real_demo
+    from exactedit.native.runs.antislop import AntislopConfig, run_antislop
+    from exactedit.native.runs.antislop.config import DATA, _lines
 
     assert set(PROMPTS) <= set(_lines(DATA / "gemma" / "prompts.txt"))
     d = tmp_path_factory.mktemp("gemma-demo")
     (d / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
     (d / "rates.txt").write_text("\n".join(_lines(DATA / "gemma" / "rate_prompts.txt")[:3]) + "\n")
-    cfg = RealDemoConfig.for_model("gemma", prompts=str(d / "prompts.txt"), rate_prompts=str(d / "rates.txt"),
+    cfg = AntislopConfig.for_model("gemma", prompts=str(d / "prompts.txt"), rate_prompts=str(d / "rates.txt"),
                                    texts=(str(DATA / "gemma" / "texts" / "orchard.txt"),), samples=2,
                                    rate_samples=1, max_new=48, verify_tokens=64, n_boot=200, corpus_tokens=0,
                                    strength_grid=(1.0, 0.5))
-    return run_real_demo(cfg, d / "out")
+    return run_antislop(cfg, d / "out")
 
 
 def test_the_bundled_template_frames_the_data(demo):
     from exactedit.dumps import read_dump
-    from exactedit.native.runs.real_demo import DATA
+    from exactedit.native.runs.antislop.config import DATA
 
     tpl = str(DATA / "gemma" / "chat_template.jinja")
-    chat = demo.dataset.chat
+    chat = demo.records["data"]["chat"]
     assert chat["chat_framing"] == f"user:{tpl}" and chat["format"]["assistant"] == "model"
     assert chat["specials"]["turn_end"] == "<end_of_turn>"
     train = read_dump(demo.out / "data" / "train")
@@ -68,8 +69,5 @@ def test_report_carries_verify_bars_and_phrase_rates(demo):
     rates = report["phrase_rates"]
     assert [p["phrase"] for p in rates] == ["What is the", "What are"]
     assert all(p["base"]["replies"] == 3 and p["edited"]["replies"] == 3 for p in rates)
-    assert report["corpus"] is None and set(report["seconds"]) >= {"dataset", "solve_wfld", "verify_live"}
-    replies = json.loads(demo.files["replies"].read_text())
-    assert [x["side"] for x in replies] == ["base"] * 3 + ["edited"] * 3 and all(x["text"] for x in replies)
-    for key in ("md", "rates_png", "collateral_png"):
-        assert demo.files[key].stat().st_size > 0
+    assert report["corpus"] is None and set(report["seconds"]) >= {"data", "solve", "verify", "rules", "rates"}
+    check_four_arms(demo, ["What is the", "What are"], 3)

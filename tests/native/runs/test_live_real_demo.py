@@ -10,7 +10,7 @@ import json
 import pytest
 
 from tests import oracles
-from tests.native.runs.demo_checks import check_verifies_live_bitwise, checked_report
+from tests.native.runs.demo_checks import check_four_arms, check_verifies_live_bitwise, checked_report
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
@@ -18,7 +18,8 @@ pytestmark = [pytest.mark.live, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     oracles.live_model("qwen")   # missing extra: a skip, or a failure in CI (tests/oracles.py)
-    from exactedit.native.runs.real_demo import DATA, RealDemoConfig, _lines, run_real_demo
+    from exactedit.native.runs.antislop import AntislopConfig, run_antislop
+    from exactedit.native.runs.antislop.config import DATA, _lines
 
     d = tmp_path_factory.mktemp("real-demo")
     (d / "prompts.txt").write_text("\n".join(_lines(DATA / "qwen" / "prompts.txt")[:8]) + "\n")
@@ -27,10 +28,10 @@ def demo(tmp_path_factory):
     (d / "found.json").write_text(json.dumps({"phrases": [
         {"phrase": "Here's an example", "z": 3.2, "ban_phrase": "Here's an"}, {"phrase": "example", "z": 3.1},
         {"phrase": "you can use", "z": 2.9}, {"phrase": "you can", "z": 2.8}]}))   # --top 2: the one word skipped
-    cfg = RealDemoConfig(prompts=str(d / "prompts.txt"), rate_prompts=str(d / "rates.txt"), samples=1,
+    cfg = AntislopConfig(prompts=str(d / "prompts.txt"), rate_prompts=str(d / "rates.txt"), samples=1,
                          phrases=str(d / "found.json"), top=2,
                          rate_samples=1, max_new=64, verify_tokens=64, n_boot=200, corpus_tokens=900)
-    return run_real_demo(cfg, d / "out")
+    return run_antislop(cfg, d / "out")
 
 
 def test_the_edit_verifies_live_bitwise(demo):
@@ -42,11 +43,8 @@ def test_report_carries_verify_bars_and_phrase_rates(demo):
     rates = report["phrase_rates"]
     assert [p["phrase"] for p in rates] == ["Here's an", "you can use", "Here's an example"]   # solved, then watched
     assert all(p["base"]["replies"] == 3 and p["edited"]["replies"] == 3 for p in rates)
-    assert set(report["artefacts"]) == {"base", "edited"}
-    replies = json.loads(demo.files["replies"].read_text())
-    assert [x["side"] for x in replies] == ["base"] * 3 + ["edited"] * 3 and all(x["text"] for x in replies)
-    for key in ("md", "rates_png", "collateral_png"):
-        assert demo.files[key].stat().st_size > 0
+    assert set(report["artefacts"]) >= {"base", "edited"}
+    check_four_arms(demo, ["Here's an", "you can use", "Here's an example"], 3)
 
 
 def test_rate_prompts_are_not_in_the_data(demo):
@@ -67,7 +65,7 @@ def test_the_default_variant_corpus_holds_and_strength_on_dev(demo):
     assert set(parts) == {"solve", "dev", "collateral"} and all(p["rows"] > 0 for p in parts.values())
     st = report["strength"]
     assert st["on"] == "dev" and st["frontier"] and set(st["chosen"]) == {"Here's an", "you can use"}
-    assert demo.wfld.report["conditions"]["word@plausible"] > 0
+    assert demo.records["solve"]["report"]["conditions"]["word@plausible"] > 0
     names = {b["name"] for b in report["bars"]}
     assert any(n.startswith("d_low:") for n in names)
     coll = [b for b in report["bars"] if b["name"].startswith("d_low:")]
@@ -81,7 +79,7 @@ def test_new_slop_and_discovery_on_the_models_own_replies(demo):
     discover on the model's own replies (the data's and the rates' base side, both replies files)
     against the bundled plain texts: Qwen's known phrases rank among the top."""
     from exactedit.evals.discover import discover, human_texts, model_texts
-    from exactedit.native.runs.real_demo import DATA
+    from exactedit.native.runs.antislop.config import DATA
 
     report = json.loads(demo.files["json"].read_text())
     assert "new_slop" in report and "## new slop" in demo.files["md"].read_text()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from exactedit.evals.protocol.protocol import load_protocol, resolve_tokens
-from exactedit.native.runs.real_demo import DATA, RealDemoConfig, RealDemoError, _lines, write_protocol
+from exactedit.native.runs.antislop.config import DATA, AntislopConfig, AntislopError, _lines
+from exactedit.native.runs.antislop.pipeline import write_protocol
 
 
 def test_protocol_loads_with_fixed_roles_and_id_tokens(tmp_path):
@@ -22,7 +23,7 @@ def test_protocol_loads_with_fixed_roles_and_id_tokens(tmp_path):
 
 
 def test_bundled_qwen_data_is_disjoint_and_sized():
-    cfg = RealDemoConfig()
+    cfg = AntislopConfig()
     prompts, rate = _lines(cfg.file("prompts")), _lines(cfg.file("rate_prompts"))
     assert len(prompts) >= 20 and len(rate) >= 10
     assert not set(prompts) & set(rate)            # the rate prompts built none of the data
@@ -30,53 +31,52 @@ def test_bundled_qwen_data_is_disjoint_and_sized():
 
 
 def test_config_refuses_unknown_models_and_bad_sizes(tmp_path):
-    with pytest.raises(RealDemoError, match="no bundled --phrases"):
-        RealDemoConfig(model="nosuch").file("phrases")
-    with pytest.raises(RealDemoError, match=">= 1"):
-        RealDemoConfig(samples=0)
-    assert RealDemoConfig(phrases=str(tmp_path / "p.txt")).file("phrases") == tmp_path / "p.txt"
+    with pytest.raises(AntislopError, match="--phrases: not given"):
+        AntislopConfig(model="nosuch").file("phrases")
+    with pytest.raises(AntislopError, match=">= 1"):
+        AntislopConfig(samples=0)
+    assert AntislopConfig(phrases=str(tmp_path / "p.txt")).file("phrases") == tmp_path / "p.txt"
     assert (DATA / "qwen" / "phrases.txt").is_file()
 
 
 def test_demo_targets_judge_each_issue_target():
-    from types import SimpleNamespace as NS
-
-    from exactedit.native.runs.real_demo import demo_targets
+    from exactedit.native.runs.antislop.report import demo_targets
 
     rates = [{"phrase": "you can use", "base": {"continuation": 0.5}, "edited": {"continuation": 0.1}},
              {"phrase": "Here's an", "base": {"continuation": 0.8}, "edited": {"continuation": 0.4}},
              {"phrase": "Here's an example", "base": {"continuation": 1.0}, "edited": {"continuation": 0.0}}]
     bars = [{"bar": "(a)", "name": "a", "pass": True}, {"bar": "(d)", "name": "d", "label": "' use'", "pass": False}]
-    replies = {"base": [NS(stop="turn_end"), NS(stop="max_new"), NS(stop="max_new")],
-               "edited": [NS(stop="max_new")] * 3}
-    got = {t["name"]: t for t in demo_targets(rates, ["you can use", "Here's an"], bars, True,
-                                              {"edited": [object()]}, replies)}
+    stops = {"base": ["turn_end", "max_new", "max_new"], "weights": ["max_new"] * 3}
+    both = [{**p, "edited": {"continuation": 0.0}} for p in rates]
+    got = {t["name"]: t for t in demo_targets({"weights": rates, "both": both}, ["you can use", "Here's an"], bars,
+                                              True, {"weights": [object()]}, stops)}
     assert got["continuation cut 'you can use'"]["pass"] and abs(got["continuation cut 'you can use'"]["value"] - 0.8) < 1e-12
     assert not got["continuation cut \"Here's an\""]["pass"]                     # 0.5 < 0.7
     assert "continuation cut \"Here's an example\"" not in got                   # watched, not solved
+    assert got["continuation cut \"Here's an\", weights + rules"]["pass"]         # the stacked arm, judged apart
     assert not got["bars (a)-(g)"]["pass"] and got["bars (a)-(g)"]["failed"] == ["(d) ' use'"]
     assert got["verify live (bitwise)"]["pass"]
     assert not got["variant artefacts, edited replies"]["pass"]
     assert got["turn-end rate (replies ending at the turn end)"]["pass"]        # 1 -> 0: within one reply
-    none = demo_targets([{"phrase": "x", "base": {"continuation": None}, "edited": {"continuation": 0.0}}],
-                        ["x"], [], False, {}, {"base": [], "edited": []})
+    none = demo_targets({"weights": [{"phrase": "x", "base": {"continuation": None}, "edited": {"continuation": 0.0}}]},
+                        ["x"], [], False, {}, {"base": [], "weights": []})
     assert not none[0]["pass"] and none[0]["value"] is None
 
 
 def test_same_sense_file_parses_and_names_its_bad_line(tmp_path):
     good = tmp_path / "ss.txt"
     good.write_text("# paraphrases\nyou can use = utilize, employ\n", encoding="utf-8")
-    assert RealDemoConfig(same_sense=str(good)).same_sense_words() == (("you can use", ("utilize", "employ")),)
+    assert AntislopConfig(same_sense=str(good)).same_sense_words() == (("you can use", ("utilize", "employ")),)
     bad = tmp_path / "bad.txt"
     bad.write_text("you can use utilize\n", encoding="utf-8")
-    with pytest.raises(RealDemoError, match=r"bad\.txt.*PHRASE=WORD"):
-        RealDemoConfig(same_sense=str(bad)).same_sense_words()
+    with pytest.raises(AntislopError, match=r"bad\.txt.*PHRASE=WORD"):
+        AntislopConfig(same_sense=str(bad)).same_sense_words()
 
 
 def _former_protocol_text(data, name, specials, turn_end, tuples) -> str:
     """The demo's protocol as it was written before by string concatenation (the reference)."""
     lines = [f'name = "{name}"',
-             'description = "exactedit demo --model: the model\'s own replies, split by prompt by dataset build."', ""]
+             'description = "exactedit antislop: the model\'s own replies, split by prompt by dataset build."', ""]
     for trace, role, domain in [("train", "train", ""), ("heldout", "dev", ""), ("collateral", "collateral", ""),
                                 ("anchors", "anchors", "anchors")]:
         lines += ["[[traces]]", f'name = "{trace}"', f'path = "{(data / trace).resolve()}"', f'role = "{role}"']
@@ -117,7 +117,7 @@ def test_bundled_gemma_data_template_and_defaults():
     """Gemma 3 270M's GGUF has no chat template: the demo brings one, and its own settings."""
     from exactedit.native.runs.dataset import DatasetConfig, split_prompts
 
-    cfg = RealDemoConfig.for_model("gemma")
+    cfg = AntislopConfig.for_model("gemma")
     prompts, rate = _lines(cfg.file("prompts")), _lines(cfg.file("rate_prompts"))
     assert len(prompts) >= 24 and len(rate) >= 12 and not set(prompts) & set(rate)
     assert all(len(p.split()) >= 2 for p in _lines(cfg.file("phrases"))) and len(cfg.text_files()) >= 3
@@ -126,9 +126,9 @@ def test_bundled_gemma_data_template_and_defaults():
     tpl = cfg.template()
     assert tpl.path == str(DATA / "gemma" / "chat_template.jinja") and "<start_of_turn>" in tpl.source
     assert (cfg.max_new, cfg.corpus_tokens) == (96, 3000)       # defaults.toml, not the class's 160 / 12,000
-    assert RealDemoConfig.for_model("gemma", max_new=7, samples=None).max_new == 7   # given beats the file
-    assert RealDemoConfig.for_model("qwen").template() is None  # Qwen's GGUF has its own
-    assert RealDemoConfig.for_model("qwen") == RealDemoConfig()  # no defaults.toml: the class's defaults
+    assert AntislopConfig.for_model("gemma", max_new=7, samples=None).max_new == 7   # given beats the file
+    assert AntislopConfig.for_model("qwen").template() is None  # Qwen's GGUF has its own
+    assert AntislopConfig.for_model("qwen") == AntislopConfig()  # no defaults.toml: the class's defaults
 
 
 @pytest.mark.parametrize("text,match", [("max_new = 'x'\n", "max_new: expected int"),
@@ -138,14 +138,14 @@ def test_bundled_gemma_data_template_and_defaults():
                                         ("strength_grid = [1, 'a']\n", "strength_grid: expected a list"),
                                         ("max_new = \n", "cannot read as TOML")])
 def test_a_bad_defaults_file_names_the_file_and_field(tmp_path, monkeypatch, text, match):
-    from exactedit.native.runs import real_demo
+    from exactedit.native.runs.antislop import config
 
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "defaults.toml").write_text(text)
-    monkeypatch.setattr(real_demo, "DATA", tmp_path)
-    with pytest.raises(RealDemoError, match=match) as e:
-        RealDemoConfig.for_model("m")
+    monkeypatch.setattr(config, "DATA", tmp_path)
+    with pytest.raises(AntislopError, match=match) as e:
+        AntislopConfig.for_model("m")
     assert str(tmp_path / "m" / "defaults.toml") in str(e.value)
     (tmp_path / "m" / "defaults.toml").write_text("ridge = 1\nstrength_grid = [1, 0.5]\n")
-    cfg = RealDemoConfig.for_model("m")
+    cfg = AntislopConfig.for_model("m")
     assert type(cfg.ridge) is float and cfg.ridge == 1.0 and cfg.strength_grid == (1.0, 0.5)

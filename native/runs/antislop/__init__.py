@@ -1,0 +1,13 @@
+"""`exactedit antislop` (and `exactedit demo --model NAME`, the same run on bundled inputs): the
+whole anti-slop loop on a GGUF, in resumable stages (`pipeline`), from a config (`config`), its
+stage ledger (`stages`), the four-arm rates (`rates`), the cost on ordinary text (`cost`) and the
+report (`report`)."""
+from exactedit import lazy_exports
+
+__all__, __getattr__ = lazy_exports(__name__, {
+    "AntislopConfig": "config",
+    "AntislopError": "config",
+    "AntislopResult": "pipeline",
+    "DATA": "config",
+    "run_antislop": "pipeline",
+})

@@ -1,0 +1,45 @@
+"""The run's `cost` stage: what the edit costs on ordinary text.
+
+- KL(base || edited) and the perplexity of each side on dumps of text the solve never fitted
+  (the held-out replies, the collateral replies and plain texts, the corpus's collateral
+  windows): the tail recomputed exactly from each dump's hidden states with both files' tensors
+  (evals/kl/compare.py, `exactedit kld`'s exact statistics), every row of every document;
+- the lexical diversity of each arm's rate replies (MATTR, evals/rates/diversity.py), from
+  DIR/replies.json.
+The tokens whose rate moved between base and the edited weights are the rates stage's
+(`token_shifts`)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Mapping
+
+from exactedit.quant.files import atomic_write_text
+
+MATTR_WINDOW = 500
+
+__all__ = ["MATTR_WINDOW", "edit_cost"]
+
+
+def edit_cost(model, edited, dumps: Mapping[str, Path], replies, out, *,
+              progress: Callable[[int, int], None] | None = None) -> dict:
+    """KL and perplexity per labelled dump, MATTR per arm; written to `out` (JSON) and returned."""
+    from exactedit.evals.kl.compare import KldConfig, compare
+    from exactedit.evals.rates.diversity import diversity
+
+    kl = {}
+    for i, (label, dump) in enumerate(dumps.items()):
+        c = compare(KldConfig(dumps=(str(dump),), model=str(model), edited=str(edited)))
+        s = c.summary()
+        kl[label] = {"dump": str(dump), "rows": s["rows"], "kld": s["kld"], "same_top": s["same_top"],
+                     "ppl_base": s["ppl_base"], "ppl_edited": s["ppl_edited"]}
+        if progress is not None:
+            progress(i + 1, len(dumps) + 1)
+    records = json.loads(Path(replies).read_text(encoding="utf-8"))
+    arms = list(dict.fromkeys(r["side"] for r in records))
+    div = {a: diversity([r["text"] for r in records if r["side"] == a], window=MATTR_WINDOW) for a in arms}
+    if progress is not None:
+        progress(len(dumps) + 1, len(dumps) + 1)
+    obj = {"kl": kl, "diversity": div}
+    atomic_write_text(out, json.dumps(obj, indent=1, default=str) + "\n")
+    return json.loads(json.dumps(obj, default=str))

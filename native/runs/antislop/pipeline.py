@@ -1,0 +1,311 @@
+"""`exactedit antislop`: the whole anti-slop loop on a GGUF, on llama.cpp, in resumable stages.
+
+From the user's model (a path, or a public name), prompts, phrase list (a file, or discover's
+JSON) and held-out rate prompts, into DIR:
+0. preflight (native/runs/preflight.py): what the run cannot do is refused before any generation
+   (the tail's architecture, the edited tensor's type, the chat template, a phrase whose final
+   word is several tokens);
+1. `data`: the model's own replies (`dataset build`): train / held-out / collateral / anchor dumps,
+   split by prompt -> DIR/data/;
+2. `corpus`: teacher-forced windows of plain text around the banned words' uses (`dataset
+   corpus`) -> DIR/corpus/ (skipped with corpus_tokens 0);
+3. `solve`: a protocol for those dumps (held-out as dev; the bars; the model's own specials and turn
+   end; the phrase tuples the data build found), registered and split in DIR/ws; `solve wfld` ->
+   DIR/wfld/ (bars (a)-(g), strength per phrase chosen on dev); `eval score` on dev -> DIR/dev/;
+4. `apply` -> DIR/edited.gguf, every other byte of the base kept;
+5. `verify`: llama.cpp on base and edited files against the engine-faithful prediction on a
+   held-out reply (bitwise where it passes) -> DIR/verify.json;
+6. `rules`: the sampler rules for the same phrases compiled for the model (`shape compile
+   --phrases`, a prefix penalty) -> DIR/rules.json, shipped beside edited.gguf;
+7. `rates`: four arms (base, rules, weights, both) answer the held-out rate prompts with the same
+   seeds and sampler chain (`shape rates`); phrase rates per arm against base with bootstrap
+   intervals over prompts -> DIR/rates.json, DIR/replies.json;
+8. `cost`: what the edit costs on ordinary text: KL and perplexity of edited vs base on the
+   held-out replies and on the replies and plain text the solve never saw (exact tail, offline, from
+   the dumps), lexical diversity (MATTR) of each arm's replies, the tokens whose rate moved ->
+   DIR/cost.json;
+then DIR/report.md, DIR/report.json and PNGs, with `new_slop` (discover on the weights arm's replies
+against base's). Each stage is keyed by the sha256 of its inputs (native/runs/antislop/stages.py):
+rerunning with the same DIR continues where a run stopped and redoes a stage whose inputs changed.
+`exactedit demo --model NAME` is this run with the model's bundled inputs (native/runs/data/NAME/).
+Each step is the library call behind its CLI command; nothing here prints.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from exactedit.native.runs.antislop.config import AntislopConfig, AntislopError, _lines
+from exactedit.native.runs.antislop.stages import Stages
+from exactedit.quant.files import atomic_write_text
+
+Progress = Callable[[str, int, int], None]
+STAGES = ("data", "corpus", "solve", "apply", "verify", "rules", "rates", "cost")
+RATE_SEED = 10_000        # the rate prompts' seeds start here: never a data reply's seed
+
+__all__ = ["AntislopResult", "run_antislop", "write_protocol"]
+
+
+@dataclass(frozen=True, eq=False)
+class AntislopResult:
+    """What a run left in `out`: each stage's record (the same whether it ran now or was resumed),
+    the report, its files, and which stages ran now and which were resumed."""
+
+    out: Path
+    model: str
+    records: dict
+    report: dict
+    text: str
+    files: dict = field(default_factory=dict)
+    ran: tuple[str, ...] = ()
+    resumed: tuple[str, ...] = ()
+
+    @property
+    def verified(self) -> bool:
+        return bool(self.records["verify"]["passed"])
+
+
+def write_protocol(path: Path, data: Path, name: str, specials: Sequence[int], turn_end: int,
+                   tuples: Sequence[Sequence[int]], corpus: dict | None = None) -> Path:
+    """The run's protocol (written by evals.protocol.protocol.write_protocol): the dataset's four
+    dumps with fixed roles (held-out is dev), the corpus's dev and collateral parts (`corpus`: part
+    -> dump path) as dev and collateral traces, the model's specials and turn end, the matched
+    phrase tuples as ids (what `solve wfld` and `eval score` both read), the default split and bars.
+    The corpus's solve part is no trace: the solve holds it, nothing scores it."""
+    from exactedit.evals.protocol.protocol import SplitRule, TokenSets, Trace, write_protocol as write
+
+    traces = [Trace(trace, (data / trace).resolve(), role, domain) for trace, role, domain in
+              (("train", "train", ""), ("heldout", "dev", ""), ("collateral", "collateral", ""),
+               ("anchors", "anchors", "anchors"))]
+    traces += [Trace(f"corpus-{part}", Path(dump).resolve(), {"dev": "dev", "collateral": "collateral"}[part], "")
+               for part, dump in (corpus or {}).items()]
+    tokens = TokenSets(specials=tuple(int(s) for s in specials), turn_end=int(turn_end),
+                       phrases=tuple(tuple(int(t) for t in tup) for tup in tuples))
+    write(path, name, traces, split=SplitRule(), tokens=tokens,
+          description="exactedit antislop: the model's own replies, split by prompt by dataset build.")
+    return Path(path)
+
+
+def _verify_tokens(heldout_dump: Path, count: int):
+    """The tokens of the longest held-out document, at most `count` of them."""
+    from exactedit.dumps import read_dump
+
+    d = read_dump(heldout_dump)
+    doc = max(d.docs, key=lambda x: x.stop - x.first_row)
+    return d.tokens[doc.first_row:min(doc.stop, doc.first_row + count)].copy()
+
+
+class _Run:
+    """One run's inputs, resolved once (files read, hashed), and its stages."""
+
+    def __init__(self, cfg: AntislopConfig, out: Path, progress: Progress | None, command: str):
+        from exactedit.native.llamacpp.models import locate
+        from exactedit.quant.files import file_sha256
+
+        self.cfg, self.out = cfg, out
+        self.progress = progress
+        self.tick = (lambda label: (lambda d, t: progress(label, d, t))) if progress else (lambda label: None)
+        self.model = locate(cfg.model, progress=self.tick("model"))
+        self.template = cfg.template()
+        self.tpl_path = None if self.template is None else str(self.template.path)
+        self.phrases = cfg.phrase_list()
+        self.measured = tuple(dict.fromkeys(self.phrases + cfg.watched()))
+        self.prompts = _lines(cfg.file("prompts"))
+        self.rate_prompts = _lines(cfg.file("rate_prompts"))
+        self.texts = cfg.text_files()
+        overlap = set(self.prompts) & set(self.rate_prompts)
+        if overlap:
+            raise AntislopError(f"{cfg.file('rate_prompts')}: {len(overlap)} prompts are also data prompts (e.g. "
+                                f"{sorted(overlap)[0][:60]!r}): the rates must come from prompts the solve never saw")
+        if not self.rate_prompts:
+            raise AntislopError(f"{cfg.file('rate_prompts')}: no prompts")
+        sha = self.sha = {"model": file_sha256(self.model, progress=self.tick("hashing the model"))}
+        sha["template"] = None if self.tpl_path is None else file_sha256(self.tpl_path)
+        sha["texts"] = [file_sha256(t) for t in self.texts]
+        self.stages = Stages(out, len(STAGES), progress, command)
+
+    def run(self, name: str, inputs: dict, outputs: Sequence[str], fn: Callable[[], dict]) -> dict:
+        return self.stages.run(name, {"model": self.sha["model"], "template": self.sha["template"], **inputs},
+                               outputs, fn)
+
+
+def run_antislop(cfg: AntislopConfig, out, *, progress: Progress | None = None, command: str = "") -> AntislopResult:
+    """Run (or continue) the loop in `out`; see the module doc."""
+    from exactedit.native.runs.antislop.report import write_reports
+    from exactedit.native.runs.preflight import preflight
+
+    out = Path(out)
+    r = _Run(cfg, out, progress, command or f"exactedit antislop --model {cfg.model} --out {out}")
+    pre = preflight(r.model, r.phrases, chat_template=r.tpl_path, phrases_from=str(cfg.file("phrases")))
+    atomic_write_text(out / "phrases.txt", f"# from {cfg.file('phrases')}" + (f", top {cfg.top}" if cfg.top else "")
+                      + "\n" + "".join(p + "\n" for p in r.phrases))
+    rec = {"preflight": pre.to_dict()}
+    rec["data"] = _data(r)
+    rec["corpus"] = _corpus(r)
+    rec["solve"] = _solve(r, rec)
+    rec["apply"] = _apply(r, rec)
+    rec["verify"] = _verify(r, rec)
+    rec["rules"] = _rules(r)
+    rec["rates"] = _rates(r, rec)
+    rec["cost"] = _cost(r, rec)
+    files, report, text = write_reports(r.out, str(r.model), rec, r.stages.seconds(), ran=r.stages.ran,
+                                        resumed=r.stages.resumed, progress=r.tick("report"))
+    return AntislopResult(out, str(r.model), rec, report, text, files, tuple(r.stages.ran), tuple(r.stages.resumed))
+
+
+def _data(r: _Run) -> dict:
+    from exactedit.native.runs.dataset import DatasetConfig, build_dataset
+
+    c = r.cfg
+
+    def build():
+        ds = build_dataset(r.model, r.prompts, r.phrases, r.out / "data", texts=r.texts,
+                           config=DatasetConfig(samples=c.samples, max_new=c.max_new, seed=c.seed,
+                                                chat_template=r.tpl_path), progress=r.tick("dataset"))
+        return {**ds.to_dict(), "tuples": [list(t) for t in ds.tuples("train", "heldout")]}
+
+    return r.run("data", {"prompts": list(r.prompts), "phrases": list(r.phrases), "texts": r.sha["texts"],
+                          "samples": c.samples, "max_new": c.max_new, "seed": c.seed}, ["data"], build)
+
+
+def _corpus(r: _Run) -> dict | None:
+    c = r.cfg
+    if not c.corpus_tokens:
+        r.stages.done += 1
+        return None
+    from exactedit.native.runs.corpus import CorpusConfig, build_corpus
+
+    def build():
+        corpus = build_corpus(r.model, r.phrases, r.out / "corpus", config=CorpusConfig(
+            max_tokens=c.corpus_tokens, context=c.corpus_context, after=4, seed=c.seed, chat_template=r.tpl_path),
+            progress=r.tick("corpus"))
+        return corpus.to_dict()
+
+    return r.run("corpus", {"phrases": list(r.phrases), "max_tokens": c.corpus_tokens, "context": c.corpus_context,
+                            "seed": c.seed}, ["corpus"], build)
+
+
+def _parts(rec: dict) -> dict[str, str]:
+    """The corpus's dumps by part name (solve, dev, collateral); {} without a corpus."""
+    return {p["name"]: p["dump"] for p in (rec["corpus"] or {}).get("parts", ()) if p.get("dump")}
+
+
+def _solve(r: _Run, rec: dict) -> dict:
+    import dataclasses
+
+    from exactedit.evals.runs import workflow
+    from exactedit.evals.runs.wfld_run import WfldInputs, solve_wfld
+    from exactedit.evals.scoring.evaluate import ScoreConfig
+    from exactedit.quant import gguf
+    from exactedit.quant.specials import model_specials
+
+    out, c = r.out, r.cfg
+    tuples = rec["data"]["tuples"]
+    if not tuples:
+        raise AntislopError(f"none of the phrases of {out / 'phrases.txt'} occurs in the model's replies to the "
+                            "data prompts: nothing to edit (pick phrases by measurement: `exactedit discover`, "
+                            "`exactedit mine`)")
+    parts = _parts(rec)
+    wcfg = c.wfld_config()
+
+    def solve():
+        with gguf.open(r.model) as g:
+            ms = model_specials(g, r.template)
+        protocol = write_protocol(out / "protocol.toml", out / "data", f"antislop-{Path(str(r.model)).stem}",
+                                  ms.guards, ms.turn_end, tuples,
+                                  corpus={k: v for k, v in parts.items() if k in ("dev", "collateral")})
+        ws = out / "ws"
+        cmd = r.stages.state["command"]
+        workflow.register(protocol, ws, cmd)
+        workflow.split(protocol, ws, cmd)
+        inputs = WfldInputs(model=str(r.model), phrases=str(out / "phrases.txt"), train=(str(out / "data" / "train"),),
+                            heldout=(str(out / "data" / "heldout"),) + tuple(p for k, p in parts.items() if k == "dev"),
+                            collateral=(str(out / "data" / "collateral"),)
+                            + tuple(p for k, p in parts.items() if k == "collateral"),
+                            anchors=(str(out / "data" / "anchors"),),
+                            null=tuple(p for k, p in parts.items() if k == "solve"), protocol=str(protocol))
+        t0 = time.perf_counter()
+        wf = solve_wfld(wcfg, inputs, out / "wfld", workspace=ws, command=cmd, progress=r.tick("solve wfld"))
+        solve_s = time.perf_counter() - t0
+        dev = workflow.score(protocol, ws, r.model, out / "dev", cmd, bundle=wf.bundle,
+                             config=ScoreConfig(heldout_role="dev", bars="anti-slop"), progress=r.tick("eval score"))
+        return {"protocol": str(protocol), "bundle": str(wf.bundle), "verdict": wf.verdict, "report": wf.report,
+                "solve_seconds": round(solve_s, 2), "dev_verdict": dev.report.verdict,
+                "dev_report": str(dev.files.paths["json"])}
+
+    return r.run("solve", {"data": r.stages.outputs("data"), "corpus": r.stages.outputs("corpus") if parts else None,
+                           "phrases": list(r.phrases), "wfld": dataclasses.asdict(wcfg)},
+                 ["protocol.toml", "ws", "wfld", "dev"], solve)
+
+
+def _apply(r: _Run, rec: dict) -> dict:
+    from exactedit.solvers.apply import apply_bundle
+
+    def apply():
+        applied = apply_bundle(rec["solve"]["bundle"], r.model, r.out / "edited.gguf", progress=r.tick("apply"))
+        return {"edited": str(applied.out), "sha256": applied.out_sha256}
+
+    return r.run("apply", {"solve": r.stages.outputs("solve")}, ["edited.gguf"], apply)
+
+
+def _verify(r: _Run, rec: dict) -> dict:
+    import json
+
+    from exactedit.native.verify.live import verify_live
+
+    def verify():
+        report = verify_live(r.model, rec["solve"]["bundle"],
+                             _verify_tokens(r.out / "data" / "heldout", r.cfg.verify_tokens),
+                             edited=rec["apply"]["edited"], progress=r.tick("verify live"))
+        obj = report.to_json()
+        atomic_write_text(r.out / "verify.json", json.dumps(obj, indent=1, default=str) + "\n")
+        return json.loads(json.dumps(obj, default=str))
+
+    return r.run("verify", {"edited": rec["apply"]["sha256"], "data": r.stages.outputs("data"),
+                            "tokens": r.cfg.verify_tokens}, ["verify.json"], verify)
+
+
+def _rules(r: _Run) -> dict:
+    from exactedit.native.shaping.compile import compile_file
+
+    def compile_rules():
+        return compile_file(None, r.model, r.out / "rules.json", phrases=r.phrases, bias=r.cfg.rules_bias,
+                            chat_template=r.tpl_path).to_dict()
+
+    return r.run("rules", {"phrases": list(r.phrases), "bias": r.cfg.rules_bias}, ["rules.json"], compile_rules)
+
+
+def _rates(r: _Run, rec: dict) -> dict:
+    from exactedit.native.runs.antislop.rates import rate_arms
+
+    c = r.cfg
+    seeds = [c.seed + RATE_SEED + s for s in range(c.rate_samples)]
+
+    def rates():
+        return rate_arms(r.model, r.out / "rules.json", r.out / "edited.gguf", r.rate_prompts, r.measured, seeds,
+                         max_new=c.max_new, n_boot=c.n_boot, out=r.out, progress=r.tick("rates (4 arms)"))
+
+    return r.run("rates", {"edited": rec["apply"]["sha256"], "rules": r.stages.outputs("rules"),
+                           "prompts": list(r.rate_prompts), "phrases": list(r.measured), "seeds": seeds,
+                           "max_new": c.max_new, "n_boot": c.n_boot},
+                 ["rates.json", "replies.json", "phrase-rates.png", "arms.png"], rates)
+
+
+def _cost(r: _Run, rec: dict) -> dict:
+    from exactedit.native.runs.antislop.cost import edit_cost
+
+    held = {"held-out replies (chat, dev)": r.out / "data" / "heldout",
+            "collateral replies and plain text (never solved on)": r.out / "data" / "collateral"}
+    coll = _parts(rec).get("collateral")
+    if coll:
+        held["corpus collateral windows (plain text, never solved on)"] = Path(coll)
+
+    def cost():
+        return edit_cost(r.model, rec["apply"]["edited"], held, r.out / "replies.json", r.out / "cost.json",
+                         progress=r.tick("cost"))
+
+    return r.run("cost", {"edited": rec["apply"]["sha256"], "data": r.stages.outputs("data"),
+                          "corpus": r.stages.outputs("corpus") if coll else None,
+                          "rates": r.stages.outputs("rates")}, ["cost.json"], cost)

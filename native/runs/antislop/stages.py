@@ -1,0 +1,127 @@
+"""A run's stages, resumable: each stage keyed by the sha256 of its inputs, its outputs recorded
+by sha256, the record in one state file written atomically.
+
+DIR/antislop.json holds, per finished stage, its key (the sha256 of the stage's name and inputs:
+settings, the sha256 of input files, the records of the stages it reads), the sha256 of every
+file it wrote, its record (what later stages and the report read) and its time. Running a stage:
+- its key matches the recorded one and every recorded output is there with its sha256: the
+  record is returned, nothing is redone;
+- otherwise its entry is dropped from the state (written first: a crash from here on leaves no
+  entry, so the next run redoes the stage), its old outputs are removed (they are the stage's
+  own, under DIR), it runs, its outputs are hashed and its entry written.
+A stage whose inputs changed is redone, and so is every stage whose key holds its record.
+A directory that holds files but no state file is not a run's: it is refused, never cleared.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from exactedit.quant.errors import ExacteditError
+from exactedit.quant.files import atomic_write_text, file_sha256
+
+STATE = "antislop.json"
+VERSION = 1
+MAX_STATE_BYTES = 64 << 20       # the state file is read back before anything else: bounded
+
+Progress = Callable[[str, int, int], None]
+
+
+class StageError(ExacteditError):
+    """The output directory cannot hold a resumable run (not a run's, or its state unreadable)."""
+
+
+def key_of(name: str, inputs: dict) -> str:
+    """sha256 of the stage's name and inputs as canonical JSON (sorted keys; non-JSON values as str)."""
+    text = json.dumps({"stage": name, "inputs": inputs}, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _files(path: Path) -> list[Path]:
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+    return [path] if path.is_file() else []
+
+
+class Stages:
+    """The stages of one run in `out` (see the module doc). `progress(label, done, total)` gets
+    ("stages", k, n) as each of the `total` stages starts or is resumed."""
+
+    def __init__(self, out, total: int, progress: Progress | None = None, command: str = ""):
+        self.out = Path(out)
+        self.total, self.progress, self.done = total, progress, 0
+        self.resumed: list[str] = []
+        self.ran: list[str] = []
+        state = self.out / STATE
+        if state.is_file():
+            if state.stat().st_size > MAX_STATE_BYTES:
+                raise StageError(f"{state}: {state.stat().st_size} bytes, more than a run's state holds "
+                                 f"({MAX_STATE_BYTES}); not a state file")
+            try:
+                self.state = json.loads(state.read_text(encoding="utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise StageError(f"{state}: unreadable ({exc}); move the directory aside to start again") from None
+            if not isinstance(self.state, dict) or self.state.get("version") != VERSION \
+                    or not isinstance(self.state.get("stages"), dict):
+                raise StageError(f"{state}: version: expected a version {VERSION} run state")
+        elif self.out.exists() and any(self.out.iterdir()):
+            raise StageError(f"{self.out}: exists, holds files and no {STATE}: not a run's directory "
+                             "(give a new --out, or the --out of an earlier run to continue it)")
+        else:
+            self.out.mkdir(parents=True, exist_ok=True)
+            self.state = {"version": VERSION, "stages": {}}
+        self.state["command"] = command
+
+    def _save(self) -> None:
+        atomic_write_text(self.out / STATE, json.dumps(self.state, indent=1, sort_keys=True, default=str) + "\n")
+
+    def _hashes(self, outputs: Sequence[str]) -> dict[str, str]:
+        return {str(p.relative_to(self.out)): file_sha256(p) for o in outputs for p in _files(self.out / o)}
+
+    def _intact(self, entry: dict, outputs: Sequence[str]) -> bool:
+        recorded = entry.get("outputs") or {}
+        present = {str(p.relative_to(self.out)) for o in outputs for p in _files(self.out / o)}
+        if present != set(recorded):
+            return False
+        return all(file_sha256(self.out / rel) == sha for rel, sha in recorded.items())
+
+    def run(self, name: str, inputs: dict, outputs: Sequence[str], fn: Callable[[], dict]) -> dict:
+        """The stage's record: the recorded one when its key and outputs still hold, else fn()'s
+        (fn writes `outputs`, paths relative to the run's directory, and returns a JSON-able record)."""
+        self.done += 1
+        if self.progress is not None:
+            self.progress("stages", self.done, self.total)
+        key = key_of(name, inputs)
+        stages = self.state["stages"]
+        entry = stages.get(name)
+        if entry is not None and entry.get("key") == key and self._intact(entry, outputs):
+            self.resumed.append(name)
+            return entry["record"]
+        stages.pop(name, None)
+        self._save()
+        for o in outputs:
+            path = self.out / o
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif path.exists() or path.is_symlink():
+                path.unlink()
+        t0 = time.perf_counter()
+        record = fn()
+        json.dumps(record, default=str)           # a record that cannot be stored fails here, not at the next run
+        stages[name] = {"key": key, "inputs": inputs, "outputs": self._hashes(outputs), "record": record,
+                        "seconds": round(time.perf_counter() - t0, 2)}
+        self._save()
+        self.ran.append(name)
+        return json.loads(json.dumps(record, default=str))
+
+    def seconds(self) -> dict[str, float]:
+        """Each finished stage's time when it ran (a resumed stage keeps its first run's)."""
+        return {k: v.get("seconds", 0.0) for k, v in self.state["stages"].items()}
+
+    def outputs(self, name: str) -> dict[str, str]:
+        """The files a finished stage wrote, relative path -> sha256."""
+        return dict(self.state["stages"].get(name, {}).get("outputs") or {})
