@@ -121,10 +121,10 @@ class _Run:
                                 f"{sorted(overlap)[0][:60]!r}): the rates must come from prompts the solve never saw")
         if not self.rate_prompts:
             raise AntislopError(f"{cfg.file('rate_prompts')}: no prompts")
+        self.stages = Stages(out, len(STAGES), progress, command)     # refuses a directory not a run's first
         sha = self.sha = {"model": file_sha256(self.model, progress=self.tick("hashing the model"))}
         sha["template"] = None if self.tpl_path is None else file_sha256(self.tpl_path)
         sha["texts"] = [file_sha256(t) for t in self.texts]
-        self.stages = Stages(out, len(STAGES), progress, command)
 
     def run(self, name: str, inputs: dict, outputs: Sequence[str], fn: Callable[[], dict]) -> dict:
         return self.stages.run(name, {"model": self.sha["model"], "template": self.sha["template"], **inputs},

@@ -25,18 +25,18 @@ PROMPTS = ["Explain what a variable is in programming.", "How do I make a cup of
            "Explain how a computer stores numbers.", "What makes a good team leader?"]
 RATE_PROMPTS = ["What are some healthy breakfast ideas?", "How does a refrigerator keep food cold?",
                 "Explain what a loop is in programming.", "What are good habits for studying?"]
-PHRASES = ["such as", "can be"]
+PHRASES = ["such as", "Here are some", "can be"]
 
 
 def _args(d, out, *extra):
     return ["antislop", "--model", str(d / "model.gguf"), "--prompts", str(d / "prompts.txt"),
             "--rate-prompts", str(d / "rates.txt"), "--phrases", str(d / "phrases.txt"), "--samples", "1",
-            "--rate-samples", "1", "--max-new", "48", "--corpus-tokens", "400", "--out", str(out), "--json", *extra]
+            "--rate-samples", "1", "--max-new", "64", "--corpus-tokens", "600", "--out", str(out), "--json", *extra]
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    oracles.live_model("smollm2")   # missing extra: a skip, or a failure in CI (tests/oracles.py)
+    oracles.live_model("smollm")   # missing extra: a skip, or a failure in CI (tests/oracles.py)
     from click.testing import CliRunner
 
     from exactedit.cli import main
@@ -44,7 +44,7 @@ def run(tmp_path_factory):
     from exactedit.native.runs.antislop.pipeline import AntislopResult
 
     d = tmp_path_factory.mktemp("antislop")
-    (d / "model.gguf").symlink_to(locate("smollm2"))          # a path, not a public name
+    (d / "model.gguf").symlink_to(locate("smollm"))          # a path, not a public name
     (d / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
     (d / "rates.txt").write_text("\n".join(RATE_PROMPTS) + "\n")
     (d / "phrases.txt").write_text("# the user's list\n" + "\n".join(PHRASES) + "\n")
@@ -104,10 +104,10 @@ def test_what_it_cannot_do_is_refused_before_any_generation(run, tmp_path):
     args = _args(d, tmp_path / "out")
     args[args.index("--phrases") + 1] = str(tmp_path / "phrases.txt")
     res = CliRunner().invoke(main, args)
-    assert res.exit_code != 0 and "kaleidoscope" in str(res.exception or res.output)
+    assert res.exit_code != 0 and "kaleidoscope" in res.output, res.output
     assert not (tmp_path / "out" / "data").exists()               # refused before the data stage
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "notes.txt").write_text("the user's")
     res = CliRunner().invoke(main, _args(d, tmp_path / "taken"))
-    assert res.exit_code != 0 and "not a run's directory" in str(res.exception or res.output)
+    assert res.exit_code != 0 and "not a run's directory" in res.output, res.output
     assert (tmp_path / "taken" / "notes.txt").read_text() == "the user's"
