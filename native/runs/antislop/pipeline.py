@@ -150,7 +150,9 @@ def run_antislop(cfg: AntislopConfig, out, *, progress: Progress | None = None, 
     rec["rules"] = _rules(r)
     rec["rates"] = _rates(r, rec)
     rec["cost"] = _cost(r, rec)
-    files, report, text = write_reports(r.out, str(r.model), rec, r.stages.seconds(), ran=r.stages.ran,
+    seconds = r.stages.seconds()
+    seconds = {k: seconds[k] for k in STAGES if k in seconds}
+    files, report, text = write_reports(r.out, str(r.model), rec, seconds, ran=r.stages.ran,
                                         resumed=r.stages.resumed, progress=r.tick("report"))
     return AntislopResult(out, str(r.model), rec, report, text, files, tuple(r.stages.ran), tuple(r.stages.resumed))
 
