@@ -366,6 +366,12 @@ def _loop_options(demo: bool):
     return wrap
 
 
+def _loop_inputs(given: dict) -> dict:
+    """The input files among the shared options, by flag (what --out must not overwrite)."""
+    return {f"--{k.replace('_', '-')}": given[k] for k in ("phrases", "prompts", "rate_prompts", "watch", "texts",
+                                                          "same_sense", "chat_template")}
+
+
 def _loop(model: str, out: str, given: dict, stack, demo: bool):
     """Run (or continue) `exactedit antislop` for `model` into `out` with the shared options `given`."""
     from exactedit.native.runs import AntislopConfig, run_antislop
@@ -403,9 +409,7 @@ def antislop_cmd(model, out, as_json, **given) -> None:
     verify live, dev score, sampler rules compiled for it, phrase rates on held-out prompts in four
     arms (base, rules, weights, both), the cost on ordinary text. Ships OUT/edited.gguf and
     OUT/rules.json side by side, with OUT/report.md, report.json and PNGs (docs/antislop.md)."""
-    _refuse_clobber({"--out": out}, {"--model": _existing(model), **{f"--{k}": given[k] for k in
-                                     ("phrases", "prompts", "rate_prompts", "watch", "same_sense", "chat_template")},
-                                     "--texts": given["texts"]})
+    _refuse_clobber({"--out": out}, {"--model": _existing(model), **_loop_inputs(given)})
     with contextlib.ExitStack() as stack:
         result = _loop(model, out, given, stack, demo=False)
     emit(result.report, result.text, as_json)
@@ -430,10 +434,7 @@ def demo_cmd(out, fixture, model, as_json, **given) -> None:
     `exactedit antislop` on a real model with its bundled inputs (data from its own replies, solve,
     apply, verify live, dev score, rules, phrase rates on held-out prompts in four arms, cost;
     OUT/report.md, report.json and PNGs)."""
-    _refuse_clobber({"--out": out}, {"--fixture": fixture, "--model": _existing(model),
-                                    **{f"--{k}": given[k] for k in ("phrases", "prompts", "rate_prompts", "watch",
-                                                                    "same_sense", "chat_template")},
-                                    "--texts": given["texts"]})
+    _refuse_clobber({"--out": out}, {"--fixture": fixture, "--model": _existing(model), **_loop_inputs(given)})
     with contextlib.ExitStack() as stack:
         if model is not None:
             result = _loop(model, out, given, stack, demo=True)

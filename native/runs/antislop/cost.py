@@ -42,4 +42,4 @@ def edit_cost(model, edited, dumps: Mapping[str, Path], replies, out, *,
         progress(len(dumps) + 1, len(dumps) + 1)
     obj = {"kl": kl, "diversity": div}
     atomic_write_text(out, json.dumps(obj, indent=1, default=str) + "\n")
-    return json.loads(json.dumps(obj, default=str))
+    return obj

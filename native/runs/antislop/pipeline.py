@@ -175,7 +175,7 @@ def _data(r: _Run) -> dict:
 def _corpus(r: _Run) -> dict | None:
     c = r.cfg
     if not c.corpus_tokens:
-        r.stages.done += 1
+        r.stages.skip("corpus")
         return None
     from exactedit.native.runs.corpus import CorpusConfig, build_corpus
 
@@ -263,7 +263,7 @@ def _verify(r: _Run, rec: dict) -> dict:
                              edited=rec["apply"]["edited"], progress=r.tick("verify live"))
         obj = report.to_json()
         atomic_write_text(r.out / "verify.json", json.dumps(obj, indent=1, default=str) + "\n")
-        return json.loads(json.dumps(obj, default=str))
+        return obj
 
     return r.run("verify", {"edited": rec["apply"]["sha256"], "data": r.stages.outputs("data"),
                             "tokens": r.cfg.verify_tokens}, ["verify.json"], verify)

@@ -48,7 +48,7 @@ def rate_arms(model, rules, edited, prompts: Sequence[str], phrases: Sequence[st
     for arm, run in sr.arms.items():
         texts[arm] = []
         for x in run.replies:
-            body = [int(t) for t in x.tokens if not (x.tokens.size and int(t) in turn_end)]
+            body = [int(t) for t in x.tokens if int(t) not in turn_end]
             text = table.decode(body)
             texts[arm].append(text)
             records.append({"side": arm, "name": reply_name(prompts[x.prompt], x.seed), "prompt": prompts[x.prompt],

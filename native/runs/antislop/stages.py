@@ -89,9 +89,16 @@ class Stages:
             return False
         return all(file_sha256(self.out / rel) == sha for rel, sha in recorded.items())
 
+    def skip(self, name: str) -> None:
+        """A stage this run has no use for (its settings turn it off): counted in the progress, no entry."""
+        self.done += 1
+        if self.progress is not None:
+            self.progress("stages", self.done, self.total)
+
     def run(self, name: str, inputs: dict, outputs: Sequence[str], fn: Callable[[], dict]) -> dict:
         """The stage's record: the recorded one when its key and outputs still hold, else fn()'s
-        (fn writes `outputs`, paths relative to the run's directory, and returns a JSON-able record)."""
+        (fn writes `outputs`, paths relative to the run's directory, and returns a JSON-able record;
+        it is returned as read back from JSON, the same form a resumed run gets)."""
         self.done += 1
         if self.progress is not None:
             self.progress("stages", self.done, self.total)
