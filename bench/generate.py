@@ -18,7 +18,9 @@ rules' turn end) and prompts (the rules' template); the baseline's chain has no 
 in front, the other side's has the rules' (`shape`, `probe`), so the ratio is the whole live cost
 of the rules: the shaper's trigger state and phrase matching, and the copies of each step's
 logits. `phrases=N` compiles N banned phrases drawn (seeded) from the model's own word tokens
-(bench/shape_compile.py's `draw_phrases`) in the run, instead of a `rules` file.
+(bench/shape_compile.py's `draw_phrases`) in the run, instead of a `rules` file. Besides the best
+of each side it keeps every repeat's time and the median of the ratios within each repeat: on a
+shared machine one run of the same work varies by more than the 5% asked of the rules.
 """
 from __future__ import annotations
 
@@ -120,6 +122,9 @@ class RulesCostResult:
     fired_replies: int
     identical_replies: int      # replies token for token the same on both sides
     cpus: int
+    plain_runs_s: tuple[float, ...]   # every repeat's time, in order (their spread: the machine's noise)
+    rules_runs_s: tuple[float, ...]
+    paired_ratio: float               # the median over repeats of the ratio within each repeat (robust to drift)
 
     def to_dict(self) -> dict:
         return {"bench": "generate", **asdict(self)}
@@ -192,15 +197,16 @@ def _run(cfg: GenerateBenchConfig, rules_path, compile_s: float, progress: Progr
         jobs = [(p, Sampling(cfg.max_new, cfg.temperature, cfg.top_k, seed))
                 for p in ptoks for seed in range(cfg.seeds)]
         generate(engine, jobs[0][0], Sampling(1, cfg.temperature, cfg.top_k, 0))   # warm the weights' pages
-        best = {side: float("inf") for side in names}
+        runs: dict[str, list[float]] = {side: [] for side in names}
         out = {}
         for rep in range(cfg.repeats):
             for side in (names if rep % 2 == 0 else names[::-1]):
                 t = time.perf_counter()
                 gens = one_side(engine, side, jobs)
-                best[side] = min(best[side], time.perf_counter() - t)
+                runs[side].append(time.perf_counter() - t)
                 out[side] = gens
                 tick()
+    best = {side: min(ts) for side, ts in runs.items()}
     a, b = (out[side] for side in names)
     n_a, n_b = (int(sum(g.tokens.size for g in gens)) for gens in (a, b))
     same = int(sum(np.array_equal(x.tokens, y.tokens) for x, y in zip(a, b)))
@@ -216,7 +222,9 @@ def _run(cfg: GenerateBenchConfig, rules_path, compile_s: float, progress: Progr
                            len(getattr(penalty, "pieces", ())), tuple(r.name for r in compiled.rules), compile_s,
                            n_a, n_b, best["plain"], best["rules"], tps_a, tps_b, ratio, 1.0 - ratio, TARGET_COST,
                            1.0 - ratio <= TARGET_COST, int(sum(int(f.sum()) for f in fired)),
-                           int(sum(bool(f.any()) for f in fired)), same, cpus)
+                           int(sum(bool(f.any()) for f in fired)), same, cpus, tuple(runs["plain"]),
+                           tuple(runs["rules"]), float(np.median([(n_b / r) / (n_a / p)
+                                                                  for p, r in zip(runs["plain"], runs["rules"])])))
 
 
 def render_generate_bench(r) -> str:
@@ -245,9 +253,18 @@ def _render_cost(r: RulesCostResult) -> str:
         f"{c.seeds} seeds), max_new {c.max_new}, T {c.temperature}, top-k {c.top_k}, {c.slots} slots; "
         f"{r.cpus} cpus, best of {c.repeats}",
         f"  rules: {', '.join(r.rules)} ({source}, {r.pieces} token pieces)",
-        f"  batched, no rules (baseline)  {r.tokens_plain:6} tokens  {r.plain_s:8.2f} s  {r.plain_tps:7.2f} tok/s",
-        f"  batched, rules live           {r.tokens_rules:6} tokens  {r.rules_s:8.2f} s  {r.rules_tps:7.2f} tok/s",
+        f"  batched, no rules (baseline)  {r.tokens_plain:6} tokens  {r.plain_s:8.2f} s  {r.plain_tps:7.2f} tok/s"
+        f"{_spread(r.plain_runs_s)}",
+        f"  batched, rules live           {r.tokens_rules:6} tokens  {r.rules_s:8.2f} s  {r.rules_tps:7.2f} tok/s"
+        f"{_spread(r.rules_runs_s)}",
         f"  ratio (rules / no rules, tokens/s): {r.ratio:.3f}; cost {100 * r.cost:.1f}% "
-        f"(target <= {100 * r.target_cost:g}%: {mark}); the rules fired at {r.fired_steps} steps of "
-        f"{r.fired_replies} replies; replies token for token the same: {r.identical_replies}/{r.replies}",
+        f"(target <= {100 * r.target_cost:g}%: {mark})",
+        f"  the rules fired at {r.fired_steps} steps of {r.fired_replies} replies; replies token for token the "
+        f"same: {r.identical_replies}/{r.replies}",
+        f"  within each repeat (median of {len(r.plain_runs_s)}): ratio {r.paired_ratio:.3f}, cost "
+        f"{100 * (1 - r.paired_ratio):.1f}%",
     ])
+
+
+def _spread(runs) -> str:
+    return f"  (runs {min(runs):.2f}..{max(runs):.2f} s)" if len(runs) > 1 else ""

@@ -19,7 +19,8 @@ def _result(**over):
     fields = dict(config=cfg, replies=16, phrases=1000, pieces=9485, rules=("prefix-penalty",), compile_s=1.5,
                   tokens_plain=973, tokens_rules=970, plain_s=7.0, rules_s=7.2, plain_tps=139.0, rules_tps=134.7,
                   ratio=0.969, cost=0.031, target_cost=0.05, meets_target=True, fired_steps=13, fired_replies=8,
-                  identical_replies=15, cpus=2)
+                  identical_replies=15, cpus=2, plain_runs_s=(7.0, 7.9), rules_runs_s=(7.2, 8.4),
+                  paired_ratio=0.95)
     return RulesCostResult(**{**fields, **over})
 
 
@@ -48,7 +49,9 @@ def test_render_and_json():
     text = render_generate_bench(r)
     assert "bench generate --against plain: m.gguf, 16 replies (8 prompts x 2 seeds)" in text
     assert "1000 drawn phrases compiled in 1.5 s, 9485 token pieces" in text
-    assert "batched, no rules (baseline)" in text and "139.00 tok/s" in text and "134.70 tok/s" in text
+    assert "batched, no rules (baseline)" in text and "139.00 tok/s  (runs 7.00..7.90 s)" in text
+    assert "134.70 tok/s  (runs 7.20..8.40 s)" in text
+    assert "within each repeat (median of 2): ratio 0.950, cost 5.0%" in text
     assert "ratio (rules / no rules, tokens/s): 0.969; cost 3.1% (target <= 5%: ok)" in text
     assert "target <= 5%: ABOVE" in render_generate_bench(_result(cost=0.08, meets_target=False))
     d = json.loads(json.dumps(r.to_dict()))
@@ -86,3 +89,5 @@ def test_tiny_cost_run_on_smollm():
     assert r.rules_tps == pytest.approx(r.tokens_rules / r.rules_s)
     assert r.ratio == pytest.approx(r.rules_tps / r.plain_tps) and r.cost == pytest.approx(1 - r.ratio)
     assert r.meets_target == (r.cost <= 0.05) and 0 <= r.identical_replies <= 2
+    assert (r.plain_runs_s, r.rules_runs_s) == ((r.plain_s,), (r.rules_s,))
+    assert r.paired_ratio == pytest.approx(r.ratio)
