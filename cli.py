@@ -732,15 +732,22 @@ def bench_engine(rows, vocab, n, qtype, ubatch, tile_rows, repeats, as_json) -> 
 @click.option("--max-new", default=64, show_default=True, type=click.IntRange(1), help="Tokens per reply (cap).")
 @click.option("--slots", default=16, show_default=True, type=click.IntRange(1), help="Replies decoded together.")
 @click.option("--rules", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="Compiled shaping rules run live on both sides.")
+              help="Compiled shaping rules run live (on both sides; with --against plain, on one).")
+@click.option("--phrases", default=0, show_default=True, type=click.IntRange(0),
+              help="Instead of --rules: compile this many banned phrases of the model's own words in the run.")
+@click.option("--phrase-seed", default=0, show_default=True, type=int, help="Which of the model's words --phrases draws.")
+@click.option("--against", default="one-at-a-time", show_default=True, type=click.Choice(["one-at-a-time", "plain"]),
+              help="The baseline: the one-at-a-time loop, or (plain) batched without the rules: the rules' cost.")
 @click.option("--repeats", default=1, show_default=True, type=click.IntRange(1), help="Alternating repeats; best kept.")
 @JSON_FLAG
-def bench_generate(model, prompts, seeds, max_new, slots, rules, repeats, as_json) -> None:
-    """Batched sampling vs the one-at-a-time loop on a real model, same replies (tokens/s ratio)."""
+def bench_generate(model, prompts, seeds, max_new, slots, rules, phrases, phrase_seed, against, repeats,
+                   as_json) -> None:
+    """Batched sampling vs the one-at-a-time loop on a real model, same replies (tokens/s ratio);
+    --against plain: batched with the rules vs without them, same jobs (the rules' cost)."""
     from exactedit.bench import GenerateBenchConfig, render_generate_bench, run_generate_bench
 
     cfg = GenerateBenchConfig(str(model), prompts=prompts, seeds=seeds, max_new=max_new, slots=slots,
-                              rules=rules, repeats=repeats)
+                              rules=rules, repeats=repeats, against=against, phrases=phrases, phrase_seed=phrase_seed)
     res = with_progress("bench generate", run_generate_bench, cfg)
     emit(res, render_generate_bench(res), as_json)
 

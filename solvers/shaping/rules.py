@@ -117,6 +117,9 @@ class PhrasePenalty:
     phrases: tuple[TextPhrase, ...]
     pieces: Mapping[int, bytes]
     _matcher: object = field(init=False, repr=False, compare=False)
+    _longest: int = field(init=False, repr=False, compare=False)
+    _ends: dict = field(init=False, repr=False, compare=False)
+    _whole: dict = field(init=False, repr=False, compare=False)
 
     name = "prefix-penalty"
 
@@ -129,20 +132,50 @@ class PhrasePenalty:
             raise ValueError("prefix-penalty needs phrases of two or more words")
         object.__setattr__(self, "phrases", phrases)
         object.__setattr__(self, "pieces", {int(k): bytes(v) for k, v in self.pieces.items()})
-        object.__setattr__(self, "_matcher", PhraseMatcher([p.text for p in phrases], _WindowBytes(self.pieces)))
+        matcher = PhraseMatcher([p.text for p in phrases], _WindowBytes(self.pieces))
+        object.__setattr__(self, "_matcher", matcher)
+        # The forms a walk back from a row can start on (`hits`): by each prefix's suffixes as long
+        # as a token's bytes can be (the row's token spells the prefix's end; a token outside the
+        # pieces is one byte) and by the whole prefix (the token ends with all of it, merged with
+        # the boundary character before it).
+        widest = max((len(b) for b in self.pieces.values()), default=1)
+        ends: dict[bytes, list[int]] = {}
+        whole: dict[bytes, list[int]] = {}
+        for k, f in enumerate(matcher.forms):
+            if f.prefix:
+                whole.setdefault(f.prefix, []).append(k)
+                for j in range(1, min(len(f.prefix), widest) + 1):
+                    ends.setdefault(f.prefix[-j:], []).append(k)
+        object.__setattr__(self, "_ends", {b: tuple(v) for b, v in ends.items()})
+        object.__setattr__(self, "_whole", {b: tuple(v) for b, v in whole.items()})
+        object.__setattr__(self, "_longest", max(len(f.prefix) for f in matcher.forms if f.prefix) + 1)
 
     @property
     def longest(self) -> int:
         """Most tokens one match can span (each token spells >= 1 byte), the boundary token included."""
-        return max(len(f.prefix) for f in self._matcher.forms if f.prefix) + 1
+        return self._longest
 
     def hits(self, tokens, boundary, start: int, t: int, row: Row, active: bool = True) -> tuple[int, ...]:
+        """The shared matcher's `prefix_at`, walked only from the forms whose prefix the row's
+        token can end (the walk's first step: the prefix ends with the token's bytes, or they end
+        with the whole prefix); any other form's walk stops at that step."""
         if not row.open_text:
             return ()
         first = max(start, t - row.span)
-        tb = self._matcher.tb
-        tb.boundary = {int(tokens[i]): bool(boundary[i]) for i in range(max(first, t - self.longest), t + 1)}
-        found = self._matcher.prefix_at(tokens, t, first)
+        if t < first:
+            return ()
+        m = self._matcher
+        tb = m.tb
+        tb.boundary = {int(tokens[i]): bool(boundary[i]) for i in range(max(first, t - self._longest), t + 1)}
+        b = tb(int(tokens[t]))
+        cand = set(self._ends.get(b, ()))
+        for k in range(1, min(len(b), self._longest - 1) + 1):
+            cand.update(self._whole.get(b[-k:], ()))
+        found: set[int] = set()
+        for k in cand:
+            f = m.forms[k]
+            if f.phrase not in found and m.walk(tokens, t, first, f.prefix) is not None:
+                found.add(f.phrase)
         return tuple(self.phrases[i].final for i in sorted(found))
 
     apply_row = PrefixPenalty.apply_row
@@ -257,6 +290,7 @@ class Shaper:
         self.tokens: list[int] = []
         self.boundary: list[bool] = []
         self.row: Row | None = None
+        self._hits: tuple | None = None     # (row, persona, hits) of the last `hits()`
 
     def push(self, tok: int) -> Row:
         self.row = self.machine.push(tok)
@@ -265,11 +299,16 @@ class Shaper:
         return self.row
 
     def hits(self) -> tuple[tuple, ...]:
-        """What each rule hits at the current row (empty tuple: it does not fire)."""
+        """What each rule hits at the current row (empty tuple: it does not fire). Kept for the
+        row: the live loop asks twice per step (to shape, then to measure each rule alone)."""
         if self.row is None:
             raise ValueError("push at least one token before shaping")
         t = len(self.tokens) - 1
-        return tuple(r.hits(self.tokens, self.boundary, 0, t, self.row, self.persona) for r in self.rules)
+        if self._hits is not None and self._hits[:2] == (t, self.persona):
+            return self._hits[2]
+        hits = tuple(r.hits(self.tokens, self.boundary, 0, t, self.row, self.persona) for r in self.rules)
+        self._hits = (t, self.persona, hits)
+        return hits
 
     def shape(self, logits: np.ndarray) -> tuple[np.ndarray, tuple[bool, ...]]:
         """(shaped copy of the current row's logits, in their dtype; which rules fired)."""
