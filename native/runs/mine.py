@@ -24,13 +24,13 @@ native/llamacpp/sample.py): the hook sampler-side shaping plugs into.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from exactedit.evals.rates.phrase_rates import PhraseRates, Reply, phrase_rates
+from exactedit.evals.rates.style import KAOMOJI
 from exactedit.native.llamacpp.capture import capture_dump
 from exactedit.native.llamacpp.chat import ModelChat, model_chat, prompt_tokens, reply_name, short_hash
 from exactedit.native.llamacpp.documents import labelled
@@ -40,7 +40,6 @@ from exactedit.native.llamacpp.engine import EngineError, EngineSettings, LlamaE
 from exactedit.solvers.phrases import PhraseMatcher, Span, TokenBytes, parse_phrases
 
 Progress = Callable[[int, int], None]
-KAOMOJI = re.compile(r"[(（][^()（）\n]{0,8}[\^＾ω・ᴗ◕‿°ᵕ•ﾟ▽´`ｰ][^()（）\n]{0,8}[)）]|[ヽ╯ツ٩۶]")
 DEFAULT_STARTERS = ("Certainly", "Sure", "Absolutely", "Of course", "Great question", "Great")
 
 

@@ -290,7 +290,7 @@ class Shaper:
         self.tokens: list[int] = []
         self.boundary: list[bool] = []
         self.row: Row | None = None
-        self._hits: tuple | None = None     # (row, persona, hits) of the last `hits()`
+        self._hits: tuple | None = None     # (t, persona, hits) of the last `hits()`
 
     def push(self, tok: int) -> Row:
         self.row = self.machine.push(tok)

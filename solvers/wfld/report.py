@@ -148,6 +148,10 @@ def strength_lines(strength: dict | None) -> list[str]:
              + ("(the largest mean dev cut whose dev uses pass (d))" if strength["passed_d"] else
                 "(NO combination passes (d) on the dev uses: the weakest)")]
     for label, key in (("dev", "frontier"), ("collateral, held out, not chosen on", "collateral_frontier")):
+        rows = strength.get(key) or ()
+        if len(strength["chosen"]) > 1 and rows and all(len(set(r["strength"].values())) == 1 for r in rows):
+            lines += _shared_lines(rows, label)
+            continue
         for ph, rows in frontier_slices(strength, key).items():
             if not rows:
                 continue
@@ -157,6 +161,19 @@ def strength_lines(strength: dict | None) -> list[str]:
                 coll = ", ".join(f"{w!r} {v['mean']:+.3f}/{v['low']:.2f} ({v['uses']})" for w, v in r["collateral"].items())
                 cut = r["cut"].get(ph)
                 lines.append(f"    {r['strength'][ph]:5.2f} | {'-' if cut is None else f'{cut:.2f}'} | {coll or '-'}")
+    return lines
+
+
+def _shared_lines(rows, label: str) -> list[str]:
+    """One strength shared by every phrase (solvers.wfld.frontier, many phrases): the frontier once,
+    with the mean cut over the phrases measured at each strength."""
+    lines = [f"  frontier, one strength shared by all phrases, {label}: strength | mean cut (phrases measured) | "
+             "per word mean dlogp / share below -0.1 (uses)"]
+    for r in sorted(rows, key=lambda r: next(iter(r["strength"].values()))):
+        cuts = [c for c in r["cut"].values() if c is not None]
+        mean = f"{sum(cuts) / len(cuts):.3f} ({len(cuts)})" if cuts else "-"
+        coll = ", ".join(f"{w!r} {v['mean']:+.3f}/{v['low']:.2f} ({v['uses']})" for w, v in r["collateral"].items())
+        lines.append(f"    {next(iter(r['strength'].values())):5.2f} | {mean} | {coll or '-'}")
     return lines
 
 

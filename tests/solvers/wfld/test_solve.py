@@ -210,3 +210,20 @@ def test_strength_chosen_on_dev_per_phrase(solved, tmp_path):
     assert r.report["conditions"]["word@plausible"] > 0
     text = solve_report(r)[1]
     assert "strength per phrase, chosen on dev" in text and strength_lines(st)[0] in text
+
+
+def test_a_shared_strength_frontier_prints_once_with_the_mean_cut():
+    """Many phrases share one strength (solvers.wfld.frontier): the report prints that frontier once,
+    each strength with the mean cut over the phrases measured, not one slice per phrase."""
+    from exactedit.solvers.wfld.report import strength_lines
+
+    coll = {" can": {"mean": -0.01, "low": 0.05, "uses": 12}}
+    rows = [{"strength": {"a b": s, "c d": s, "e f": s}, "cut": {"a b": 0.1 * s, "c d": 0.3 * s, "e f": None},
+             "collateral": coll} for s in (1.0, 0.5)]
+    st = {"on": "dev", "chosen": {"a b": 0.5, "c d": 0.5, "e f": 0.5}, "passed_d": True,
+          "frontier": rows, "collateral_frontier": rows}
+    lines = strength_lines(st)
+    assert sum("one strength shared by all phrases" in x for x in lines) == 2
+    assert not any("frontier of" in x for x in lines)
+    assert any(x.strip().startswith("0.50 | 0.100 (2) | ' can' -0.010/0.05 (12)") for x in lines)
+    assert any(x.strip().startswith("1.00 | 0.200 (2)") for x in lines)
