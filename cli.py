@@ -417,6 +417,89 @@ def antislop_cmd(model, out, as_json, **given) -> None:
         sys.exit(1)
 
 
+def _persona(model: str, out: str, given: dict, stack):
+    """Run (or continue) `exactedit persona` for `model` into `out`."""
+    from exactedit.native.runs.persona import PersonaConfig, run_persona
+
+    bars: dict = {}
+
+    def progress(label: str, done: int, total: int) -> None:
+        bars.setdefault(label, _progress(stack, label))(done, total)
+
+    given = dict(given)
+    system_file = given.pop("system_file", None)
+    if system_file is not None:
+        if given.get("system") is not None:
+            raise click.UsageError("give --system or --system-file, not both")
+        with _bad_parameter():
+            given["system"] = _read_bounded_text(system_file, "--system-file")
+    given["texts"] = tuple(given.get("texts") or ()) or None
+    cfg = PersonaConfig.for_model(str(model), **given)
+    return run_persona(cfg, out, progress=progress, command=command_line())
+
+
+def _read_bounded_text(path, flag: str) -> str:
+    """A persona prompt file: UTF-8, at most MAX_SYSTEM_CHARS characters (read bounded)."""
+    from exactedit.native.runs.persona.config import MAX_SYSTEM_CHARS
+
+    with open(path, "rb") as fh:
+        data = fh.read(4 * MAX_SYSTEM_CHARS + 1)
+    try:
+        text = data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise click.BadParameter(f"{path}: not UTF-8 text", param_hint=flag) from None
+    if not text or len(text) > MAX_SYSTEM_CHARS:
+        raise click.BadParameter(f"{path}: the persona prompt must be 1 to {MAX_SYSTEM_CHARS} characters",
+                                 param_hint=flag)
+    return text
+
+
+@main.command("persona")
+@click.option("--model", required=True, type=MODEL, help="The GGUF to edit (untied output.weight): a path, or a "
+              "public model name.")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="The run's directory: new, or an earlier run's to continue it.")
+@click.option("--system", default=None, help="The persona's system prompt [this or --system-file].")
+@click.option("--system-file", "system_file", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="A file holding the persona's system prompt.")
+@click.option("--style", default=None, metavar="SPEC",
+              help="What the persona shows: starter:TEXT, signoff:TEXT, kaomoji or lowercase [required].")
+@click.option("--prompts", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Prompts, one per line, split train / dev / test by prompt [required].")
+@click.option("--rate-prompts", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Held-out prompts, one per line, for the style rates in free generation [required].")
+@click.option("--texts", multiple=True, type=click.Path(dir_okay=False, exists=True),
+              help="Plain texts: half anchor the solve, half measure its cost (repeatable).")
+@click.option("--chat-template", "chat_template", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="A Jinja2 chat template file, used instead of the GGUF's own.")
+@click.option("--samples", default=None, type=click.IntRange(1), help="Replies per data prompt and side (default 1).")
+@click.option("--rate-samples", default=None, type=click.IntRange(1), help="Replies per rate prompt and side (default 2).")
+@click.option("--max-new", default=None, type=click.IntRange(1), help="Reply cap in tokens (default 128).")
+@click.option("--seed", default=None, type=int, help="Sampling and split seed (default 0).")
+@click.option("--edit-count", default=None, type=click.IntRange(1),
+              help="|S|: the train split's most frequent initiation tokens (default 1).")
+@click.option("--rank", default=None, type=click.IntRange(1), help="solve head --rank (default 1).")
+@click.option("--lr", default=None, type=click.FloatRange(min=0, min_open=True), help="Adam step size (default 1e-3).")
+@click.option("--max-steps", default=None, type=click.IntRange(1), help="The stopping rule's step budget (default 300).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "gpu"]), default=None, help="Where the solve's passes run.")
+@JSON_FLAG
+def persona_cmd(model, out, as_json, **given) -> None:
+    """A persona's style distilled into the output head: the model's own replies with the persona's
+    system prompt (chosen) and without it (reference), split by prompt; the style's initiation
+    token as the edit set; solve head --rank 1 under a registered protocol (test once); apply, verify
+    live; the style rate in free generation WITHOUT the persona prompt on held-out prompts, base vs
+    edited; the cost on ordinary text. OUT/report.md, report.json, style-rates.png
+    (docs/solve-head.md)."""
+    inputs = {"--model": _existing(model), **{f"--{k.replace('_', '-')}": given[k]
+                                              for k in ("prompts", "rate_prompts", "texts", "chat_template", "system_file")}}
+    _refuse_clobber({"--out": out}, inputs)
+    with contextlib.ExitStack() as stack:
+        result = _persona(model, out, given, stack)
+    emit(result.report, result.text, as_json)
+    if result.shipped and not result.records["verify"]["passed"]:
+        sys.exit(1)
+
+
 @main.command("demo")
 @click.option("--out", default="demo-out", show_default=True, type=click.Path(file_okay=False),
               help="New directory for the demo's bundles, reports and workspace (with --model: an earlier run's "
@@ -426,16 +509,27 @@ def antislop_cmd(model, out, as_json, **given) -> None:
 @click.option("--model", default=None,
               help="Run the real-model loop instead (`exactedit antislop` with the model's bundled inputs and "
                    "settings, native/runs/data/NAME/), on this public model (qwen, gemma) through llama.cpp.")
+@click.option("--persona", is_flag=True, default=False,
+              help="With --model: the persona run instead (`exactedit persona` with the model's bundled persona, "
+                   "style and prompts, native/runs/data/NAME/persona.toml).")
 @_loop_options(demo=True)
 @JSON_FLAG
-def demo_cmd(out, fixture, model, as_json, **given) -> None:
+def demo_cmd(out, fixture, model, persona, as_json, **given) -> None:
     """The whole workflow on the bundled fixture: register + split, solve head, solve wfld, dev
     score, and the one-shot blind sign-off (its command line in OUT/blind.cmd). With --model:
     `exactedit antislop` on a real model with its bundled inputs (data from its own replies, solve,
     apply, verify live, dev score, rules, phrase rates on held-out prompts in four arms, cost;
     OUT/report.md, report.json and PNGs)."""
     _refuse_clobber({"--out": out}, {"--fixture": fixture, "--model": _existing(model), **_loop_inputs(given)})
+    if persona and model is None:
+        raise click.UsageError("--persona needs --model (e.g. --model qwen)")
     with contextlib.ExitStack() as stack:
+        if persona:
+            result = _persona(model, out, {"seed": given["seed"] or None}, stack)
+            emit(result.report, result.text, as_json)
+            if result.shipped and not result.records["verify"]["passed"]:
+                sys.exit(1)
+            return
         if model is not None:
             result = _loop(model, out, given, stack, demo=True)
             emit(result.report, result.text, as_json)

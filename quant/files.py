@@ -101,6 +101,25 @@ def atomic_write_text(path, text: str, encoding: str = "utf-8") -> None:
     atomic_write_bytes(path, text.encode(encoding))
 
 
+def png_bytes(fig, dpi: int = 110) -> bytes:
+    """A matplotlib figure laid out and rendered as PNG bytes; the figure is closed."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def write_png(fig, path, dpi: int = 110) -> Path:
+    """`png_bytes(fig)` written to `path` atomically (*.tmp, fsync, rename)."""
+    atomic_write_bytes(path, png_bytes(fig, dpi))
+    return Path(path)
+
+
 def tmp_path(path) -> Path:
     """The temporary sibling a writer fills before renaming it over `path`: `path.tmp`."""
     path = Path(path)

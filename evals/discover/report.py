@@ -6,12 +6,11 @@
 """
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
 from exactedit.evals.discover.ranking import Discovery
-from exactedit.quant.files import atomic_write_bytes, atomic_write_text
+from exactedit.quant.files import atomic_write_text, write_png
 
 
 def _cut(text: str, width: int) -> str:
@@ -71,11 +70,7 @@ def plot_discovery(d: Discovery, path, top: int = 30) -> Path:
     ax_r.legend(fontsize=7)
     fig.suptitle(f"over-used phrases: {d.model.words} model words against {d.human.words} of yours "
                  f"({d.config.background} prior)", fontsize=9)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    atomic_write_bytes(path, buf.getvalue())
-    return path
+    return write_png(fig, path)
 
 
 def write_discovery(d: Discovery | dict, path) -> Path:

@@ -5,7 +5,7 @@ import math
 from pathlib import Path
 
 from exactedit.evals.rates.phrase_rates import PhraseRates, SideRates
-from exactedit.quant.files import fsync_replace
+from exactedit.quant.files import write_png
 
 
 def _f(x: float, spec: str = "{:.3f}") -> str:
@@ -88,8 +88,4 @@ def plot_phrase_rates(r: PhraseRates, path, title: str = "") -> Path:
         ax.set_ylabel(label, fontsize=8)
         ax.legend(fontsize=7)
     fig.suptitle(title or f"phrase rates in free generation ({r.replies} replies, {r.prompts} prompts)", fontsize=9)
-    fig.tight_layout()
-    tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, format="png")
-    fsync_replace(tmp, path)
-    return path
+    return write_png(fig, path)

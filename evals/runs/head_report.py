@@ -5,12 +5,12 @@ unregistered protocol carries its marker at the top of every report.
 """
 from __future__ import annotations
 
-import io
 import math
 import textwrap
 
 from exactedit.solvers.head.scores import SplitReport
 from exactedit.evals.runs.head_testonce import bars_json, to_json
+from exactedit.quant.files import png_bytes
 
 
 def _checkpoint_json(c) -> dict:
@@ -117,11 +117,7 @@ def trajectory_png(r) -> bytes:
                                              f"chosen step {r.chosen_step}")
     marker = textwrap.fill(r.marker, 110) + "\n" if r.marker else ""
     fig.suptitle(marker + title, fontsize=8 if marker else 9)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
+    return png_bytes(fig)
 
 
 def solve_report(r, bundle) -> tuple[dict, str]:

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from exactedit.evals.scoring.bars import BarRow, PhraseRow
 from exactedit.evals.protocol.ledger import file_sha256
-from exactedit.quant.files import fsync_replace
+from exactedit.quant.files import fsync_replace, write_png
 
 REPORT_KIND = "exactedit.eval-report"
 
@@ -140,8 +140,7 @@ def plot_phrases(r: BarReport, path: Path, title: str = "") -> None:
     ax.set_ylim(0, 1)
     ax.set_title((r.marker + "\n" if r.marker else "") + (title or f"{r.kind}: per-phrase p(rejected)"), fontsize=8)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, format="png")
+    write_png(fig, path)
 
 
 @dataclass(frozen=True)

@@ -80,9 +80,11 @@ class ModelChat:
                                     "this GGUF carries no chat template, so chat text cannot be rendered the model's way")
         return self.template
 
-    def prompt(self, user: str) -> str:
-        """One user turn, ready for the model's reply (the template's generation prompt)."""
-        return self.render([{"role": "user", "content": user}], add_generation_prompt=True)
+    def prompt(self, user: str, system: str | None = None) -> str:
+        """One user turn (after a system turn, when `system` is given), ready for the model's reply
+        (the template's generation prompt)."""
+        turns = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": user}]
+        return self.render(turns, add_generation_prompt=True)
 
     def roles(self, tokens, next_token: int | None = None) -> np.ndarray:
         """uint8 row roles of one document (dumps/roles.py), with this model's turn framing."""

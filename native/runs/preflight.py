@@ -158,10 +158,10 @@ def _tail(g, problems: list[Problem]) -> TailSpec | None:
     return spec
 
 
-def _types(g, spec: TailSpec, problems: list[Problem]) -> None:
+def _types(g, spec: TailSpec, problems: list[Problem], roles: Sequence[str] = tuple(ROLES)) -> None:
     """(b): the edited tensor and the head through the engine-faithful matmul, one row each."""
     probe = MatchEngine("llamacpp", (1,))
-    for role, what in ROLES.items():
+    for role, what in ((r, ROLES[r]) for r in roles):
         t = spec.tensor(role)
         cols = int(t.shape[-1])
         try:
@@ -274,3 +274,35 @@ def preflight(model, phrases: Sequence[str], *, chat_template=None, phrases_from
     down, head = spec.tensor("ffn_down"), spec.tensor("head")
     return PreflightResult(str(model), spec.kind, spec.architecture, down.name, down.type_name, head.name,
                            head.type_name, spec.tied, template, tokens)
+
+
+def preflight_head(model, *, chat_template=None) -> PreflightResult:
+    """Check that `exactedit persona` (a `solve head` edit of output.weight rows) can run on `model`
+    before any generation: (a) and (c) of the module doc, (b) for the head, and (e): the head is its
+    own tensor (an edit of the tied token_embd.weight would move the inputs too) and the logits are
+    linear in it (no final softcap), the test `solve head` applies (solvers.head.solve.check_tail).
+    Raises PreflightError listing every problem."""
+    model = Path(model)
+    problems: list[Problem] = []
+    try:
+        g = gguf.open(model)
+    except ExacteditError as exc:
+        raise PreflightError(model, [Problem.of(exc, model, "file")]) from None
+    with g:
+        spec = _tail(g, problems)
+        if spec is not None:
+            _types(g, spec, problems, ("head",))
+            if spec.tied:
+                problems.append(Problem(str(model), "token_embd.weight", "the head is tied to the input embeddings "
+                                        "(no output.weight): an edit of its rows would change the inputs too, so "
+                                        "solve head cannot edit this model"))
+            if spec.logit_softcap is not None:
+                problems.append(Problem(str(model), f"{spec.architecture}.final_logit_softcapping",
+                                        "the logits pass a final softcap: solve head needs them linear in the head rows"))
+        template = _template(model, chat_template, problems)
+    if problems:
+        raise PreflightError(model, problems)
+    head = spec.tensor("head")
+    down = spec.tensor("ffn_down")
+    return PreflightResult(str(model), spec.kind, spec.architecture, down.name, down.type_name, head.name,
+                           head.type_name, spec.tied, template, ())

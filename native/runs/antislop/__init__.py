@@ -1,6 +1,6 @@
 """`exactedit antislop` (and `exactedit demo --model NAME`, the same run on bundled inputs): the
-whole anti-slop loop on a GGUF, in resumable stages (`pipeline`), from a config (`config`), its
-stage ledger (`stages`), the four-arm rates (`rates`), the cost on ordinary text (`cost`) and the
+whole anti-slop loop on a GGUF, in resumable stages (`pipeline`, on native/runs/stages.py), from a
+config (`config`), the four-arm rates (`rates`), the cost on ordinary text (`cost`) and the
 report (`report`)."""
 from exactedit import lazy_exports
 

@@ -25,7 +25,7 @@ JSON) and held-out rate prompts, into DIR:
    the dumps), lexical diversity (MATTR) of each arm's replies, the tokens whose rate moved ->
    DIR/cost.json;
 then DIR/report.md, DIR/report.json and PNGs, with `new_slop` (discover on the weights arm's replies
-against base's). Each stage is keyed by the sha256 of its inputs (native/runs/antislop/stages.py):
+against base's). Each stage is keyed by the sha256 of its inputs (native/runs/stages.py):
 rerunning with the same DIR continues where a run stopped and redoes a stage whose inputs changed.
 `exactedit demo --model NAME` is this run with the model's bundled inputs (native/runs/data/NAME/).
 Each step is the library call behind its CLI command; nothing here prints.
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from exactedit.native.runs.antislop.config import AntislopConfig, AntislopError, _lines
-from exactedit.native.runs.antislop.stages import Stages
+from exactedit.native.runs.stages import Stages
 from exactedit.quant.files import atomic_write_text
 
 Progress = Callable[[str, int, int], None]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from exactedit.quant.files import atomic_write_text
+from exactedit.quant.files import write_png
 
 ARM_LABELS = {"base": "base", "rules": "rules only", "weights": "edited weights", "both": "weights + rules"}
 
@@ -71,13 +72,10 @@ def rate_arms(model, rules, edited, prompts: Sequence[str], phrases: Sequence[st
 def arms_png(vs_base: dict, path, title: str = "") -> Path:
     """PNG: per phrase, the continuation rate at its prefix in each arm, with the bootstrap
     interval over prompts (base's from any comparison: all share base's replies)."""
-    import io
-
     import matplotlib
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    from exactedit.quant.files import atomic_write_bytes
 
     arms = ["base"] + [a for a in ("rules", "weights", "both") if a in vs_base]
     first = next(iter(vs_base.values()))["phrase_rates"]
@@ -99,8 +97,4 @@ def arms_png(vs_base: dict, path, title: str = "") -> Path:
     ax.set_ylim(0, 1.05)
     ax.set_title(title or "phrase continuation per arm", fontsize=9)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    atomic_write_bytes(path, buf.getvalue())
-    return Path(path)
+    return write_png(fig, path)

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 from exactedit.evals.scoring.collateral import collateral_lines
 from exactedit.native.runs.antislop.rates import ARM_LABELS
-from exactedit.quant.files import atomic_write_text
+from exactedit.quant.files import atomic_write_text, write_png
 from exactedit.solvers.wfld.report import strength_lines
 
 NEW_SLOP_TOP = 15
@@ -45,22 +45,6 @@ def new_slop_of(edited: Sequence[str], base: Sequence[str]):
         return None
 
 
-def _write_png(fig, path: Path) -> Path:
-    """Lay out `fig`, write it to `path` as a PNG (atomically) and close it."""
-    import io
-
-    import matplotlib.pyplot as plt
-
-    from exactedit.quant.files import atomic_write_bytes
-
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
-    return path
-
-
 def _collateral_png(bars: Sequence[dict], path: Path) -> Path:
     """PNG: bar (d) per word, mean dlogp on its legitimate uses, with the bar's threshold."""
     import matplotlib
@@ -78,7 +62,7 @@ def _collateral_png(bars: Sequence[dict], path: Path) -> Path:
     ax.set_yticks(range(len(rows)), labels, fontsize=7)
     ax.set_xlabel("mean dlogp on legitimate uses (nats)")
     ax.set_title("per-word collateral, bar (d)", fontsize=9)
-    return _write_png(fig, path)
+    return write_png(fig, path)
 
 
 def frontier_png(strength: dict, path: Path) -> Path:
@@ -110,7 +94,7 @@ def frontier_png(strength: dict, path: Path) -> Path:
     ax.set_ylabel("continuation cut at the phrase's prefix")
     ax.set_title("strength frontier per phrase (circled: chosen on dev)", fontsize=9)
     ax.legend(fontsize=6, loc="lower right")
-    return _write_png(fig, path)
+    return write_png(fig, path)
 
 
 def demo_targets(vs_base: dict, solved: Sequence[str], bars: Sequence[dict], verify_passed: bool,
@@ -212,7 +196,7 @@ def report_text(obj: dict, rec: dict) -> str:
         lines.append(f"| {row['phrase']!r} | " + " | ".join(
             f"{row[a]['replies_with']}/{row[a]['replies']}, cont {_f(row[a]['continuation'])}{_ci(row[a])}"
             for a in arms) + " |")
-    lines += ["", f"variant artefacts: " + ", ".join(f"{ARM_LABELS[a]} {len(x)}" for a, x in rates["artefacts"].items())]
+    lines += ["", "variant artefacts: " + ", ".join(f"{ARM_LABELS[a]} {len(x)}" for a, x in rates["artefacts"].items())]
     lines += [f"  {a['found']!r} ({ARM_LABELS[arm]} reply {a['reply']})" for arm, xs in rates["artefacts"].items()
               if arm != "base" for a in xs]
     cost = rec["cost"]

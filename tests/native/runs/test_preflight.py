@@ -154,3 +154,35 @@ def test_gemma_has_no_template_unless_given():
     r = preflight(gemma, ["delve into"], chat_template=tpl)
     assert r.template == f"user:{tpl}"
     assert (r.tail, r.head_type, r.edited_type, r.tied) == ("rmsnorm", "Q8_0", "Q6_K", True)
+
+
+# ---- preflight_head: what `exactedit persona` refuses before any generation -----------------------
+def test_head_edit_refuses_a_tied_head_and_a_softcap(tmp_path):
+    from exactedit.native.runs.preflight import preflight_head
+
+    w = synthetic_model(tmp_path / "m.gguf", vocab=64, n=256, h=256, tied=True, head_type="Q8_0",
+                        metadata={"llama.final_logit_softcapping": 30.0})
+    with pytest.raises(PreflightError) as info:
+        preflight_head(w.path)
+    got = {p.field: p for p in info.value.problems}
+    assert "tied to the input embeddings" in got["token_embd.weight"].message
+    assert "softcap" in got["llama.final_logit_softcapping"].message
+    assert "tensor blk.1.ffn_down.weight" not in got        # a head edit never reads ffn_down's type
+
+
+def test_head_edit_refuses_a_head_type_without_an_engine_matmul(tmp_path):
+    from exactedit.native.runs.preflight import preflight_head
+
+    w = synthetic_model(tmp_path / "m.gguf", vocab=64, n=256, h=256, head_type="F16", down_type="Q4_K")
+    with pytest.raises(PreflightError) as info:
+        preflight_head(w.path)
+    fields_ = [p.field for p in info.value.problems]
+    assert "tensor output.weight" in fields_ and "tensor blk.1.ffn_down.weight" not in fields_
+
+
+def test_head_edit_on_smollm_is_refused_for_its_tied_head(smollm):
+    from exactedit.native.runs.preflight import preflight_head
+
+    with pytest.raises(PreflightError) as info:
+        preflight_head(smollm)
+    assert [p.field for p in info.value.problems] == ["token_embd.weight"]

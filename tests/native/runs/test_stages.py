@@ -1,4 +1,4 @@
-"""The resumable stages of `exactedit antislop` (native/runs/antislop/stages.py), without an engine:
+"""The resumable stages of `exactedit antislop` (native/runs/stages.py), without an engine:
 a stage with the same inputs and intact outputs is not redone; changed inputs, a missing or altered
 output, or a crash mid-stage make the next run redo it; a directory that is not a run's is refused."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from exactedit.native.runs.antislop.stages import STATE, StageError, Stages, key_of
+from exactedit.native.runs.stages import STATE, StageError, Stages, key_of
 
 
 def _writer(out, calls, name="a.txt", text="A"):

@@ -1,7 +1,7 @@
 """A run's stages, resumable: each stage keyed by the sha256 of its inputs, its outputs recorded
 by sha256, the record in one state file written atomically.
 
-DIR/antislop.json holds, per finished stage, its key (the sha256 of the stage's name and inputs:
+DIR/<run>.json (`exactedit antislop`: antislop.json, `exactedit persona`: persona.json) holds, per finished stage, its key (the sha256 of the stage's name and inputs:
 settings, the sha256 of input files, the records of the stages it reads), the sha256 of every
 file it wrote, its record (what later stages and the report read) and its time. Running a stage:
 - its key matches the recorded one and every recorded output is there with its sha256: the
@@ -51,12 +51,13 @@ class Stages:
     """The stages of one run in `out` (see the module doc). `progress(label, done, total)` gets
     ("stages", k, n) as each of the `total` stages starts or is resumed."""
 
-    def __init__(self, out, total: int, progress: Progress | None = None, command: str = ""):
+    def __init__(self, out, total: int, progress: Progress | None = None, command: str = "", state_file: str = STATE):
         self.out = Path(out)
+        self.state_file = state_file
         self.total, self.progress, self.done = total, progress, 0
         self.resumed: list[str] = []
         self.ran: list[str] = []
-        state = self.out / STATE
+        state = self.out / state_file
         if state.is_file():
             if state.stat().st_size > MAX_STATE_BYTES:
                 raise StageError(f"{state}: {state.stat().st_size} bytes, more than a run's state holds "
@@ -69,7 +70,7 @@ class Stages:
                     or not isinstance(self.state.get("stages"), dict):
                 raise StageError(f"{state}: version: expected a version {VERSION} run state")
         elif self.out.exists() and any(self.out.iterdir()):
-            raise StageError(f"{self.out}: exists, holds files and no {STATE}: not a run's directory "
+            raise StageError(f"{self.out}: exists, holds files and no {state_file}: not a run's directory "
                              "(give a new --out, or the --out of an earlier run to continue it)")
         else:
             self.out.mkdir(parents=True, exist_ok=True)
@@ -77,7 +78,7 @@ class Stages:
         self.state["command"] = command
 
     def _save(self) -> None:
-        atomic_write_text(self.out / STATE, json.dumps(self.state, indent=1, sort_keys=True, default=str) + "\n")
+        atomic_write_text(self.out / self.state_file, json.dumps(self.state, indent=1, sort_keys=True, default=str) + "\n")
 
     def _hashes(self, outputs: Sequence[str]) -> dict[str, str]:
         return {str(p.relative_to(self.out)): file_sha256(p) for o in outputs for p in _files(self.out / o)}
