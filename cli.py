@@ -326,8 +326,9 @@ def _loop_options(demo: bool):
         click.option("--watch", type=click.Path(dir_okay=False, exists=True), default=None,
                      help=h("phrases measured in generation beside the solved ones, not solved for (e.g. the whole "
                      "phrase whose prefix is banned)" + dflt("the bundled watch list") + ".")),
-        click.option("--texts", multiple=True, type=click.Path(dir_okay=False, exists=True),
-                     help=h("plain texts for collateral, the null space and anchors (repeatable)"
+        click.option("--texts", multiple=True, type=click.Path(exists=True),
+                     help=h("plain texts for collateral, the null space and anchors: a .txt file or a directory "
+                     "of them (repeatable)"
                      + dflt("bundled") + ".")),
         click.option("--same-sense", "same_sense", type=click.Path(dir_okay=False, exists=True), default=None,
                      help=h("PHRASE=WORD[,WORD] per line, paraphrases of a phrase's final token that the solve "
@@ -419,7 +420,7 @@ def antislop_cmd(model, out, as_json, **given) -> None:
 
 def _persona(model: str, out: str, given: dict, stack):
     """Run (or continue) `exactedit persona` for `model` into `out`."""
-    from exactedit.native.runs.persona import PersonaConfig, run_persona
+    from exactedit.native.runs import PersonaConfig, run_persona
 
     bars: dict = {}
 
@@ -440,7 +441,7 @@ def _persona(model: str, out: str, given: dict, stack):
 
 def _read_bounded_text(path, flag: str) -> str:
     """A persona prompt file: UTF-8, at most MAX_SYSTEM_CHARS characters (read bounded)."""
-    from exactedit.native.runs.persona.config import MAX_SYSTEM_CHARS
+    from exactedit.native.runs import MAX_SYSTEM_CHARS
 
     with open(path, "rb") as fh:
         data = fh.read(4 * MAX_SYSTEM_CHARS + 1)
@@ -468,8 +469,9 @@ def _read_bounded_text(path, flag: str) -> str:
               help="Prompts, one per line, split train / dev / test by prompt [required].")
 @click.option("--rate-prompts", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Held-out prompts, one per line, for the style rates in free generation [required].")
-@click.option("--texts", multiple=True, type=click.Path(dir_okay=False, exists=True),
-              help="Plain texts: half anchor the solve, half measure its cost (repeatable).")
+@click.option("--texts", multiple=True, type=click.Path(exists=True),
+              help="Plain texts, a .txt file or a directory of them: half anchor the solve, half measure its "
+                   "cost (repeatable).")
 @click.option("--chat-template", "chat_template", type=click.Path(dir_okay=False, exists=True), default=None,
               help="A Jinja2 chat template file, used instead of the GGUF's own.")
 @click.option("--samples", default=None, type=click.IntRange(1), help="Replies per data prompt and side (default 1).")
@@ -523,6 +525,11 @@ def demo_cmd(out, fixture, model, persona, as_json, **given) -> None:
     _refuse_clobber({"--out": out}, {"--fixture": fixture, "--model": _existing(model), **_loop_inputs(given)})
     if persona and model is None:
         raise click.UsageError("--persona needs --model (e.g. --model qwen)")
+    if persona:
+        extra = [f"--{k.replace('_', '-')}" for k, v in given.items() if k != "seed" and v not in (None, ())]
+        if extra:
+            raise click.UsageError(f"{', '.join(extra)}: the anti-slop loop's options do not apply with --persona "
+                                   "(give your own persona inputs to `exactedit persona`)")
     with contextlib.ExitStack() as stack:
         if persona:
             result = _persona(model, out, {"seed": given["seed"] or None}, stack)

@@ -1,7 +1,8 @@
 """The code behind `exactedit mine` (`mine`), `dataset build` (`dataset`), `dataset corpus`
 (`corpus`), `discover --model` (`discover`), `kld` with llama.cpp's files (`kld`), `antislop` and `demo --model`
-(`antislop`; the bundled inputs of `demo --model NAME` in `data/`) and what `antislop` refuses before generating
-(`preflight`). Imported only by
+(`antislop`; the bundled inputs of `demo --model NAME` in `data/`), `persona` and `demo --model NAME
+--persona` (`persona`), what both refuse before generating (`preflight`) and their resumable stages
+(`stages`). Imported only by
 cli.py, fixtures/, bench/ and other runs (tests/test_layers.py).
 
 The names below are imported on first use (their modules pull in numba / JAX).
@@ -29,4 +30,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "run_mine": "mine:mine",
     "run_preflight": "preflight:preflight",
     "run_antislop": "antislop.pipeline",
+    "PersonaConfig": "persona.config",
+    "MAX_SYSTEM_CHARS": "persona.config",
+    "run_persona": "persona.pipeline",
 })

@@ -57,3 +57,22 @@ def test_every_output_anchors_the_ledger(demo):
     assert r.exit_code == 0, r.output
     v = json.loads(r.output)
     assert v["ok"] and {"bundle", "dev report", "sign-off"} <= {a["what"] for a in v["anchors"]}
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--persona"], "--persona needs --model"),
+    (["--persona", "--model", "qwen", "--phrases", __file__], "--phrases: the anti-slop loop's options do not apply"),
+])
+def test_demo_persona_refuses_what_it_cannot_use(tmp_path, args, says):
+    r = CliRunner().invoke(cli.main, ["demo", "--out", str(tmp_path / "o"), *args])
+    assert r.exit_code == 2 and says in r.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_persona_refuses_both_system_flags(tmp_path):
+    (tmp_path / "s.txt").write_text("Be a pirate.")
+    (tmp_path / "p.txt").write_text("a\n")
+    r = CliRunner().invoke(cli.main, ["persona", "--model", str(tmp_path / "s.txt"), "--system", "x", "--system-file",
+                                      str(tmp_path / "s.txt"), "--style", "kaomoji", "--prompts", str(tmp_path / "p.txt"),
+                                      "--rate-prompts", str(tmp_path / "p.txt"), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "--system or --system-file, not both" in r.output

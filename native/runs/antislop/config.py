@@ -10,7 +10,7 @@ from exactedit.quant.errors import ExacteditError
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 
-__all__ = ["AntislopConfig", "AntislopError", "DATA", "model_defaults"]
+__all__ = ["AntislopConfig", "AntislopError", "DATA", "model_defaults", "text_files"]
 
 
 class AntislopError(ExacteditError):
@@ -131,10 +131,20 @@ class AntislopConfig:
         return None if path is None else given_template(path)
 
     def text_files(self) -> tuple[Path, ...]:
-        if self.texts is not None:
-            return tuple(Path(t) for t in self.texts)
-        folder = (self.bundled or DATA / "-") / "texts"
+        return text_files(self.texts, self.bundled)
+
+
+def text_files(given, bundled: Path | None) -> tuple[Path, ...]:
+    """The plain texts of a run: each given path, a directory standing for its *.txt files (sorted);
+    none given: the bundled model's texts/ folder, if any."""
+    if given is None:
+        folder = (bundled or DATA / "-") / "texts"
         return tuple(sorted(folder.glob("*.txt"))) if folder.is_dir() else ()
+    out: list[Path] = []
+    for t in given:
+        p = Path(t)
+        out += sorted(p.glob("*.txt")) if p.is_dir() else [p]
+    return tuple(out)
 
 
 DEFAULTS_FILE = "defaults.toml"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from exactedit.native.runs.antislop.config import DATA, _lines
+from exactedit.native.runs.antislop.config import DATA, _lines, text_files
 from exactedit.quant.errors import ExacteditError
 
 PERSONA_FILE = "persona.toml"
@@ -114,10 +114,7 @@ class PersonaConfig:
         return None if path is None else given_template(path)
 
     def text_files(self) -> tuple[Path, ...]:
-        if self.texts is not None:
-            return tuple(Path(t) for t in self.texts)
-        folder = (self.bundled or DATA / "-") / "texts"
-        return tuple(sorted(folder.glob("*.txt"))) if folder.is_dir() else ()
+        return text_files(self.texts, self.bundled)
 
 
 def persona_defaults(model: str) -> dict:

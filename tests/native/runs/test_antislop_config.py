@@ -149,3 +149,16 @@ def test_a_bad_defaults_file_names_the_file_and_field(tmp_path, monkeypatch, tex
     (tmp_path / "m" / "defaults.toml").write_text("ridge = 1\nstrength_grid = [1, 0.5]\n")
     cfg = AntislopConfig.for_model("m")
     assert type(cfg.ridge) is float and cfg.ridge == 1.0 and cfg.strength_grid == (1.0, 0.5)
+
+
+def test_texts_given_as_a_directory_stand_for_its_txt_files(tmp_path):
+    from exactedit.native.runs.antislop.config import AntislopConfig, text_files
+
+    (tmp_path / "texts").mkdir()
+    for name in ("b.txt", "a.txt", "notes.md"):
+        (tmp_path / "texts" / name).write_text("x")
+    (tmp_path / "c.txt").write_text("y")
+    got = text_files([str(tmp_path / "texts"), str(tmp_path / "c.txt")], None)
+    assert got == (tmp_path / "texts" / "a.txt", tmp_path / "texts" / "b.txt", tmp_path / "c.txt")
+    assert AntislopConfig(model="/m.gguf", texts=(str(tmp_path / "texts"),)).text_files() == got[:2]
+    assert text_files(None, None) == ()
