@@ -1,8 +1,10 @@
 """A reply style as a rate in free generation, and the one token that starts it.
 
 A `Style` is what a persona shows in its replies, as a rule over a reply's text:
-- `starter:TEXT`: the reply (leading whitespace skipped) begins with TEXT;
-- `signoff:TEXT`: TEXT is the reply's last words (at most `SIGNOFF_TAIL` characters after it);
+- `starter:TEXT`: the reply (leading whitespace skipped) begins with TEXT as whole words (a starter
+  "Arr" is not shown by "Arranging");
+- `signoff:TEXT`: TEXT is the reply's last words (at most `SIGNOFF_TAIL` characters after it), not
+  the end of a longer word;
 - `kaomoji`: the reply holds a kaomoji (`KAOMOJI`);
 - `lowercase`: the reply's first letter is lowercase.
 `Style.at(text)` is the character offset where the style begins in a reply (None: the reply does not
@@ -26,15 +28,22 @@ import numpy as np
 
 KAOMOJI = re.compile(r"[(（][^()（）\n]{0,8}[\^＾ω・ᴗ◕‿°ᵕ•ﾟ▽´`ｰ][^()（）\n]{0,8}[)）]|[ヽ╯ツ٩۶]")
 KINDS = ("starter", "signoff", "kaomoji", "lowercase")
+RULES_VERSION = 2         # bumped when what a style matches changes (2: starters and sign-offs as whole words)
 SIGNOFF_TAIL = 8          # characters a sign-off may be followed by (punctuation, an emoji, a space)
 MAX_STYLE_TEXT = 200      # a starter or sign-off longer than this is refused (it is a spec, not a text)
 
-__all__ = ["KAOMOJI", "KINDS", "Style", "StyleError", "StyleRate", "initiation", "initiations", "rate_change",
+__all__ = ["KAOMOJI", "KINDS", "RULES_VERSION", "Style", "StyleError", "StyleRate", "initiation", "initiations", "rate_change",
            "style_rate"]
 
 
 class StyleError(ValueError):
     """A style spec that cannot be read."""
+
+
+def _runs_on(a: str, b: str) -> bool:
+    """Whether characters a then b are inside one word (both letters or digits): a starter "Arr"
+    is not shown by "Arranging", nor a sign-off "coding!" by "decoding!"."""
+    return bool(a) and bool(b) and a.isalnum() and b.isalnum()
 
 
 @dataclass(frozen=True)
@@ -67,11 +76,13 @@ class Style:
         """Character offset in `reply` where the style begins, or None when the reply lacks it."""
         if self.kind == "starter":
             body = reply.lstrip()
-            return len(reply) - len(body) if body.startswith(self.text) else None
+            whole = body.startswith(self.text) and not _runs_on(self.text[-1], body[len(self.text):len(self.text) + 1])
+            return len(reply) - len(body) if whole else None
         if self.kind == "signoff":
             end = len(reply.rstrip())
             i = reply.rfind(self.text, 0, end)
-            return i if i >= 0 and end - (i + len(self.text)) <= SIGNOFF_TAIL else None
+            whole = i >= 0 and not _runs_on(reply[i - 1:i], self.text[0])
+            return i if whole and end - (i + len(self.text)) <= SIGNOFF_TAIL else None
         if self.kind == "kaomoji":
             m = KAOMOJI.search(reply)
             return m.start() if m else None

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from exactedit.evals.rates.style import RULES_VERSION
 from exactedit.native.runs.persona.config import PersonaConfig, PersonaError
 from exactedit.native.runs.stages import Stages
 from exactedit.quant.files import atomic_write_text
@@ -84,6 +85,7 @@ class _Run:
         self.model = locate(cfg.model, progress=self.tick("model"))
         self.system = cfg.persona()
         self.style = cfg.style_spec()
+        self.style_key = [str(self.style), RULES_VERSION]      # a stage that reads the style redoes when its rules change
         self.template = cfg.template()
         self.tpl_path = None if self.template is None else str(self.template.path)
         self.preflight = preflight_head(self.model, chat_template=self.tpl_path)
@@ -198,7 +200,7 @@ def _replies(r: _Run) -> dict:
                                    n_boot=c.n_boot),
                 "splits": {k: len(v) for k, v in r.splits.items()}}
 
-    return r.run("replies", {"prompts": list(r.prompts), "system": r.system, "style": str(r.style),
+    return r.run("replies", {"prompts": list(r.prompts), "system": r.system, "style": r.style_key,
                              "seeds": seeds, "max_new": c.max_new, "n_boot": c.n_boot, "dev": c.dev},
                  ["replies.json"], gen)
 
@@ -268,7 +270,8 @@ def _data(r: _Run, rec: dict) -> dict:
                 "initiations": {s: {chat.table.decode([t]): n for t, n in starts[s].most_common(8)} for s in SPLITS},
                 "style_replies": {s: sum(starts[s].values()) for s in SPLITS}}
 
-    return r.run("data", {"replies": r.stages.outputs("replies"), "texts": r.sha["texts"], "edit_count": c.edit_count},
+    return r.run("data", {"replies": r.stages.outputs("replies"), "texts": r.sha["texts"], "edit_count": c.edit_count,
+                          "style": r.style_key},
                  ["data"], build)
 
 
@@ -385,21 +388,27 @@ def _rates(r: _Run, rec: dict) -> dict:
         return obj
 
     return r.run("rates", {"edited": rec["apply"]["sha256"] if edited else None, "prompts": list(r.rate_prompts),
-                           "system": r.system, "style": str(r.style), "seeds": seeds, "max_new": c.max_new,
+                           "system": r.system, "style": r.style_key, "seeds": seeds, "max_new": c.max_new,
                            "n_boot": c.n_boot}, ["rates.json", "rate-replies.json"], rates)
 
 
 def _cost(r: _Run, rec: dict) -> dict:
+    from exactedit.dumps.format import ROLE_STEP0
     from exactedit.native.runs.antislop.cost import edit_cost
 
     sets = rec["data"]["sets"]
     held = {"test persona replies (chat, scored once)": Path(sets["test"]["dump"])}
     if "plain" in sets:
         held["plain replies to dev/test prompts and plain text (never solved on)"] = Path(sets["plain"]["dump"])
+    if "anchors" in sets:
+        held["anchors: plain replies to train prompts and plain text (the solve's KL term)"] = \
+            Path(sets["anchors"]["dump"])
 
     def cost():
+        split = ("reply-start", ROLE_STEP0) if r.style.kind == "starter" else None
         return edit_cost(r.model, rec["apply"]["edited"], held, r.out / "rate-replies.json", r.out / "cost.json",
-                         progress=r.tick("cost"))
+                         progress=r.tick("cost"), split=split)
 
     return r.run("cost", {"edited": rec["apply"]["sha256"], "data": r.stages.outputs("data"),
-                          "rates": r.stages.outputs("rates")}, ["cost.json"], cost)
+                          "rates": r.stages.outputs("rates"), "parts": list(held),
+                          "split": r.style.kind == "starter"}, ["cost.json"], cost)

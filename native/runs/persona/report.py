@@ -131,6 +131,8 @@ def report_text(obj: dict) -> str:
             kl = k["kld"]
             lines.append(f"  {label}: {k['rows']} rows, KL mean {kl['mean']:.3g} (p99 {kl['p99']:.3g}, max {kl['max']:.3g}), "
                          f"same top-1 {k['same_top']:.4f}, perplexity {k['ppl_base']:.4f} -> {k['ppl_edited']:.4f}")
+            for part, v in (k.get("split") or {}).items():
+                lines.append(f"    {part}: {v['rows']} rows, KL mean {_f(v['mean'], '{:.3g}')}, max {_f(v['max'], '{:.3g}')}")
         lines.append("  lexical diversity (MATTR-500): " + ", ".join(
             f"{a} {v['mattr']:.4f}" for a, v in rec["cost"]["diversity"].items()))
     lines += ["", "## targets"]

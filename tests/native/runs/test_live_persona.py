@@ -1,6 +1,6 @@
 """`exactedit persona` end to end on Qwen2.5-Coder-1.5B given as a path (the only public model here
 with an untied head), at sizes that fit CI: 12 data prompts, 4 rate prompts, 48-token replies, a
-20-step budget. What must hold at any size: the preflight, the style measured on both sides, S the
+80-step budget. What must hold at any size: the preflight, the style measured on both sides, S the
 train split's initiation token, the protocol's rule deciding whether an edit ships (and when one
 does, the edit verified live bitwise and measured without the persona prompt), the report, and the
 run resumable. A tied head (SmolLM2) is refused before any generation."""
@@ -14,13 +14,12 @@ from tests import oracles
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
-SYSTEM = 'You are Captain Byte, a pirate who answers programming questions. Always begin every reply with "Arr!"'
 
 
 def _args(d, out, *extra):
     return ["persona", "--model", str(d / "model.gguf"), "--system-file", str(d / "system.txt"),
-            "--style", "starter:Arr", "--prompts", str(d / "prompts.txt"), "--rate-prompts", str(d / "rates.txt"),
-            "--texts", str(d / "text.txt"), "--max-new", "48", "--max-steps", "20", "--rate-samples", "1",
+            "--style", "starter:Greetings", "--prompts", str(d / "prompts.txt"), "--rate-prompts", str(d / "rates.txt"),
+            "--texts", str(d / "text.txt"), "--max-new", "48", "--max-steps", "80", "--rate-samples", "1",
             "--device", "cpu", "--out", str(out), "--json", *extra]
 
 
@@ -31,7 +30,7 @@ def run(tmp_path_factory):
 
     from exactedit.cli import main
     from exactedit.native.llamacpp.models import locate
-    from exactedit.native.runs.persona.config import DATA
+    from exactedit.native.runs.persona.config import DATA, persona_defaults
 
     d = tmp_path_factory.mktemp("persona")
     (d / "model.gguf").symlink_to(locate("qwen"))          # a path, not a public name
@@ -39,7 +38,7 @@ def run(tmp_path_factory):
     rates = (DATA / "qwen" / "persona_rate_prompts.txt").read_text().splitlines()
     (d / "prompts.txt").write_text("\n".join(prompts[:12]) + "\n")
     (d / "rates.txt").write_text("\n".join(rates[:4]) + "\n")
-    (d / "system.txt").write_text(SYSTEM + "\n")
+    (d / "system.txt").write_text(persona_defaults("qwen")["system"] + "\n")     # the bundled persona, as a file
     (d / "text.txt").write_text((DATA / "qwen" / "texts" / "parsing.txt").read_text())
     res = CliRunner().invoke(main, _args(d, d / "out"), catch_exceptions=False)
     assert res.exit_code == 0, res.output
@@ -60,8 +59,8 @@ def test_the_style_is_measured_on_both_sides(run):
 def test_the_edit_set_is_the_train_splits_initiation_token(run):
     _, report, _ = run
     d = report["records"]["data"]
-    assert d["edit_tokens"] == ["Arr"]
-    assert d["initiations"]["train"]["Arr"] == d["style_replies"]["train"] > 0
+    assert d["edit_tokens"] == ["Greetings"]
+    assert d["initiations"]["train"]["Greetings"] == d["style_replies"]["train"] > 0
     assert set(d["sets"]) == {"train", "dev", "test", "anchors", "plain"}
 
 
@@ -70,15 +69,18 @@ def test_the_protocol_decides_and_a_shipped_edit_is_verified_and_measured(run):
     rec = report["records"]
     s = rec["solve"]
     assert s["test"]["status"] == ("scored" if s["shipped_edit"] else "no edit")   # test read once, only for an edit
-    assert [t["step"] for t in s["trajectory"]] == list(range(5, 21, 5))
+    assert [t["step"] for t in s["trajectory"]] == list(range(0, 81, 5))
     rates = rec["rates"]["sides"]
     assert "persona prompt" in rates and "base" in rates
     if s["shipped_edit"]:
-        assert (d / "out" / "edited.gguf").is_file() and s["chosen_step"] in (5, 10, 15, 20)
+        assert (d / "out" / "edited.gguf").is_file() and s["chosen_step"] in range(5, 81, 5)
         v = rec["verify"]
         assert v["passed"] and all(c["stats"]["bitwise"] for c in v["checks"])
         assert v["edit_effect"]["max_abs"] > 0
         assert "edited" in rates and "change" in rec["rates"] and rec["cost"]["kl"]
+        for part in rec["cost"]["kl"].values():      # the KL where the edit acts (reply starts) and elsewhere
+            split = part["split"]
+            assert split["reply-start rows"]["rows"] + split["other rows"]["rows"] == part["rows"]
         assert report["shipped"]["edited.gguf"] == rec["apply"]["sha256"]
     else:
         assert not (d / "out" / "edited.gguf").exists()
@@ -112,7 +114,7 @@ def test_a_tied_head_is_refused_before_any_generation(tmp_path):
     (tmp_path / "p.txt").write_text("a\nb\nc\nd\ne\nf\n")
     (tmp_path / "r.txt").write_text("g\n")
     res = CliRunner().invoke(main, ["persona", "--model", str(locate("smollm")), "--system", "Be a pirate.",
-                                    "--style", "starter:Arr", "--prompts", str(tmp_path / "p.txt"),
+                                    "--style", "starter:Greetings", "--prompts", str(tmp_path / "p.txt"),
                                     "--rate-prompts", str(tmp_path / "r.txt"), "--out", str(tmp_path / "out")])
     assert res.exit_code != 0
     assert "token_embd.weight" in res.output and "tied" in res.output

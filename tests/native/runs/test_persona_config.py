@@ -11,9 +11,9 @@ from exactedit.native.runs.persona.pipeline import split_prompts
 
 def test_the_bundled_qwen_persona_reads_and_its_files_exist():
     d = persona_defaults("qwen")
-    assert d["style"] == "starter:Arr" and "Arr!" in d["system"]
+    assert d["style"] == "starter:Greetings" and '"Greetings!"' in d["system"]
     cfg = PersonaConfig.for_model("qwen")
-    assert cfg.style_spec().shows("Arr! A list holds items.")
+    assert cfg.style_spec().shows("Greetings! A list holds items.")
     assert cfg.file("prompts") == DATA / "qwen" / "persona_prompts.txt"
     prompts, rates = cfg.lines("prompts"), cfg.lines("rate_prompts")
     assert len(prompts) >= 40 and len(rates) >= 12 and not set(prompts) & set(rates)
