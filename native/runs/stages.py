@@ -18,6 +18,7 @@ import hashlib
 import json
 import shutil
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -133,3 +134,72 @@ class Stages:
     def outputs(self, name: str) -> dict[str, str]:
         """The files a finished stage wrote, relative path -> sha256."""
         return dict(self.state["stages"].get(name, {}).get("outputs") or {})
+
+
+@dataclass(frozen=True, eq=False)
+class RunResult:
+    """What a run left in `out`: each stage's record (the same whether it ran now or was resumed),
+    the report, its files, and which stages ran now and which were resumed."""
+
+    out: Path
+    model: str
+    records: dict
+    report: dict
+    text: str
+    files: dict = field(default_factory=dict)
+    ran: tuple[str, ...] = ()
+    resumed: tuple[str, ...] = ()
+
+
+class StagedRun:
+    """What every resumable edit run resolves once and shares: the model (located by path or public
+    name), its chat template, the plain texts, progress by label, and, once `start` has been
+    called (after the run's own input checks), the stage ledger and the inputs' sha256, which key
+    every stage too; and the two stages every edit run has: `apply_stage` and `verify_stage`."""
+
+    def __init__(self, out, model, template, texts, progress: Progress | None):
+        from exactedit.native.llamacpp.models import locate
+
+        self.out = Path(out)
+        self.progress = progress
+        self.tick = (lambda label: (lambda d, t: progress(label, d, t))) if progress else (lambda label: None)
+        self.model = locate(model, progress=self.tick("model"))
+        self.template = template
+        self.tpl_path = None if template is None else str(template.path)
+        self.texts = tuple(texts)
+
+    def start(self, total: int, command: str, state_file: str = STATE) -> None:
+        """Open the ledger (refusing a directory not a run's) and hash the inputs."""
+        self.stages = Stages(self.out, total, self.progress, command, state_file=state_file)
+        self.sha = {"model": file_sha256(self.model, progress=self.tick("hashing the model")),
+                    "template": None if self.tpl_path is None else file_sha256(self.tpl_path),
+                    "texts": [file_sha256(t) for t in self.texts]}
+
+    def run(self, name: str, inputs: dict, outputs: Sequence[str], fn: Callable[[], dict]) -> dict:
+        return self.stages.run(name, {"model": self.sha["model"], "template": self.sha["template"], **inputs},
+                               outputs, fn)
+
+    def apply_stage(self, bundle) -> dict:
+        """`apply`: the solve's bundle written into DIR/edited.gguf, every other byte of the model kept."""
+        from exactedit.solvers.apply import apply_bundle
+
+        def apply():
+            applied = apply_bundle(bundle, self.model, self.out / "edited.gguf", progress=self.tick("apply"))
+            return {"edited": str(applied.out), "sha256": applied.out_sha256}
+
+        return self.run("apply", {"solve": self.stages.outputs("solve")}, ["edited.gguf"], apply)
+
+    def verify_stage(self, bundle, applied: dict, tokens: Callable[[], object], count: int) -> dict:
+        """`verify`: llama.cpp on the base and edited files against the engine-faithful prediction,
+        on `tokens()` (at most `count` of a held-out document) -> DIR/verify.json."""
+        from exactedit.native.verify.live import verify_live
+
+        def verify():
+            report = verify_live(self.model, bundle, tokens(), edited=applied["edited"],
+                                 progress=self.tick("verify live"))
+            obj = report.to_json()
+            atomic_write_text(self.out / "verify.json", json.dumps(obj, indent=1, default=str) + "\n")
+            return obj
+
+        return self.run("verify", {"edited": applied["sha256"], "data": self.stages.outputs("data"),
+                                   "tokens": count}, ["verify.json"], verify)

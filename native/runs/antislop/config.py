@@ -10,7 +10,7 @@ from exactedit.quant.errors import ExacteditError
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 
-__all__ = ["AntislopConfig", "AntislopError", "DATA", "model_defaults", "text_files"]
+__all__ = ["AntislopConfig", "AntislopError", "DATA", "model_defaults", "read_settings", "text_files"]
 
 
 class AntislopError(ExacteditError):
@@ -154,31 +154,40 @@ _TUPLES = {"strength_grid": float, "texts": str}
 def model_defaults(model: str) -> dict:
     """The bundled per-model settings (native/runs/data/NAME/defaults.toml: AntislopConfig field =
     value), {} when the model has none. An unknown field or a wrong type names the file and field."""
-    import dataclasses
-    import tomllib
-
     path = DATA / str(model) / DEFAULTS_FILE
     if "/" in str(model) or not path.is_file():
         return {}
+    return read_settings(path, AntislopConfig, AntislopError, exclude=("model",), tuples=_TUPLES)
+
+
+def read_settings(path: Path, cls, error: type[Exception], *, exclude=(), tuples=None) -> dict:
+    """A bundled TOML of `cls`'s fields (field = value), checked against each field's default: an
+    unknown or excluded field, or a value of the wrong type, raises `error` naming the file and the
+    field. `tuples`: field -> element type of the fields that are lists. A field whose default is
+    None takes a string when its annotation says str."""
+    import dataclasses
+    import tomllib
+
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise AntislopError(f"{path}: cannot read as TOML ({exc})") from None
-    fields = {f.name: f for f in dataclasses.fields(AntislopConfig)}
+        raise error(f"{path}: cannot read as TOML ({exc})") from None
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in exclude}
+    tuples = tuples or {}
     out = {}
     for key, value in raw.items():
-        if key not in fields or key == "model":
-            raise AntislopError(f"{path}: {key}: not a setting of the demo (one of {sorted(set(fields) - {'model'})})")
-        default = fields[key].default
-        if key in _TUPLES:
-            if not isinstance(value, list) or not all(isinstance(v, (_TUPLES[key], int)) for v in value):
-                raise AntislopError(f"{path}: {key}: expected a list of {_TUPLES[key].__name__}, got {value!r}")
-            value = tuple(_TUPLES[key](v) for v in value)
-        elif default is not None and (isinstance(value, bool) != isinstance(default, bool) or (
-                not isinstance(value, type(default))
-                and not (isinstance(default, float) and isinstance(value, int)))):
-            raise AntislopError(f"{path}: {key}: expected {type(default).__name__}, got {value!r}")
+        if key not in fields:
+            raise error(f"{path}: {key}: not a setting here (one of {sorted(fields)})")
+        f = fields[key]
+        default = f.default
+        if key in tuples:
+            if not isinstance(value, list) or not all(isinstance(v, (tuples[key], int)) for v in value):
+                raise error(f"{path}: {key}: expected a list of {tuples[key].__name__}, got {value!r}")
+            value = tuple(tuples[key](v) for v in value)
+        else:
+            want = str if default is None and str(f.type).startswith("str") else None if default is None else type(default)
+            if want is not None and (isinstance(value, bool) != (want is bool) or (
+                    not isinstance(value, want) and not (want is float and isinstance(value, int)))):
+                raise error(f"{path}: {key}: expected {want.__name__}, got {value!r}")
         out[key] = float(value) if isinstance(default, float) else value
     return out
-
-

@@ -33,12 +33,11 @@ Each step is the library call behind its CLI command; nothing here prints.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 from exactedit.native.runs.antislop.config import AntislopConfig, AntislopError, _lines
-from exactedit.native.runs.stages import Stages
+from exactedit.native.runs.stages import RunResult, StagedRun
 from exactedit.quant.files import atomic_write_text
 
 Progress = Callable[[str, int, int], None]
@@ -48,19 +47,8 @@ RATE_SEED = 10_000        # the rate prompts' seeds start here: never a data rep
 __all__ = ["AntislopResult", "run_antislop", "write_protocol"]
 
 
-@dataclass(frozen=True, eq=False)
-class AntislopResult:
-    """What a run left in `out`: each stage's record (the same whether it ran now or was resumed),
-    the report, its files, and which stages ran now and which were resumed."""
-
-    out: Path
-    model: str
-    records: dict
-    report: dict
-    text: str
-    files: dict = field(default_factory=dict)
-    ran: tuple[str, ...] = ()
-    resumed: tuple[str, ...] = ()
+class AntislopResult(RunResult):
+    """An antislop run's result (native/runs/stages.py RunResult)."""
 
     @property
     def verified(self) -> bool:
@@ -97,38 +85,23 @@ def _verify_tokens(heldout_dump: Path, count: int):
     return d.tokens[doc.first_row:min(doc.stop, doc.first_row + count)].copy()
 
 
-class _Run:
+class _Run(StagedRun):
     """One run's inputs, resolved once (files read, hashed), and its stages."""
 
     def __init__(self, cfg: AntislopConfig, out: Path, progress: Progress | None, command: str):
-        from exactedit.native.llamacpp.models import locate
-        from exactedit.quant.files import file_sha256
-
-        self.cfg, self.out = cfg, out
-        self.progress = progress
-        self.tick = (lambda label: (lambda d, t: progress(label, d, t))) if progress else (lambda label: None)
-        self.model = locate(cfg.model, progress=self.tick("model"))
-        self.template = cfg.template()
-        self.tpl_path = None if self.template is None else str(self.template.path)
+        super().__init__(out, cfg.model, cfg.template(), cfg.text_files(), progress)
+        self.cfg = cfg
         self.phrases = cfg.phrase_list()
         self.measured = tuple(dict.fromkeys(self.phrases + cfg.watched()))
         self.prompts = _lines(cfg.file("prompts"))
         self.rate_prompts = _lines(cfg.file("rate_prompts"))
-        self.texts = cfg.text_files()
         overlap = set(self.prompts) & set(self.rate_prompts)
         if overlap:
             raise AntislopError(f"{cfg.file('rate_prompts')}: {len(overlap)} prompts are also data prompts (e.g. "
                                 f"{sorted(overlap)[0][:60]!r}): the rates must come from prompts the solve never saw")
         if not self.rate_prompts:
             raise AntislopError(f"{cfg.file('rate_prompts')}: no prompts")
-        self.stages = Stages(out, len(STAGES), progress, command)     # refuses a directory not a run's first
-        sha = self.sha = {"model": file_sha256(self.model, progress=self.tick("hashing the model"))}
-        sha["template"] = None if self.tpl_path is None else file_sha256(self.tpl_path)
-        sha["texts"] = [file_sha256(t) for t in self.texts]
-
-    def run(self, name: str, inputs: dict, outputs: Sequence[str], fn: Callable[[], dict]) -> dict:
-        return self.stages.run(name, {"model": self.sha["model"], "template": self.sha["template"], **inputs},
-                               outputs, fn)
+        self.start(len(STAGES), command)     # refuses a directory not a run's first
 
 
 def run_antislop(cfg: AntislopConfig, out, *, progress: Progress | None = None, command: str = "") -> AntislopResult:
@@ -145,8 +118,10 @@ def run_antislop(cfg: AntislopConfig, out, *, progress: Progress | None = None, 
     rec["data"] = _data(r)
     rec["corpus"] = _corpus(r)
     rec["solve"] = _solve(r, rec)
-    rec["apply"] = _apply(r, rec)
-    rec["verify"] = _verify(r, rec)
+    rec["apply"] = r.apply_stage(rec["solve"]["bundle"])
+    rec["verify"] = r.verify_stage(rec["solve"]["bundle"], rec["apply"],
+                                   lambda: _verify_tokens(r.out / "data" / "heldout", cfg.verify_tokens),
+                                   cfg.verify_tokens)
     rec["rules"] = _rules(r)
     rec["rates"] = _rates(r, rec)
     rec["cost"] = _cost(r, rec)
@@ -240,33 +215,6 @@ def _solve(r: _Run, rec: dict) -> dict:
     return r.run("solve", {"data": r.stages.outputs("data"), "corpus": r.stages.outputs("corpus") if parts else None,
                            "phrases": list(r.phrases), "wfld": dataclasses.asdict(wcfg)},
                  ["protocol.toml", "ws", "wfld", "dev"], solve)
-
-
-def _apply(r: _Run, rec: dict) -> dict:
-    from exactedit.solvers.apply import apply_bundle
-
-    def apply():
-        applied = apply_bundle(rec["solve"]["bundle"], r.model, r.out / "edited.gguf", progress=r.tick("apply"))
-        return {"edited": str(applied.out), "sha256": applied.out_sha256}
-
-    return r.run("apply", {"solve": r.stages.outputs("solve")}, ["edited.gguf"], apply)
-
-
-def _verify(r: _Run, rec: dict) -> dict:
-    import json
-
-    from exactedit.native.verify.live import verify_live
-
-    def verify():
-        report = verify_live(r.model, rec["solve"]["bundle"],
-                             _verify_tokens(r.out / "data" / "heldout", r.cfg.verify_tokens),
-                             edited=rec["apply"]["edited"], progress=r.tick("verify live"))
-        obj = report.to_json()
-        atomic_write_text(r.out / "verify.json", json.dumps(obj, indent=1, default=str) + "\n")
-        return obj
-
-    return r.run("verify", {"edited": rec["apply"]["sha256"], "data": r.stages.outputs("data"),
-                            "tokens": r.cfg.verify_tokens}, ["verify.json"], verify)
 
 
 def _rules(r: _Run) -> dict:

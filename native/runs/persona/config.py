@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from exactedit.native.runs.antislop.config import DATA, _lines, text_files
+from exactedit.native.runs.antislop.config import DATA, _lines, read_settings, text_files
 from exactedit.quant.errors import ExacteditError
 
 PERSONA_FILE = "persona.toml"
@@ -120,24 +120,7 @@ class PersonaConfig:
 def persona_defaults(model: str) -> dict:
     """native/runs/data/NAME/persona.toml: PersonaConfig field = value; {} when there is none. An
     unknown field or a wrong type names the file and the field."""
-    import dataclasses
-    import tomllib
-
     path = DATA / str(model) / PERSONA_FILE
     if "/" in str(model) or not path.is_file():
         return {}
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise PersonaError(f"{path}: cannot read as TOML ({exc})") from None
-    fields = {f.name: f for f in dataclasses.fields(PersonaConfig)}
-    out = {}
-    for key, value in raw.items():
-        if key not in fields or key in ("model", "texts"):
-            raise PersonaError(f"{path}: {key}: not a persona setting (one of {sorted(set(fields) - {'model', 'texts'})})")
-        default = fields[key].default
-        want = str if default is None else type(default)
-        if isinstance(value, bool) or not (isinstance(value, want) or (want is float and isinstance(value, int))):
-            raise PersonaError(f"{path}: {key}: expected {want.__name__}, got {value!r}")
-        out[key] = float(value) if want is float else value
-    return out
+    return read_settings(path, PersonaConfig, PersonaError, exclude=("model", "texts"))

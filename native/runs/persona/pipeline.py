@@ -29,13 +29,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 from exactedit.evals.rates.style import RULES_VERSION
 from exactedit.native.runs.persona.config import PersonaConfig, PersonaError
-from exactedit.native.runs.stages import Stages
+from exactedit.native.runs.stages import RunResult, StagedRun
 from exactedit.quant.files import atomic_write_text
 
 Progress = Callable[[str, int, int], None]
@@ -47,16 +46,8 @@ SPLITS = ("train", "dev", "test")
 __all__ = ["PersonaResult", "run_persona", "split_prompts"]
 
 
-@dataclass(frozen=True, eq=False)
-class PersonaResult:
-    out: Path
-    model: str
-    records: dict
-    report: dict
-    text: str
-    files: dict = field(default_factory=dict)
-    ran: tuple[str, ...] = ()
-    resumed: tuple[str, ...] = ()
+class PersonaResult(RunResult):
+    """A persona run's result (native/runs/stages.py RunResult)."""
 
     @property
     def shipped(self) -> bool:
@@ -74,24 +65,18 @@ def split_prompts(prompts: Sequence[str], dev: float, seed: int) -> dict[str, li
     return {"dev": sorted(order[:k]), "test": sorted(order[k:2 * k]), "train": sorted(order[2 * k:])}
 
 
-class _Run:
+class _Run(StagedRun):
     def __init__(self, cfg: PersonaConfig, out: Path, progress: Progress | None, command: str):
-        from exactedit.native.llamacpp.models import locate
         from exactedit.native.runs.preflight import preflight_head
-        from exactedit.quant.files import file_sha256
 
-        self.cfg, self.out = cfg, out
-        self.tick = (lambda label: (lambda d, t: progress(label, d, t))) if progress else (lambda label: None)
-        self.model = locate(cfg.model, progress=self.tick("model"))
+        super().__init__(out, cfg.model, cfg.template(), cfg.text_files(), progress)
+        self.cfg = cfg
         self.system = cfg.persona()
         self.style = cfg.style_spec()
         self.style_key = [str(self.style), RULES_VERSION]      # a stage that reads the style redoes when its rules change
-        self.template = cfg.template()
-        self.tpl_path = None if self.template is None else str(self.template.path)
         self.preflight = preflight_head(self.model, chat_template=self.tpl_path)
         self.prompts = cfg.lines("prompts")
         self.rate_prompts = cfg.lines("rate_prompts")
-        self.texts = cfg.text_files()
         overlap = set(self.prompts) & set(self.rate_prompts)
         if overlap:
             raise PersonaError(f"{cfg.file('rate_prompts')}: {len(overlap)} prompts are also data prompts (e.g. "
@@ -99,14 +84,7 @@ class _Run:
         if not self.rate_prompts:
             raise PersonaError(f"{cfg.file('rate_prompts')}: no prompts")
         self.splits = split_prompts(self.prompts, cfg.dev, cfg.seed)
-        self.stages = Stages(out, len(STAGES), progress, command, state_file=STATE)
-        self.sha = {"model": file_sha256(self.model, progress=self.tick("hashing the model")),
-                    "template": None if self.tpl_path is None else file_sha256(self.tpl_path),
-                    "texts": [file_sha256(t) for t in self.texts]}
-
-    def run(self, name: str, inputs: dict, outputs: Sequence[str], fn: Callable[[], dict]) -> dict:
-        return self.stages.run(name, {"model": self.sha["model"], "template": self.sha["template"], **inputs},
-                               outputs, fn)
+        self.start(len(STAGES), command, state_file=STATE)
 
     def chat(self):
         from exactedit.native.llamacpp.chat import model_chat
@@ -124,8 +102,10 @@ def run_persona(cfg: PersonaConfig, out, *, progress: Progress | None = None, co
     rec["data"] = _data(r, rec)
     rec["solve"] = _solve(r, rec)
     shipped = bool(rec["solve"]["shipped_edit"])
-    rec["apply"] = _apply(r, rec) if shipped else r.stages.skip("apply")
-    rec["verify"] = _verify(r, rec) if shipped else r.stages.skip("verify")
+    bundle = rec["solve"]["bundle"]
+    rec["apply"] = r.apply_stage(bundle) if shipped else r.stages.skip("apply")
+    rec["verify"] = (r.verify_stage(bundle, rec["apply"], lambda: _test_tokens(r, rec), cfg.verify_tokens)
+                     if shipped else r.stages.skip("verify"))
     rec["rates"] = _rates(r, rec)
     rec["cost"] = _cost(r, rec) if shipped else r.stages.skip("cost")
     seconds = r.stages.seconds()
@@ -328,32 +308,13 @@ def _solve(r: _Run, rec: dict) -> dict:
                  ["protocol.toml", "ws", "head"], solve)
 
 
-def _apply(r: _Run, rec: dict) -> dict:
-    from exactedit.solvers.apply import apply_bundle
-
-    def apply():
-        applied = apply_bundle(rec["solve"]["bundle"], r.model, r.out / "edited.gguf", progress=r.tick("apply"))
-        return {"edited": str(applied.out), "sha256": applied.out_sha256}
-
-    return r.run("apply", {"solve": r.stages.outputs("solve")}, ["edited.gguf"], apply)
-
-
-def _verify(r: _Run, rec: dict) -> dict:
+def _test_tokens(r: _Run, rec: dict):
+    """The tokens of the longest test document, at most verify_tokens of them."""
     from exactedit.dumps import read_dump
-    from exactedit.native.verify.live import verify_live
 
-    def verify():
-        d = read_dump(rec["data"]["sets"]["test"]["dump"])
-        doc = max(d.docs, key=lambda x: x.stop - x.first_row)
-        tokens = d.tokens[doc.first_row:min(doc.stop, doc.first_row + r.cfg.verify_tokens)].copy()
-        report = verify_live(r.model, rec["solve"]["bundle"], tokens, edited=rec["apply"]["edited"],
-                             progress=r.tick("verify live"))
-        obj = report.to_json()
-        atomic_write_text(r.out / "verify.json", json.dumps(obj, indent=1, default=str) + "\n")
-        return obj
-
-    return r.run("verify", {"edited": rec["apply"]["sha256"], "data": r.stages.outputs("data"),
-                            "tokens": r.cfg.verify_tokens}, ["verify.json"], verify)
+    d = read_dump(rec["data"]["sets"]["test"]["dump"])
+    doc = max(d.docs, key=lambda x: x.stop - x.first_row)
+    return d.tokens[doc.first_row:min(doc.stop, doc.first_row + r.cfg.verify_tokens)].copy()
 
 
 def _rates(r: _Run, rec: dict) -> dict:

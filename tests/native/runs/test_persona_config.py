@@ -48,7 +48,7 @@ def test_a_bad_persona_file_names_its_field(tmp_path, monkeypatch):
     with pytest.raises(PersonaError, match="persona.toml: style: expected str"):
         persona_defaults("m")
     (tmp_path / "m" / "persona.toml").write_text('colour = "red"\n')
-    with pytest.raises(PersonaError, match="colour: not a persona setting"):
+    with pytest.raises(PersonaError, match="colour: not a setting here"):
         persona_defaults("m")
     (tmp_path / "m" / "persona.toml").write_text('max_steps = 40\nlr = 1\n')
     assert persona_defaults("m") == {"max_steps": 40, "lr": 1.0}
