@@ -68,8 +68,10 @@ def _png(rec: dict, path: Path) -> Path:
     fig = Figure(figsize=(5.2, 3.6), dpi=110)
     ax = fig.add_subplot()
     ys = [sides[n]["style"]["rate"] for n in names]
-    lo = [max(y - (sides[n]["style"]["ci"][0] if sides[n]["style"]["ci"][0] is not None else y), 0) for y, n in zip(ys, names)]
-    hi = [max((sides[n]["style"]["ci"][1] if sides[n]["style"]["ci"][1] is not None else y) - y, 0) for y, n in zip(ys, names)]
+    ys = [y if y is not None and math.isfinite(y) else 0.0 for y in ys]
+    ci = [[c if c is not None and math.isfinite(c) else y for c in sides[n]["style"]["ci"]] for y, n in zip(ys, names)]
+    lo = [max(y - c[0], 0.0) for y, c in zip(ys, ci)]
+    hi = [max(c[1] - y, 0.0) for y, c in zip(ys, ci)]
     ax.bar(range(len(names)), ys, yerr=[lo, hi], capsize=3, color=["#888", "#2a7", "#47c"][:len(names)])
     ax.set_xticks(range(len(names)), names, fontsize=8)
     ax.set_ylim(0, 1.05)
