@@ -10,7 +10,7 @@ from exactedit.quant.errors import ExacteditError
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 
-__all__ = ["AntislopConfig", "AntislopError", "DATA", "model_defaults", "read_settings", "text_files"]
+__all__ = ["AntislopConfig", "AntislopError", "DATA", "bundled_file", "model_defaults", "read_settings", "text_files"]
 
 
 class AntislopError(ExacteditError):
@@ -83,14 +83,7 @@ class AntislopConfig:
             raise AntislopError(str(exc)) from None
 
     def file(self, name: str) -> Path:
-        given = getattr(self, name)
-        if given is not None:
-            return Path(given)
-        path = (self.bundled or DATA / "-") / f"{name}.txt"
-        if not path.is_file():
-            raise AntislopError(f"--{name.replace('_', '-')}: not given, and {self.model!r} has no bundled one "
-                                f"(bundled inputs: {sorted(p.name for p in DATA.iterdir())}); give the file")
-        return path
+        return bundled_file(getattr(self, name), self.bundled, name, f"{name}.txt", self.model, AntislopError)
 
     def phrase_list(self) -> tuple[str, ...]:
         """The phrases solved for: the phrases file's lines, or discover's JSON's usable entries
@@ -132,6 +125,17 @@ class AntislopConfig:
 
     def text_files(self) -> tuple[Path, ...]:
         return text_files(self.texts, self.bundled)
+
+
+def bundled_file(given, bundled: Path | None, flag: str, filename: str, model, error: type[Exception]) -> Path:
+    """The file given for --FLAG, else the bundled model's `filename`; neither: `error` naming the flag."""
+    if given is not None:
+        return Path(given)
+    path = (bundled or DATA / "-") / filename
+    if not path.is_file():
+        raise error(f"--{flag.replace('_', '-')}: not given, and {model!r} has no bundled {filename} (bundled "
+                    f"inputs: {sorted(p.name for p in DATA.iterdir())}); give the file")
+    return path
 
 
 def text_files(given, bundled: Path | None) -> tuple[Path, ...]:

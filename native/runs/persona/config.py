@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from exactedit.native.runs.antislop.config import DATA, _lines, read_settings, text_files
+from exactedit.native.runs.antislop.config import DATA, _lines, bundled_file, read_settings, text_files
 from exactedit.quant.errors import ExacteditError
 
 PERSONA_FILE = "persona.toml"
@@ -74,14 +74,7 @@ class PersonaConfig:
         return DATA / name if "/" not in name and (DATA / name / PERSONA_FILE).is_file() else None
 
     def file(self, name: str) -> Path:
-        given = getattr(self, name)
-        if given is not None:
-            return Path(given)
-        path = (self.bundled or DATA / "-") / f"persona_{name}.txt"
-        if not path.is_file():
-            raise PersonaError(f"--{name.replace('_', '-')}: not given, and {self.model!r} has no bundled persona "
-                               "inputs; give the file")
-        return path
+        return bundled_file(getattr(self, name), self.bundled, name, f"persona_{name}.txt", self.model, PersonaError)
 
     def lines(self, name: str) -> tuple[str, ...]:
         try:
