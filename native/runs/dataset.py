@@ -161,7 +161,7 @@ class _Mem:
         return out
 
 
-def _text_docs(texts: Sequence[Path], engine: LlamaEngine, chat, chunk: int) -> list[CaptureDoc]:
+def chunk_texts(texts: Sequence[Path], engine: LlamaEngine, chat, chunk: int) -> list[CaptureDoc]:
     docs = []
     for p in texts:
         try:
@@ -208,7 +208,7 @@ def build_dataset(model, prompts: Sequence[str], phrases: Sequence[str], out, *,
     groups = split_prompts(prompts, cfg)
     with LlamaEngine(model, settings) as engine:
         ptoks = [prompt_tokens(engine, chat.prompt(p), engine.bos_if_added()) for p in prompts]
-        text_docs = _text_docs([Path(t) for t in texts], engine, chat, cfg.chunk)
+        text_docs = chunk_texts([Path(t) for t in texts], engine, chat, cfg.chunk)
     samples = generate(model, ptoks, chat, cfg.mine_config(), settings, None, progress)
     replies: dict[int, list[CaptureDoc]] = {}
     for i, (p, row) in enumerate(zip(prompts, samples)):

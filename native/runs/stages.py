@@ -189,13 +189,17 @@ class StagedRun:
 
         return self.run("apply", {"solve": self.stages.outputs("solve")}, ["edited.gguf"], apply)
 
-    def verify_stage(self, bundle, applied: dict, tokens: Callable[[], object], count: int) -> dict:
+    def verify_stage(self, bundle, applied: dict, dump, count: int) -> dict:
         """`verify`: llama.cpp on the base and edited files against the engine-faithful prediction,
-        on `tokens()` (at most `count` of a held-out document) -> DIR/verify.json."""
+        on the first `count` tokens of the longest document of the held-out `dump` -> DIR/verify.json."""
+        from exactedit.dumps import read_dump
         from exactedit.native.verify.live import verify_live
 
         def verify():
-            report = verify_live(self.model, bundle, tokens(), edited=applied["edited"],
+            d = read_dump(dump)
+            doc = max(d.docs, key=lambda x: x.stop - x.first_row)
+            tokens = d.tokens[doc.first_row:min(doc.stop, doc.first_row + count)].copy()
+            report = verify_live(self.model, bundle, tokens, edited=applied["edited"],
                                  progress=self.tick("verify live"))
             obj = report.to_json()
             atomic_write_text(self.out / "verify.json", json.dumps(obj, indent=1, default=str) + "\n")

@@ -10,7 +10,7 @@ from exactedit.quant.errors import ExacteditError
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 
-__all__ = ["AntislopConfig", "AntislopError", "DATA", "bundled_file", "model_defaults", "read_settings", "text_files"]
+__all__ = ["AntislopConfig", "AntislopError", "DATA", "bundled_file", "bundled_template", "model_defaults", "read_settings", "text_files"]
 
 
 class AntislopError(ExacteditError):
@@ -116,12 +116,7 @@ class AntislopConfig:
     def template(self):
         """The chat template the demo renders with (quant.chat_template.GivenTemplate): --chat-template,
         else the bundled chat_template.jinja; None: the GGUF's own."""
-        from exactedit.native.llamacpp.chat import given_template
-
-        path = self.chat_template
-        if path is None and self.bundled and (self.bundled / "chat_template.jinja").is_file():
-            path = self.bundled / "chat_template.jinja"
-        return None if path is None else given_template(path)
+        return bundled_template(self.chat_template, self.bundled)
 
     def text_files(self) -> tuple[Path, ...]:
         return text_files(self.texts, self.bundled)
@@ -136,6 +131,17 @@ def bundled_file(given, bundled: Path | None, flag: str, filename: str, model, e
         raise error(f"--{flag.replace('_', '-')}: not given, and {model!r} has no bundled {filename} (bundled "
                     f"inputs: {sorted(p.name for p in DATA.iterdir())}); give the file")
     return path
+
+
+def bundled_template(given, bundled: Path | None):
+    """The chat template a run renders with (quant.chat_template.GivenTemplate): the file given,
+    else the bundled model's chat_template.jinja; None: the GGUF's own."""
+    from exactedit.native.llamacpp.chat import given_template
+
+    path = given
+    if path is None and bundled and (bundled / "chat_template.jinja").is_file():
+        path = bundled / "chat_template.jinja"
+    return None if path is None else given_template(path)
 
 
 def text_files(given, bundled: Path | None) -> tuple[Path, ...]:

@@ -76,15 +76,6 @@ def write_protocol(path: Path, data: Path, name: str, specials: Sequence[int], t
     return Path(path)
 
 
-def _verify_tokens(heldout_dump: Path, count: int):
-    """The tokens of the longest held-out document, at most `count` of them."""
-    from exactedit.dumps import read_dump
-
-    d = read_dump(heldout_dump)
-    doc = max(d.docs, key=lambda x: x.stop - x.first_row)
-    return d.tokens[doc.first_row:min(doc.stop, doc.first_row + count)].copy()
-
-
 class _Run(StagedRun):
     """One run's inputs, resolved once (files read, hashed), and its stages."""
 
@@ -119,9 +110,7 @@ def run_antislop(cfg: AntislopConfig, out, *, progress: Progress | None = None, 
     rec["corpus"] = _corpus(r)
     rec["solve"] = _solve(r, rec)
     rec["apply"] = r.apply_stage(rec["solve"]["bundle"])
-    rec["verify"] = r.verify_stage(rec["solve"]["bundle"], rec["apply"],
-                                   lambda: _verify_tokens(r.out / "data" / "heldout", cfg.verify_tokens),
-                                   cfg.verify_tokens)
+    rec["verify"] = r.verify_stage(rec["solve"]["bundle"], rec["apply"], r.out / "data" / "heldout", cfg.verify_tokens)
     rec["rules"] = _rules(r)
     rec["rates"] = _rates(r, rec)
     rec["cost"] = _cost(r, rec)

@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from exactedit.native.runs.antislop.config import DATA, _lines, bundled_file, read_settings, text_files
+from exactedit.native.runs.antislop.config import (
+    DATA, _lines, bundled_file, bundled_template, read_settings, text_files,
+)
 from exactedit.quant.errors import ExacteditError
 
 PERSONA_FILE = "persona.toml"
@@ -99,12 +101,7 @@ class PersonaConfig:
             raise PersonaError(f"--style: {exc}") from None
 
     def template(self):
-        from exactedit.native.llamacpp.chat import given_template
-
-        path = self.chat_template
-        if path is None and self.bundled and (self.bundled / "chat_template.jinja").is_file():
-            path = self.bundled / "chat_template.jinja"
-        return None if path is None else given_template(path)
+        return bundled_template(self.chat_template, self.bundled)
 
     def text_files(self) -> tuple[Path, ...]:
         return text_files(self.texts, self.bundled)

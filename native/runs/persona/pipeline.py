@@ -104,7 +104,7 @@ def run_persona(cfg: PersonaConfig, out, *, progress: Progress | None = None, co
     shipped = bool(rec["solve"]["shipped_edit"])
     bundle = rec["solve"]["bundle"]
     rec["apply"] = r.apply_stage(bundle) if shipped else r.stages.skip("apply")
-    rec["verify"] = (r.verify_stage(bundle, rec["apply"], lambda: _test_tokens(r, rec), cfg.verify_tokens)
+    rec["verify"] = (r.verify_stage(bundle, rec["apply"], rec["data"]["sets"]["test"]["dump"], cfg.verify_tokens)
                      if shipped else r.stages.skip("verify"))
     rec["rates"] = _rates(r, rec)
     rec["cost"] = _cost(r, rec) if shipped else r.stages.skip("cost")
@@ -185,14 +185,6 @@ def _replies(r: _Run) -> dict:
                  ["replies.json"], gen)
 
 
-def _text_chunks(r: _Run, chat) -> list:
-    from exactedit.native.llamacpp.engine import EngineSettings, LlamaEngine
-    from exactedit.native.runs.dataset import _text_docs
-
-    with LlamaEngine(r.model, EngineSettings()) as engine:
-        return _text_docs(list(r.texts), engine, chat, 256)
-
-
 def _data(r: _Run, rec: dict) -> dict:
     from collections import Counter
 
@@ -201,6 +193,7 @@ def _data(r: _Run, rec: dict) -> dict:
     from exactedit.native.llamacpp.chat import prompt_tokens, short_hash
     from exactedit.native.llamacpp.documents import labelled
     from exactedit.native.llamacpp.engine import EngineSettings, LlamaEngine
+    from exactedit.native.runs.dataset import chunk_texts
 
     c = r.cfg
 
@@ -212,6 +205,7 @@ def _data(r: _Run, rec: dict) -> dict:
         with LlamaEngine(r.model, EngineSettings()) as engine:
             bos = engine.bos_if_added()
             plain = [prompt_tokens(engine, chat.prompt(p), bos) for p in r.prompts]
+            chunks = chunk_texts(list(r.texts), engine, chat, 256)
         eog = set(chat.specials.end_of_generation)
         decode = chat.table.decode
         starts = {s: Counter() for s in SPLITS}
@@ -230,7 +224,7 @@ def _data(r: _Run, rec: dict) -> dict:
                 where = "anchors" if split == "train" else "plain"
                 docs[where].append(labelled(chat, name, toks, source="plain", character=f"p-{short_hash(r.prompts[i])}",
                                             tags=("anchor",) if where == "anchors" else (), kind="chat"))
-        for k, d in enumerate(_text_chunks(r, chat)):
+        for k, d in enumerate(chunks):
             where = "anchors" if k % 2 == 0 else "plain"
             docs[where].append(d if where == "plain" else
                                type(d)(d.name, d.tokens, d.source, d.character, (*d.tags, "anchor"), d.roles))
@@ -306,15 +300,6 @@ def _solve(r: _Run, rec: dict) -> dict:
     return r.run("solve", {"data": r.stages.outputs("data"), "head": hcfg.to_json(), "every": c.every,
                            "max_steps": c.max_steps, "min_ratio": c.min_ratio},
                  ["protocol.toml", "ws", "head"], solve)
-
-
-def _test_tokens(r: _Run, rec: dict):
-    """The tokens of the longest test document, at most verify_tokens of them."""
-    from exactedit.dumps import read_dump
-
-    d = read_dump(rec["data"]["sets"]["test"]["dump"])
-    doc = max(d.docs, key=lambda x: x.stop - x.first_row)
-    return d.tokens[doc.first_row:min(doc.stop, doc.first_row + r.cfg.verify_tokens)].copy()
 
 
 def _rates(r: _Run, rec: dict) -> dict:
