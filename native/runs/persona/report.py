@@ -35,7 +35,8 @@ def _bitwise(verify: dict) -> bool:
 
 
 def persona_targets(rec: dict) -> list[dict]:
-    """The issue's targets, each with its number and whether it holds (None: not measured)."""
+    """The run's targets (the protocol's bars, verify live, the style rate without the persona prompt,
+    turn ends and empty turns kept), each with its number and whether it holds (None: not measured)."""
     solve, rates = rec["solve"], rec["rates"]
     out = [{"target": "an edit ships (the protocol's stopping rule)", "value": solve["shipped_edit"],
             "passed": bool(solve["shipped_edit"])}]
