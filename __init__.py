@@ -18,7 +18,7 @@ def lazy_exports(package: str, exports: dict[str, str]):
     """(__all__, __getattr__) for a package whose public names live in its submodules and are
     imported on first use (PEP 562): `exports` maps each name to its submodule, or to
     "submodule:name" where the submodule calls it otherwise (a function named like its own module,
-    `untie` in quant/untie.py, would be shadowed by the module once imported)."""
+    `untie` in quant/model/untie.py, would be shadowed by the module once imported)."""
     from importlib import import_module
 
     def __getattr__(name: str):

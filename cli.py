@@ -20,7 +20,7 @@ class _Group(click.Group):
     permission, a full disk) into clean click errors naming the path (one line, exit code 1)."""
 
     def invoke(self, ctx):
-        from exactedit.quant import ExacteditError
+        from exactedit.errors import ExacteditError
 
         try:
             return super().invoke(ctx)
@@ -110,7 +110,7 @@ def emit_json_file(result, text: str, json_out: str | None) -> None:
         emit(result, text, as_json=True)
         return
     if json_out:
-        from exactedit.quant import atomic_write_text
+        from exactedit.files import atomic_write_text
 
         data = json.dumps(result.to_dict(), indent=1) + "\n"
         atomic_write_text(json_out, data)
@@ -120,8 +120,8 @@ def emit_json_file(result, text: str, json_out: str | None) -> None:
 
 def _refuse_clobber(outputs: dict, inputs: dict, *, holds_inputs: bool = False) -> None:
     """Refuse outputs that would overwrite an input, for the commands whose library function does not
-    know its inputs (quant.files.refuse_clobber; apply, logits and kld check in the library)."""
-    from exactedit.quant import refuse_clobber as refuse
+    know its inputs (files.refuse_clobber; apply, logits and kld check in the library)."""
+    from exactedit.files import refuse_clobber as refuse
 
     refuse(outputs, inputs, holds_inputs=holds_inputs)
 
@@ -375,7 +375,7 @@ def _loop_inputs(given: dict) -> dict:
 
 def _loop(model: str, out: str, given: dict, stack, demo: bool):
     """Run (or continue) `exactedit antislop` for `model` into `out` with the shared options `given`."""
-    from exactedit.native.runs import AntislopConfig, run_antislop
+    from exactedit.runs import AntislopConfig, run_antislop
 
     model = str(model)
     bars: dict = {}
@@ -420,7 +420,7 @@ def antislop_cmd(model, out, as_json, **given) -> None:
 
 def _persona(model: str, out: str, given: dict, stack):
     """Run (or continue) `exactedit persona` for `model` into `out`."""
-    from exactedit.native.runs import PersonaConfig, run_persona
+    from exactedit.runs import PersonaConfig, run_persona
 
     bars: dict = {}
 
@@ -441,7 +441,7 @@ def _persona(model: str, out: str, given: dict, stack):
 
 def _read_bounded_text(path, flag: str) -> str:
     """A persona prompt file: UTF-8, at most MAX_SYSTEM_CHARS characters (read bounded)."""
-    from exactedit.native.runs import MAX_SYSTEM_CHARS
+    from exactedit.runs import MAX_SYSTEM_CHARS
 
     with open(path, "rb") as fh:
         data = fh.read(4 * MAX_SYSTEM_CHARS + 1)
@@ -548,7 +548,7 @@ def demo_cmd(out, fixture, model, persona, as_json, **given) -> None:
         def progress(label: str, done: int, total: int) -> None:
             bars.setdefault(label, _progress(stack, label))(done, total)
 
-        from exactedit.fixtures import DEFAULT_FIXTURE, demo_report, run_demo
+        from exactedit.runs import DEFAULT_FIXTURE, demo_report, run_demo
 
         report = demo_report(run_demo(out, fixture=fixture or DEFAULT_FIXTURE, progress=progress))
     emit(*report, as_json)
@@ -605,7 +605,7 @@ def discover_cmd(model_text, human, out, top, min_count, max_n, background, alph
     text = render_discovery(d)
     obj = d.to_dict()
     if model is not None:
-        from exactedit.native.runs import ban_lines, discover_with_model
+        from exactedit.runs import ban_lines, discover_with_model
 
         obj = with_progress("ban points", discover_with_model, model, mt, ht, cfg, contexts=contexts,
                             certain=certain, template=chat_template)
@@ -680,7 +680,7 @@ def kld_cmd(model, dump_dirs, edited, rows, doc_rows, match_engine, stats, base_
             tile_rows, as_json) -> None:
     """KL divergence of EDITED against MODEL on the dumps (llama.cpp's perplexity-tool statistics)."""
     from exactedit.evals.kl import KldConfig
-    from exactedit.native.runs import KldFiles, render_kld_run, run_kld
+    from exactedit.runs import KldFiles, render_kld_run, run_kld
 
     if stats is None:
         stats = "llama-perplexity" if (base_file or write_base) else "exact"
@@ -749,7 +749,7 @@ def mine_cmd(engine_name, model, prompts, phrases, top, out, replies_out, edited
     """Sample replies to the turn end, find prefix-exact slop contexts, dump them; phrase rates
     (base and --edited) and style rates of the generation."""
     from exactedit.evals.rates import plot_phrase_rates
-    from exactedit.native.runs import MineConfig, render_mine, run_mine
+    from exactedit.runs import MineConfig, render_mine, run_mine
     from exactedit.native.shaping import shape_processors
 
     _refuse_clobber({"--out": out, "--png": png, "--replies": replies_out},
@@ -764,7 +764,7 @@ def mine_cmd(engine_name, model, prompts, phrases, top, out, replies_out, edited
     if png:
         plot_phrase_rates(res.phrase_rates, png)
     if replies_out:
-        from exactedit.native.runs import write_replies
+        from exactedit.runs import write_replies
 
         write_replies(res, _lines(prompts), replies_out)
     emit(res, render_mine(res), as_json, allow_nan=False)
@@ -1044,7 +1044,7 @@ def dataset_build(model, prompts, phrases, top, texts, out, overwrite, as_json, 
     (tags, roles, split by prompt) with a summary of slop contexts and legitimate uses per set."""
     from pathlib import Path
 
-    from exactedit.native.runs import DatasetConfig, build_dataset, render_dataset
+    from exactedit.runs import DatasetConfig, build_dataset, render_dataset
 
     _refuse_clobber({"--out": out}, {"--model": model, "--prompts": prompts, "--phrases": phrases, "--texts": texts,
                                      "--chat-template": flags.get("chat_template")})
@@ -1087,7 +1087,7 @@ def dataset_corpus(model, phrases, top, texts, out, overwrite, as_json, n_ctx, n
                    flash_attn, **flags) -> None:
     """Teacher-force windows of an offline corpus (the stdlib's docstrings, --texts) around each use
     of the phrases' final tokens: solve / dev / collateral dumps, split by source document."""
-    from exactedit.native.runs import CorpusConfig, build_corpus, render_corpus
+    from exactedit.runs import CorpusConfig, build_corpus, render_corpus
 
     _refuse_clobber({"--out": out}, {"--model": model, "--phrases": phrases, "--texts": list(texts),
                                      "--chat-template": flags.get("chat_template")})
@@ -1247,7 +1247,7 @@ def eval_blind(model, bundle, doc, dev_report, protocol, out, workspace, as_json
     """The one-shot blind sign-off of BUNDLE on DOC; a second run is refused and recorded."""
     from pathlib import Path
 
-    from exactedit.evals.runs import blind_report, blind_signoff
+    from exactedit.runs import blind_report, blind_signoff
 
     out = out or str(Path(workspace) / "blind")
     _refuse_clobber({"--out": out}, {"--model": model, "--bundle": bundle, "--doc": doc, "--dev-report": dev_report,
@@ -1270,7 +1270,7 @@ def eval_blind(model, bundle, doc, dev_report, protocol, out, workspace, as_json
 def eval_ledger(check, against, export, workspace, as_json):
     """List the ledger's entries, export its head, or verify its chain against recorded heads."""
     from exactedit.evals.protocol import Ledger, export_head, render_verification, verify_ledger
-    from exactedit.evals.runs import export_report, ledger_report
+    from exactedit.runs import export_report, ledger_report
 
     if against and not check:
         raise click.UsageError("--against is checked by --verify")
@@ -1295,7 +1295,7 @@ def eval_ledger(check, against, export, workspace, as_json):
 @JSON_FLAG
 def eval_register(protocol, workspace, as_json):
     """Record PROTOCOL's sha256 (and its traces' dump hashes) in the ledger."""
-    from exactedit.evals.runs import register, register_report
+    from exactedit.runs import register, register_report
 
     emit(*register_report(register(protocol, workspace, command_line())), as_json)
 
@@ -1315,7 +1315,7 @@ def eval_register(protocol, workspace, as_json):
 @JSON_FLAG
 def eval_score(protocol, model, bundle, edited, shapes, bars, persona_tag, out, unregistered, workspace, as_json):
     """Dev bars of MODEL + a bundle / edited GGUF / shaping rules; the report is recorded."""
-    from exactedit.evals.runs import score, score_report
+    from exactedit.runs import score, score_report
     from exactedit.evals.scoring import ScoreConfig
 
     with _bad_parameter():
@@ -1334,7 +1334,7 @@ def eval_score(protocol, model, bundle, edited, shapes, bars, persona_tag, out, 
 @JSON_FLAG
 def eval_split(protocol, unregistered, workspace, as_json):
     """Split the traces' documents into train / dev / test by the protocol's rule; record it."""
-    from exactedit.evals.runs import split, split_report
+    from exactedit.runs import split, split_report
 
     emit(*split_report(split(protocol, workspace, command_line(), unregistered)), as_json)
 
@@ -1354,7 +1354,7 @@ def eval_split(protocol, unregistered, workspace, as_json):
 def eval_test(protocol, model, bundle, bars, out, unregistered, release_stale_claim, workspace, as_json):
     """Score the test split of BUNDLE, once. A repeat prints the recorded result and fails."""
     from exactedit.evals.protocol import LedgerRefusal
-    from exactedit.evals.runs import recorded_test_report, score_test, test_report
+    from exactedit.runs import recorded_test_report, score_test, test_report
     from exactedit.evals.scoring import ScoreConfig
 
     with _bad_parameter():
@@ -1473,7 +1473,7 @@ def solve() -> None:
 def solve_head_cmd(model, train, dev, test, protocol, out, workspace, overwrite, as_json, openers, closers, device,
                    **flags) -> None:
     """Solve an exact edit of output-head rows under a registered protocol; write a bundle."""
-    from exactedit.evals.runs import head_solve_report, solve_head, write_head_bundle
+    from exactedit.runs import head_solve_report, solve_head, write_head_bundle
     from exactedit.solvers.head import HeadSolveConfig
 
     with _bad_parameter():
@@ -1587,8 +1587,8 @@ def solve_head_cmd(model, train, dev, test, protocol, out, workspace, overwrite,
 def solve_wfld_cmd(model, phrases, train, heldout, collateral, anchors, null_, protocol, out, phrase_margins,
                    same_sense, specials, workspace, overwrite, as_json, device, **flags) -> None:
     """Solve the anti-slop edit of the last layer's shared-expert down projection; write a bundle."""
-    from exactedit.evals.runs import WfldInputs, solve_wfld, wfld_solve_report
-    from exactedit.solvers.wfld import WfldConfig, parse_phrase_margin, parse_same_sense
+    from exactedit.runs import WfldInputs, solve_wfld, wfld_solve_report
+    from exactedit.solvers.l47 import WfldConfig, parse_phrase_margin, parse_same_sense
 
     with _bad_parameter():
         flags["strength_grid"] = _floats(flags["strength_grid"], "--strength-grid")

@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from exactedit.quant.errors import ExacteditError
+from exactedit.errors import ExacteditError
 
 Progress = Callable[[int, int], None]
 N, S, H = 2560, 4, 640

@@ -4,9 +4,9 @@ against the exact path, on the same head and activations, in the same run.
 The head is a synthetic quantized matrix of the asked shape (default: Qwen2.5-Coder-1.5B's
 V = 151,936 x n = 1536 head): Gaussian rows quantized with ggml's reference quantizer, a few
 thousand distinct rows repeated to fill V (the kernels' cost does not depend on which rows
-repeat). Activations are Gaussian. Both passes are `solvers.tail.vocab_pass.vocab_pass`: the
+repeat). Activations are Gaussian. Both passes are `solvers.tail.passes.vocab_pass.vocab_pass`: the
 exact one with its default float32 sgemm on dequantized tiles, the engine-faithful one with
-`solvers.tail.engine.EngineMatmul` under the given micro-batch layout (default one micro-batch
+`solvers.tail.engine_math.EngineMatmul` under the given micro-batch layout (default one micro-batch
 of all rows, the tiled kernel). Each timing is the best of `repeats`, the two passes alternating.
 The engine result's first head tile is also checked bit for bit against the numpy reference of
 the engine's kernel.
@@ -21,7 +21,7 @@ from typing import Callable
 import gguf
 import numpy as np
 
-from exactedit.quant.errors import QuantError
+from exactedit.errors import QuantError
 
 TARGET_RATIO = 1.5          # engine-faithful time / exact time (docs/performance.md)
 QTYPES = ("Q6_K", "Q8_0")
@@ -90,8 +90,8 @@ def synthetic_head(cfg: EngineBenchConfig) -> np.ndarray:
 def run_engine_bench(cfg: EngineBenchConfig, progress: Progress | None = None) -> EngineBenchResult:
     import numba
 
-    from exactedit.solvers.tail import engine as en
-    from exactedit.solvers.tail.vocab_pass import QuantRows, vocab_pass
+    from exactedit.solvers.tail import engine_math as en
+    from exactedit.solvers.tail.passes.vocab_pass import QuantRows, vocab_pass
 
     raw = synthetic_head(cfg)
     mix = np.random.default_rng(cfg.seed + 1).standard_normal((cfg.rows, cfg.n)).astype(np.float32)

@@ -15,8 +15,8 @@ from typing import Callable
 import numpy as np
 
 from exactedit.quant import gguf
-from exactedit.quant.errors import ExacteditError
-from exactedit.quant.gguf_write import TensorData, write_gguf
+from exactedit.errors import ExacteditError
+from exactedit.quant.gguf.write import TensorData, write_gguf
 
 _ROLES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
           "ffn_down", "post_ffw_norm")

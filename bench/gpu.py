@@ -2,7 +2,7 @@
 matmul of the same shape, measured in the same run.
 
 The head is bench/head.py's synthetic Q6_K tensor (random valid blocks), uploaded once as its bytes.
-For each precision mode (`solvers.tail.device`) the pass (`device_pass.vocab_pass_jax`: per-tile dequant
+For each precision mode (`solvers.tail.forward.device`) the pass (`device_pass.vocab_pass_jax`: per-tile dequant
 from the Q6_K bytes + matmul + online LSE and argmax, mix in and results out through the host) is
 timed `repeats` times after a compile run; its ceiling is the same tiles' matmul alone, on the head
 dequantized beforehand into the mode's operand format (float32, TF32 values or bfloat16) and kept
@@ -11,7 +11,7 @@ The solver's variant of the pass (top-(|S|+1), LSE over V minus S, selected logi
 head` asks for) is timed in exact mode. Two checks come with the numbers: exact mode against the
 numpy pass (`stream.vocab_pass`, on the host CPU) on the first `check_rows` rows, and for each
 faster mode its KL against exact mode on the first `kl_rows` rows (`measure_precision`).
-Targets (ISSUE 8, at 17,352 rows x V = 248,320 x n = 2560 on one H200): exact pass <= 0.6 s and
+Targets (at 17,352 rows x V = 248,320 x n = 2560 on one H200): exact pass <= 0.6 s and
 ratio >= 0.75.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from exactedit.solvers.tail import device as devmod
+from exactedit.solvers.tail.forward import device as devmod
 
 Progress = Callable[[int, int], None]
 TARGET_PASS_S = 0.6
@@ -168,7 +168,7 @@ def ceiling_loop(w, mix_r, precision: str, tile: int) -> float:
 
 
 def _exact_check(mix, raw, cfg: GpuHeadConfig, got) -> dict:
-    from exactedit.solvers.tail.vocab_pass import QuantRows, vocab_pass
+    from exactedit.solvers.tail.passes.vocab_pass import QuantRows, vocab_pass
 
     if not cfg.check_rows:
         return {}
@@ -184,7 +184,7 @@ def _exact_check(mix, raw, cfg: GpuHeadConfig, got) -> dict:
 
 
 def run_gpu_head(cfg: GpuHeadConfig, progress: Progress | None = None) -> GpuHeadResult:
-    from exactedit.solvers.tail.jax_cache import CompileCounter
+    from exactedit.solvers.tail.forward.jax_cache import CompileCounter
 
     dev = devmod.select(cfg.device)
     with CompileCounter() as counter:
@@ -196,9 +196,9 @@ def _run_gpu_head(cfg: GpuHeadConfig, dev, progress: Progress | None) -> GpuHead
     import jax
 
     from exactedit.bench.head import synthetic_q6k
-    from exactedit.solvers.tail.vocab_pass import QuantRows
-    from exactedit.solvers.tail.device_pass import device_tile, to_device, vocab_pass_jax
-    from exactedit.solvers.tail.kl_pass_jax import measure_precision
+    from exactedit.solvers.tail.passes.vocab_pass import QuantRows
+    from exactedit.solvers.tail.passes.device_pass import device_tile, to_device, vocab_pass_jax
+    from exactedit.solvers.tail.passes.kl_pass_jax import measure_precision
 
     steps = 2 + len(cfg.precisions) * (cfg.repeats + 2) + cfg.repeats + 1 + sum(p != "exact" for p in cfg.precisions)
     done = [0]
@@ -301,9 +301,9 @@ def probe_compile(rows: int = 17352, vocab: int = 248320, n: int = 2560, d_lo: i
 
     from exactedit.bench.gpu_solve import synthetic_tail_params
     from exactedit.bench.head import synthetic_q6k
-    from exactedit.solvers.tail.head_fast import hc4_mix_jax
-    from exactedit.solvers.tail.vocab_pass import QuantRows
-    from exactedit.solvers.tail.device_pass import to_device, vocab_pass_jax
+    from exactedit.solvers.tail.forward.head_fast import hc4_mix_jax
+    from exactedit.solvers.tail.passes.vocab_pass import QuantRows
+    from exactedit.solvers.tail.passes.device_pass import to_device, vocab_pass_jax
 
     out = {"xla_flags": os.environ.get("XLA_FLAGS", "")}
     with devmod.scope(devmod.DeviceConfig(device, "exact")) as dev:

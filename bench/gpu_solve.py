@@ -2,7 +2,7 @@
 (bench/gpu_wfld.py): the solvers' device work at production size, on synthetic inputs.
 
 solve head (`run_gpu_solve_head`): the solver's own code on a JAX device (exact precision, inside
-`solvers.tail.device.scope`), from activations to the stopping rule's checkpoints:
+`solvers.tail.forward.device.scope`), from activations to the stopping rule's checkpoints:
   1. the hc4 mix of `rows` dumped rows (R' [rows, 4, n] -> z [rows, n], `hc4_mix_jax`);
   2. one full-vocab pass over them (`vocab_pass_jax`: top-(|S|+1), LSE over V \\ S, the logits of
      S, of the specials / openers / closers and of each next token), turned into train and dev
@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from exactedit.solvers.tail import device as devmod
+from exactedit.solvers.tail.forward import device as devmod
 
 Progress = Callable[[int, int], None]
 TARGET_SOLVE_HEAD_S = 10.0
@@ -95,7 +95,7 @@ class GpuSolveHeadResult:
 
 def synthetic_tail_params(rng, n: int, d_lo: int, h: int = 640):
     """hc4 output-read weights (Hc4Head) and W_sd [n, h] of a plausible scale."""
-    from exactedit.solvers.tail.head_ref import Hc4Head
+    from exactedit.solvers.tail.forward.head_ref import Hc4Head
 
     head = Hc4Head((1 + 0.1 * rng.standard_normal((4, n))).astype(np.float32),
                    (rng.standard_normal((d_lo, 4 * n)) * 0.02).astype(np.float32),
@@ -155,12 +155,12 @@ def run_gpu_solve_head(cfg: GpuSolveHeadConfig, progress: Progress | None = None
     from exactedit.solvers.head import rowdata, solve as head_solve
     from exactedit.solvers.head.batch import build_batch
     from exactedit.solvers.head.config import HeadSolveConfig
-    from exactedit.solvers.tail.head_fast import hc4_mix
-    from exactedit.solvers.tail.jax_cache import CompileCounter
+    from exactedit.solvers.tail.forward.head_fast import hc4_mix
+    from exactedit.solvers.tail.forward.jax_cache import CompileCounter
     from exactedit.solvers.head.param import null_basis
     from exactedit.solvers.head.ship import HeadRows
-    from exactedit.solvers.tail.vocab_pass import QuantRows
-    from exactedit.solvers.tail.device_pass import to_device, vocab_pass_jax
+    from exactedit.solvers.tail.passes.vocab_pass import QuantRows
+    from exactedit.solvers.tail.passes.device_pass import to_device, vocab_pass_jax
     from exactedit.solvers.head.track import DeviceTracker, HostTracker
 
     total = cfg.max_steps + 2 * cfg.step_repeats + 4

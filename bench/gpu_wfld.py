@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 
 from exactedit.bench.solve_wfld import BenchSolveWfldConfig
-from exactedit.solvers.tail import device as devmod
+from exactedit.solvers.tail.forward import device as devmod
 
 Progress = Callable[[int, int], None]
 TARGET_S = 20.0
@@ -87,9 +87,9 @@ def run_gpu_solve_wfld(cfg: BenchSolveWfldConfig, device: str = "gpu",
     """Build the synthetic inputs, then time `solve_wfld` on `device` ("gpu", "auto" or "cpu": the
     device path on JAX's CPU backend, for tests) twice."""
     from exactedit.bench.solve_wfld import SPECIALS
-    from exactedit.solvers.wfld.config import WfldConfig
-    from exactedit.evals.runs.wfld_run import WfldInputs, solve_wfld
-    from exactedit.solvers.tail.jax_cache import CompileCounter
+    from exactedit.solvers.l47.config import WfldConfig
+    from exactedit.runs.solve.wfld import WfldInputs, solve_wfld
+    from exactedit.solvers.tail.forward.jax_cache import CompileCounter
 
     dev = devmod.select(device)
     with tempfile.TemporaryDirectory(dir=cfg.workdir) as tmp:

@@ -20,7 +20,7 @@ from typing import Callable
 import gguf
 import numpy as np
 
-from exactedit.solvers.tail.vocab_pass import QuantRows, tile_size, vocab_pass
+from exactedit.solvers.tail.passes.vocab_pass import QuantRows, tile_size, vocab_pass
 
 Progress = Callable[[int, int], None]
 TARGET_RATIO = 0.7

@@ -25,7 +25,7 @@ from typing import Callable
 import gguf
 import numpy as np
 
-from exactedit.quant.errors import ExacteditError, QuantError
+from exactedit.errors import ExacteditError, QuantError
 
 #: ours / ggml time targets (docs/performance.md), at equal thread counts
 TARGETS = {"quantize": 0.8, "dequantize": 1.0}

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from exactedit.quant.errors import ExacteditError
+from exactedit.errors import ExacteditError
 
 TARGET_S = 10.0      # 1,000 phrases on Qwen (151,936 tokens)
 

@@ -148,7 +148,7 @@ def time_steps(cfg: BenchSolveHeadConfig, batch, q, rank: int, tick) -> StepTimi
 def _solver_pass_s(cfg: BenchSolveHeadConfig, tick) -> float:
     """The solve's vocab pass (what `rowdata.gather` asks for) on bench head's synthetic head."""
     from exactedit.bench.head import synthetic_q6k
-    from exactedit.solvers.tail.vocab_pass import QuantRows, vocab_pass
+    from exactedit.solvers.tail.passes.vocab_pass import QuantRows, vocab_pass
 
     raw = synthetic_q6k(cfg.vocab, cfg.n, cfg.seed)
     rng = np.random.default_rng(cfg.seed + 1)

@@ -86,7 +86,7 @@ def _write_model(path: Path, cfg: BenchSolveWfldConfig, tokens, types):
     from exactedit import quant
     from exactedit.bench.head import synthetic_q6k
     from exactedit.quant.gguf import GGUFValueType as VT
-    from exactedit.quant.gguf_write import MetaValue, TensorData, write_gguf
+    from exactedit.quant.gguf.write import MetaValue, TensorData, write_gguf
 
     rng = np.random.default_rng(cfg.seed)
     n, h, d_lo = cfg.n, cfg.h, cfg.d_lo
@@ -143,9 +143,9 @@ def _write_dump(path: Path, cfg, toks, name, tags, rng):
 
 def run_bench_solve_wfld(cfg: BenchSolveWfldConfig, progress: Callable[[int, int], None] | None = None
                          ) -> BenchSolveWfldResult:
-    from exactedit.solvers.tail.vocab_pass import vocab_pass
-    from exactedit.solvers.wfld.config import WfldConfig
-    from exactedit.evals.runs.wfld_run import WfldInputs, solve_wfld
+    from exactedit.solvers.tail.passes.vocab_pass import vocab_pass
+    from exactedit.solvers.l47.config import WfldConfig
+    from exactedit.runs.solve.wfld import WfldInputs, solve_wfld
     from exactedit.solvers.tail.logits import open_pair, tail_mix
 
     with tempfile.TemporaryDirectory(dir=cfg.workdir) as tmp:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from exactedit.quant.errors import FieldError
-from exactedit.quant.files import atomic_write_bytes
+from exactedit.errors import FieldError
+from exactedit.files import atomic_write_bytes
 
 
 class StrataError(FieldError):

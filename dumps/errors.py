@@ -1,7 +1,7 @@
 """The dump format's error type: every message names the dump, the field and what was expected."""
 from __future__ import annotations
 
-from exactedit.quant.errors import FieldError
+from exactedit.errors import FieldError
 
 
 class DumpFormatError(FieldError):

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from exactedit.dumps.errors import DumpFormatError
-from exactedit.quant.files import file_sha256  # noqa: F401 - re-exported as dumps.reader.file_sha256
+from exactedit.files import file_sha256  # noqa: F401 - re-exported as dumps.reader.file_sha256
 from exactedit.dumps.verify import VerifyCache, verify_fields
 from exactedit.dumps.format import (
     MANIFEST, MANIFEST_MAX_BYTES, ROLE_NAMES, DocInfo, DumpExpect, Manifest, check_shapes, field_spec,

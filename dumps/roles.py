@@ -2,7 +2,7 @@
 
 Row t reads token t and predicts token t+1, so row t carries the bits of token t+1 (see the ROLE_*
 constants in dumps.format and docs/dump-format.md). A turn is framed as its template frames it
-(`quant.chat_template.ChatFormat`, read off the model's own template by `probe_format`; ChatML
+(`quant.model.chat_template.ChatFormat`, read off the model's own template by `probe_format`; ChatML
 by default): `turn_start` ROLE `header_end` content `turn_end`. Chat tags (the turn tags, <think>,
 </think>, <tool_call>, </tool_call>) count only as the single special tokens the caller names;
 the same characters spelled out in ordinary text are text. Code fences are lines that start with
@@ -16,7 +16,7 @@ from typing import Collection, Iterable, Mapping, Sequence
 import numpy as np
 
 from exactedit.dumps.errors import DumpFormatError
-from exactedit.quant.chat_template import CHATML, ChatFormat
+from exactedit.quant.model.chat_template import CHATML, ChatFormat
 from exactedit.dumps.format import (
     ROLE_ANCHOR, ROLE_CODE, ROLE_PROMPT, ROLE_REPLY, ROLE_REPLY_END, ROLE_STEP0, ROLE_THINK, ROLE_TOOL,
     DocInfo, is_int,
@@ -39,7 +39,7 @@ def infer_roles(tokens, token_strings: Sequence[str], special_ids: Collection[in
     added tokens (the only ones that can be chat tags). `next_token`, when known, is the token after
     the last one; otherwise the last row gets the bits its open context implies (e.g. REPLY inside
     an unfinished reply), never STEP0 or REPLY_END. `fmt` says how a turn is framed (ChatML
-    unless given; `quant.chat_template.probe_format` reads it off a model's template). Errors name
+    unless given; `quant.model.chat_template.probe_format` reads it off a model's template). Errors name
     `where` (the file or document the tokens came from) and `table` (the model the token table is)."""
     ids = _as_ids(tokens, len(token_strings), where, "tokens")
     tags = _tag_ids(token_strings, special_ids, fmt, table)

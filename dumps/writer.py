@@ -17,7 +17,7 @@ from exactedit.dumps.format import (
     parse_manifest, required_fields,
 )
 from exactedit.dumps.reader import Progress, check_values
-from exactedit.quant.files import fsync_dir, writing
+from exactedit.files import fsync_dir, writing
 
 _INT_RANGE = {"int32": (-(2 ** 31), 2 ** 31 - 1), "uint8": (0, 255)}
 

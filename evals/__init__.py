@@ -2,9 +2,8 @@
 `protocol` (the TOML protocol, the hash-chained ledger and its anchors, splits, test-once, the blind
 registry), `scoring` (RowScores -> bars, bootstrap intervals, bar reports, bar (d) use by use),
 `kl` (KL statistics in llama.cpp's form, its base-file format), `rates` (phrase rates of free
-generation, variant artefacts), `discover` (the phrases a model over-uses against the user's own
-writing) and `runs` (the code behind the `solve` and `eval` commands: a
-protocol, a ledger and a split put around the solvers' math).
+generation, variant artefacts) and `discover` (the phrases a model over-uses against the user's own
+writing). The code behind the `solve` and `eval` commands is in runs/ (runs/solve, runs/eval).
 
 The names below are imported on first use (their modules pull in numba / JAX).
 """
@@ -12,12 +11,8 @@ from exactedit import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
     "Ledger": "protocol.ledger",
-    "WfldInputs": "runs.wfld_run",
     "anti_slop_bars": "scoring.bars",
     "build_splits": "protocol.splits",
     "load_protocol": "protocol.protocol",
     "persona_bars": "scoring.bars",
-    "solve_head": "runs.head_run",
-    "solve_wfld": "runs.wfld_run",
-    "write_head_bundle": "runs.head_run",
 })

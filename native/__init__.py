@@ -2,8 +2,8 @@
 llama-cpp-python, capture of dumps, the model's chat, labelled documents, the real public models of
 the `live` extra, the one generation loop and its batched form), `shaping` (the sampler rules live:
 compile, rates, bitwise verification, the C reference of the compiled format), `verify` (live
-verification on llama.cpp and through the production engine's command contract) and `runs` (the
-code behind `mine`, `dataset build`, `kld` with llama.cpp's files and `demo --model`). See docs/live.md.
+verification on llama.cpp and through the production engine's command contract). The code behind
+the commands that use them is in runs/. See docs/live.md.
 
 The names below are imported on first use (their modules pull in numba / JAX).
 """

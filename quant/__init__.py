@@ -16,17 +16,14 @@ from typing import Callable
 import numpy as np
 
 from exactedit import lazy_exports
-from exactedit.quant.errors import ExacteditError, QuantError
+from exactedit.errors import ExacteditError, QuantError
 
-# imported on first use: `inspect`'s summary, atomic text files, the outputs-vs-inputs guard, `untie`
+# imported on first use: `inspect`'s summary, `untie`
 _lazy, __getattr__ = lazy_exports(__name__, {
-    "ClobberError": "files",
-    "atomic_write_text": "files",
-    "refuse_clobber": "files",
-    "render_summary": "arch",
-    "render_untie": "untie",
-    "summarize": "arch",
-    "untie_gguf": "untie:untie",
+    "render_summary": "model.arch",
+    "render_untie": "model.untie",
+    "summarize": "model.arch",
+    "untie_gguf": "model.untie:untie",
 })
 __all__ = _lazy + ["CHUNK_ROWS", "SUPPORTED", "ExacteditError", "QuantError", "dequantize", "quantize",
                    "row_bytes", "runtime_q8_0", "runtime_view"]

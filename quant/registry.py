@@ -1,6 +1,6 @@
 """ggml type name -> its format module, with the block sizes taken from gguf-py.
 
-Each format module (quant/f32.py, f16.py, bf16.py, q8_0.py, q6_k.py, q4_0.py, q4_1.py, q5_0.py,
+Each format module (quant/formats/f32.py, f16.py, bf16.py, q8_0.py, q6_k.py, q4_0.py, q4_1.py, q5_0.py,
 q4_k.py, q5_k.py) provides the same four functions: `quantize_ref(x) -> raw` and
 `dequantize_ref(raw, cols) -> x` (numpy references), and `quantize_into(x, out)` /
 `dequantize_into(raw, out)` (fast paths writing into preallocated arrays). The registry adds the
@@ -14,8 +14,9 @@ from typing import Callable, NamedTuple
 
 import gguf
 
-from exactedit.quant import bf16, f16, f32, q4_0, q4_1, q4_k, q5_0, q5_k, q6_k, q8_0
-from exactedit.quant.errors import QuantError
+from exactedit.quant.formats import bf16, f16, f32, q4_0, q4_1, q5_0, q8_0
+from exactedit.quant.kquants import q4_k, q5_k, q6_k
+from exactedit.errors import QuantError
 
 
 class Format(NamedTuple):

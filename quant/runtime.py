@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from exactedit import quant
-from exactedit.quant.errors import QuantError
+from exactedit.errors import QuantError
 
 
 def runtime_q8_0(x) -> np.ndarray:

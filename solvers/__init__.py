@@ -1,5 +1,5 @@
 """The solvers' math and the bundle they write: `solvers.head` (rows of the output head),
-`solvers.wfld` (the WFLD edit of the last layer), `solvers.tail` (the exact tail both stand on),
+`solvers.l47` (the WFLD edit of the last layer), `solvers.tail` (the exact tail both stand on),
 `bundle` (the bundle format and its identity), `phrases` (the one phrase matcher, phrase lists) and `apply` (a bundle written into a copy of the
 GGUF). Nothing here reads a protocol or a ledger (docs/architecture.md).
 

@@ -2,7 +2,7 @@
 
 The model must be the one the bundle was solved on (its sha256 is in the bundle's inputs), and
 every edited tensor must exist there with the bundle's type and shape. Row patches replace only
-their rows (all other rows keep their bytes); the copy is written by `quant.transplant`, which keeps
+their rows (all other rows keep their bytes); the copy is written by `quant.gguf.transplant`, which keeps
 every other byte of the file and writes its own JSON manifest beside the output. `overwrite`
 replaces a previous output, never an input: an output that is the model (a symlink or hard link
 included) or lies inside the bundle directory is refused.
@@ -16,9 +16,9 @@ from typing import Callable
 import numpy as np
 
 from exactedit.quant import gguf
-from exactedit.quant.files import refuse_clobber
-from exactedit.quant.patch import RowPatch, apply_row_patch
-from exactedit.quant.transplant import TransplantResult, transplant
+from exactedit.files import refuse_clobber
+from exactedit.quant.gguf.patch import RowPatch, apply_row_patch
+from exactedit.quant.gguf.transplant import TransplantResult, transplant
 from exactedit.solvers.bundle import Bundle, BundleError, read_bundle
 
 Progress = Callable[[int, int], None]

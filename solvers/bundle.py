@@ -1,6 +1,6 @@
 """Bundle directories: what a solver ships. Generic over solvers (head, wfld).
 
-A bundle holds a list of tensor edits, each either a row patch (`kind = "rows"`, the quant.patch
+A bundle holds a list of tensor edits, each either a row patch (`kind = "rows"`, the quant.gguf.patch
 file format: the edited rows' ids and raw bytes) or a whole tensor's raw bytes (`kind = "tensor"`),
 plus any report files, and `manifest.json`:
 
@@ -37,9 +37,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from exactedit import quant
-from exactedit.quant.errors import FieldError
-from exactedit.quant.files import file_sha256, fsync_dir, output_lock, writing
-from exactedit.quant.patch import RowPatchError, read_row_patch, write_row_patch
+from exactedit.errors import FieldError
+from exactedit.files import file_sha256, fsync_dir, output_lock, writing
+from exactedit.quant.gguf.patch import RowPatchError, read_row_patch, write_row_patch
 
 KIND = "exactedit.bundle"
 VERSION = 1

@@ -1,6 +1,6 @@
 """One phrase matcher for the whole toolkit: banned phrases as text -> positions in token streams.
 
-`solve wfld`'s mining (solvers/wfld/mining.py), `exactedit mine` and the phrase rates of free
+`solve wfld`'s mining (solvers/l47/mining.py), `exactedit mine` and the phrase rates of free
 generation (evals/rates/phrase_rates.py) all count a phrase with this module, so the three can never
 disagree about what an occurrence is.
 
@@ -34,7 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
-from exactedit.quant.errors import FieldError
+from exactedit.errors import FieldError
 
 
 class PhraseError(FieldError):

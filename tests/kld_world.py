@@ -15,8 +15,8 @@ def make_world(root: Path, dumps=(("d1", 2, [CTX, CTX]), ("d2", 1, [5, 7]))) -> 
     from exactedit import quant
     from exactedit.dumps import DocInfo, write_dump
     from exactedit.quant import gguf
-    from exactedit.quant.gguf_write import synthetic_model
-    from exactedit.quant.transplant import transplant
+    from exactedit.quant.gguf.write import synthetic_model
+    from exactedit.quant.gguf.transplant import transplant
 
     base = synthetic_model(root / "base.gguf", vocab=V, n=N, h=H, layers=1, seed=4).path
     with gguf.open(base) as g:

@@ -30,7 +30,7 @@ drop = 8.0
 
 
 def write_model(path, template: str | None = CHATML_TPL):
-    from exactedit.quant.gguf_write import _VT, MetaValue, synthetic_model
+    from exactedit.quant.gguf.write import _VT, MetaValue, synthetic_model
 
     types = np.array([3] * len(CONTROL) + [4] * len(USER_DEFINED) + [1] * len(WORDS), np.int32)
     meta = {"tokenizer.ggml.model": "test-raw", "tokenizer.ggml.tokens": TEXTS, "tokenizer.ggml.token_type": types,

@@ -12,32 +12,45 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # package -> layer, bottom (0) to top; cli.py is the top; the root package's __init__ (its version
-# and the lazy_exports helper every package's face uses) is below everything
+# and the lazy_exports helper every package's face uses) and its base modules (`errors`, `files`:
+# the project's errors and crash-safe file helpers) are below everything, and so is the fixture's
+# data (`fixtures`, which imports nothing)
 LAYERS = {
-    "init": -1,
-    "quant": 0,
+    "init": -1, "fixtures": -1,
+    # quant/, bottom to top: the block formats, the K-quants, the face (quantize / dequantize, the type
+    # registry, the runtime view), the dot orders, constraint-keeping rounding, the GGUF file, the
+    # model's metadata
+    "quant.formats": 0, "quant.kquants": 0.1, "quant": 0.2, "quant.dots": 0.3, "quant.rounding": 0.4,
+    "quant.gguf": 0.5, "quant.model": 0.6,
     "dumps": 1,
-    "solvers.tail": 2,
-    "solvers": 3, "solvers.head": 3, "solvers.wfld": 3, "solvers.shaping": 3,
+    "solvers.tail.forward": 2, "solvers.tail.passes": 2.1, "solvers.tail": 2.2,
+    "solvers": 3, "solvers.head": 3, "solvers.l47": 3, "solvers.shaping": 3,
     "evals": 4, "evals.protocol": 4, "evals.kl": 4, "evals.scoring": 4, "evals.rates": 4, "evals.discover": 4,
-    "evals.runs": 4,
-    "native": 5, "native.llamacpp": 5, "native.shaping": 5, "native.verify": 5, "native.runs": 5,
-    "fixtures": 6, "bench": 6, "": 7,
+    "native": 5, "native.llamacpp": 5, "native.shaping": 5, "native.verify": 5,
+    # runs/, bottom to top: the solve and eval drivers, the data commands, the loops' shared code, the
+    # two loops (which never import each other), the demo
+    "runs": 6, "runs.solve": 6, "runs.eval": 6.1, "runs.data": 6.2, "runs.loop": 6.3,
+    "runs.antislop": 6.4, "runs.persona": 6.4, "runs.demo": 6.5,
+    "bench": 7, "": 8,
 }
-SOURCES = ["quant", "dumps", "solvers", "evals", "native", "fixtures", "bench", "cli.py"]
-# who may import a `runs` module: the commands (cli.py), the demo on the fixture, the benchmarks
-# that time a command end to end, and other runs
-RUN_CALLERS = {"", "fixtures", "bench", "evals.runs", "native.runs"}
+SOURCES = ["__init__.py", "errors.py", "files.py", "quant", "dumps", "solvers", "evals", "native", "runs", "fixtures",
+           "bench", "cli.py"]
+# who may import a `runs` module: the commands (cli.py), the benchmarks that time a command end to
+# end, and other runs
+RUN_CALLERS = {"", "bench"} | {p for p in LAYERS if p == "runs" or p.startswith("runs.")}
+# the root's base modules, which cli.py may import like a package face
+BASE_MODULES = {"exactedit.errors", "exactedit.files"}
+MAX_LOOSE_MODULES = 12
 
 
 def _package(module: str) -> str | None:
-    """exactedit.solvers.tail.kl_pass -> 'solvers.tail'; exactedit.cli -> ''; exactedit itself and
+    """exactedit.solvers.tail.passes.kl_pass -> 'solvers.tail'; exactedit.cli -> ''; exactedit itself and
     the names its __init__ defines -> 'init'; modules outside exactedit -> None."""
     parts = module.split(".")
     if parts[0] != "exactedit":
         return None
     rest = parts[1:]
-    for n in (2, 1):
+    for n in (3, 2, 1):
         if len(rest) >= n and ".".join(rest[:n]) in LAYERS:
             return ".".join(rest[:n])
     return "" if rest and rest[0] == "cli" else "init"
@@ -51,6 +64,8 @@ def _modules() -> dict[str, Path]:
         for path in sorted((ROOT / top).rglob("*.py")) if (ROOT / top).is_dir() else [ROOT / top]:
             parts = path.relative_to(ROOT).with_suffix("").parts
             name = ".".join(("exactedit",) + (parts[:-1] if parts[-1] == "__init__" else parts))
+            if name in out:     # the root's __init__.py, listed once
+                continue
             out[name] = path
     return out
 
@@ -116,7 +131,7 @@ def test_no_import_cycle_between_files():
 
 
 def test_runs_are_imported_only_by_commands():
-    bad = [where for src, dst, where in _edges() if dst.endswith("runs") and src not in RUN_CALLERS]
+    bad = [where for src, dst, where in _edges() if dst.split(".")[0] == "runs" and src not in RUN_CALLERS]
     assert not bad, "a runs module imported by library code:\n" + "\n".join(bad)
 
 
@@ -124,11 +139,36 @@ def test_cli_imports_package_faces_only():
     """cli.py names a package (its __init__'s public names), never a module inside one."""
     mods = _modules()
     deep = [f"cli.py:{line} imports {m}" for line, m in _imports(ROOT / "cli.py")
-            if m in mods and mods[m].name != "__init__.py"]
+            if m in mods and mods[m].name != "__init__.py" and m not in BASE_MODULES]
     assert not deep, "cli.py imports past a package face:\n" + "\n".join(deep)
 
 
 def test_every_package_is_placed():
-    found = {_package("exactedit." + ".".join(p.parent.relative_to(ROOT).parts))
+    found = {".".join(p.parent.relative_to(ROOT).parts)
              for top in SOURCES if (ROOT / top).is_dir() for p in (ROOT / top).rglob("__init__.py")}
     assert found <= set(LAYERS), found - set(LAYERS)
+
+
+def test_the_runs_layer_holds_the_command_code():
+    """No package outside runs/ is named after commands: the drivers and loops live in runs/."""
+    stray = sorted(str(p.relative_to(ROOT)) for top in SOURCES if top != "runs" and (ROOT / top).is_dir()
+                   for p in (ROOT / top).rglob("runs") if p.is_dir() and any(p.glob("*.py")))
+    assert not stray, f"command code outside runs/: {stray}"
+
+
+def test_no_package_root_holds_more_than_twelve_loose_modules():
+    """A package (or sub-package) root holds at most 12 modules besides its __init__: past that, its
+    concepts get sub-packages of their own."""
+    big = {}
+    for top in SOURCES:
+        if (ROOT / top).is_dir():
+            for init in (ROOT / top).rglob("__init__.py"):
+                n = sum(1 for p in init.parent.glob("*.py") if p.name != "__init__.py")
+                if n > MAX_LOOSE_MODULES:
+                    big[str(init.parent.relative_to(ROOT))] = n
+    assert not big, f"package roots with more than {MAX_LOOSE_MODULES} loose modules: {big}"
+
+
+def test_the_loops_never_import_each_other():
+    pairs = [where for src, dst, where in _edges() if {src, dst} == {"runs.antislop", "runs.persona"}]
+    assert not pairs, "antislop and persona import each other:\n" + "\n".join(pairs)

@@ -35,11 +35,13 @@ def test_wheel_has_one_top_level_package(wheel):
         record = z.read(next(n for n in names if n.endswith(".dist-info/RECORD"))).decode()
     tops = {line.split("/", 1)[0] for line in record.splitlines() if line}
     assert tops == {"exactedit", info.split("/", 1)[0]}, tops
-    for must in ("exactedit/__init__.py", "exactedit/cli.py", "exactedit/quant/q6_k.py",
-                 "exactedit/solvers/tail/kl_pass.py", "exactedit/fixtures/default/model.gguf",
-                 "exactedit/fixtures/default/protocol.toml", "exactedit/fixtures/demo.py",
-                 "exactedit/native/runs/data/gemma/chat_template.jinja",
-                 "exactedit/native/runs/data/gemma/defaults.toml"):
+    for must in ("exactedit/__init__.py", "exactedit/cli.py", "exactedit/errors.py", "exactedit/files.py",
+                 "exactedit/quant/kquants/q6_k.py", "exactedit/solvers/tail/passes/kl_pass.py",
+                 "exactedit/fixtures/default/model.gguf", "exactedit/fixtures/default/protocol.toml",
+                 "exactedit/runs/demo.py", "exactedit/runs/bundled/gemma/chat_template.jinja",
+                 "exactedit/runs/bundled/gemma/antislop/defaults.toml", "exactedit/runs/bundled/qwen/texts/garden.txt",
+                 "exactedit/runs/bundled/qwen/antislop/phrases.txt",
+                 "exactedit/runs/bundled/qwen/persona/persona.toml"):
         assert must in names, must
     assert not [n for n in names if n.startswith("exactedit/tests/") or "/fixturegen/" in n]
 

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from exactedit.evals.discover.ranking import Discovery
-from exactedit.quant.files import atomic_write_text, write_png
+from exactedit.files import atomic_write_text, write_png
 
 
 def _cut(text: str, width: int) -> str:

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from exactedit.quant.errors import FieldError
+from exactedit.errors import FieldError
 
 
 class DiscoverError(FieldError):

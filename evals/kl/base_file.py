@@ -40,8 +40,8 @@ from pathlib import Path
 import numpy as np
 
 from exactedit.evals.kl.llamacpp import BaseRows
-from exactedit.quant.errors import FieldError
-from exactedit.quant.files import claim_tmp, file_sha256, fsync_dir, writing
+from exactedit.errors import FieldError
+from exactedit.files import claim_tmp, file_sha256, fsync_dir, writing
 
 MAGIC = b"_logits_"
 HEADER = struct.Struct("<8siii")

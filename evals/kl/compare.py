@@ -2,7 +2,7 @@
 
 Two choices, both recorded in the result:
 * the logits: exact float arithmetic (default), or `match_engine="llamacpp"`, the engine-faithful
-  path (`solvers.tail.engine`: activations quantized before each quantized matmul, ggml-cpu's
+  path (`solvers.tail.engine_math`: activations quantized before each quantized matmul, ggml-cpu's
   summation order), which reproduces llama.cpp's logits bit for bit from a dump it captured;
 * the statistics: `exact` (`evals.kl.stats`: the KL over the whole vocabulary, computed in float64 from
   the logits) or `llama-perplexity` (`evals.kl.llamacpp`: the tool's 16-bit base codes and
@@ -34,8 +34,8 @@ from exactedit.evals.kl.llamacpp import BaseRows, LpRows, concat_rows, encode_ba
 from exactedit.evals.kl.llamacpp_stats import (
     LlamacppStats, base_ppl, lp_stats, render_chunk_table, render_lp_report,
 )
-from exactedit.quant.errors import ExacteditError
-from exactedit.solvers.tail.kl_pass import KlRows, kl_rows
+from exactedit.errors import ExacteditError
+from exactedit.solvers.tail.passes.kl_pass import KlRows, kl_rows
 
 Progress = Callable[[int, int], None]
 STATS = ("exact", "llama-perplexity")
@@ -206,7 +206,7 @@ def _check_same_tail(base: _Side, edited: _Side) -> None:
 
 def _mix(side: _Side, dump, span: Span, match_engine: str | None):
     """(mix [rows, n], matmul for them): exact (None = the default sgemm) or engine-faithful."""
-    from exactedit.solvers.tail.engine import engine_logits_setup
+    from exactedit.solvers.tail.engine_math import engine_logits_setup
     from exactedit.solvers.tail.logits import tail_mix
 
     if match_engine is None:
@@ -215,7 +215,7 @@ def _mix(side: _Side, dump, span: Span, match_engine: str | None):
 
 
 def _block_matmul(matmul, a: int, b: int):
-    from exactedit.solvers.tail.engine import EngineMatmul
+    from exactedit.solvers.tail.engine_math import EngineMatmul
 
     return None if matmul is None else EngineMatmul(matmul.match, matmul.tiled[a:b])
 

@@ -1,6 +1,6 @@
 """KL divergence of an edited model against its base, in llama.cpp's perplexity-tool form.
 
-The per-row KL comes from the tail's KL pass (`solvers.tail.kl_pass.kl_rows`: one streaming pass
+The per-row KL comes from the tail's KL pass (`solvers.tail.passes.kl_pass.kl_rows`: one streaming pass
 over both heads, float64 folds, no full logits kept). Statistics follow llama.cpp's report: mean (with
 its standard error), median, percentiles (linear interpolation between order statistics), max,
 min, top-1 agreement ("same top"), PPL of both over rows with a known next token, Delta p. These are
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 import numpy as np
 
-from exactedit.solvers.tail.kl_pass import KlRows
+from exactedit.solvers.tail.passes.kl_pass import KlRows
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from exactedit.evals.protocol.ledger import ChainCheck, Ledger, LedgerError, LedgerHead, file_sha256, head_json, ledger_id
-from exactedit.quant.files import atomic_write_text
+from exactedit.files import atomic_write_text
 
 HEAD_KIND = "exactedit.ledger-head"
 REPORT_KIND = "exactedit.eval-report"

@@ -31,8 +31,8 @@ from typing import Any, Iterator, Mapping
 
 from exactedit.evals.protocol.storage import (_BAD_HEAD, HeadFile, LedgerError, parse_head, require_writable,
                                              sqlite_errors)
-from exactedit.quant.errors import ExacteditError
-from exactedit.quant.files import atomic_write_text, file_sha256  # file_sha256: re-exported
+from exactedit.errors import ExacteditError
+from exactedit.files import atomic_write_text, file_sha256  # file_sha256: re-exported
 
 DEFAULT_WORKSPACE = Path(".exactedit")
 DB_NAME = "ledger.sqlite"

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from exactedit.quant.errors import FieldError
-from exactedit.quant.files import atomic_write_bytes
+from exactedit.errors import FieldError
+from exactedit.files import atomic_write_bytes
 
 TRACE_ROLES = ("pool", "train", "dev", "test", "blind", "anchors", "collateral")
 SPLIT_KEYS = ("source", "character")

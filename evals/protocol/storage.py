@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from exactedit.quant.errors import FieldError
+from exactedit.errors import FieldError
 
 
 class LedgerError(FieldError):

@@ -21,7 +21,7 @@ import math
 from typing import Sequence
 
 from exactedit.evals.discover.tokens import is_punct, sentences
-from exactedit.quant.errors import FieldError
+from exactedit.errors import FieldError
 
 DEFAULT_WINDOW = 500
 

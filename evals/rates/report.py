@@ -5,7 +5,7 @@ import math
 from pathlib import Path
 
 from exactedit.evals.rates.phrase_rates import PhraseRates, SideRates
-from exactedit.quant.files import write_png
+from exactedit.files import write_png
 
 
 def _f(x: float, spec: str = "{:.3f}") -> str:

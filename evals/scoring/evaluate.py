@@ -17,10 +17,10 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from exactedit.solvers.shaping import rules as shaping
-from exactedit.quant.errors import ExacteditError
+from exactedit.errors import ExacteditError
 from exactedit.evals.scoring.bars import BarContext, anti_slop_bars, per_phrase, persona_bars, same_doc_mask, verdict
 from exactedit.evals.kl.stats import kld_stats
-from exactedit.solvers.tail.kl_pass import KlRows
+from exactedit.solvers.tail.passes.kl_pass import KlRows
 from exactedit.evals.protocol.protocol import Protocol, ResolvedTokens, resolve_tokens
 from exactedit.evals.scoring.report import BarReport
 from exactedit.solvers.tail.scores import DocMeta, RowScores, concat, rows_from_logits
@@ -146,10 +146,10 @@ def same_head(tail, tail2) -> bool:
 
 def rows_fast(tail, mix_b, mix_e, tokens, next_tokens, roles, doc, special_ids, docs, tile_rows: int) -> RowScores:
     """`rows_from_logits` of one chunk through the numba KL pass over the one head both sides
-    share (solvers/tail/kl_pass_numba.py, checked against the numpy reference in
+    share (solvers/tail/passes/kl_pass_numba.py, checked against the numpy reference in
     tests/solvers/tail/test_kl_pass.py); never a [rows, V] logits array."""
-    from exactedit.solvers.wfld.rescore import special_probs
-    from exactedit.solvers.tail.kl_pass_numba import kl_rows_numba
+    from exactedit.solvers.l47.rescore import special_probs
+    from exactedit.solvers.tail.passes.kl_pass_numba import kl_rows_numba
 
     nxt = np.asarray(next_tokens, dtype=np.int32)
     r = kl_rows_numba(mix_b, mix_e, tail.head, next_ids=nxt, softcap=tail.softcap, tile_rows=tile_rows)

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from exactedit.evals.scoring.bars import BarRow, PhraseRow
 from exactedit.evals.protocol.ledger import file_sha256
-from exactedit.quant.files import fsync_replace, write_png
+from exactedit.files import fsync_replace, write_png
 
 REPORT_KIND = "exactedit.eval-report"
 

@@ -135,7 +135,7 @@ def generate_batched(engine: LlamaEngine, prompts: Sequence[np.ndarray], configs
         if st.steps is not None:
             st.steps.accept(tok)
         st.out.append(tok)
-        st.stopped = (tok in stops) if stops is not None else bool(lib.llama_vocab_is_eog(engine._vocab, tok))
+        st.stopped = (tok in stops) if stops is not None else engine.is_eog(tok)
         if st.stopped or len(st.out) >= st.config.max_new:
             finish(slot)
             if next_job < len(jobs):

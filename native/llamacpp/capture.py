@@ -20,7 +20,8 @@ import numpy as np
 from exactedit.dumps import DocInfo, write_dump
 from exactedit.dumps.roles import mark_docs
 from exactedit.native.llamacpp.engine import EngineError, EngineRun, EngineSettings, LlamaEngine
-from exactedit.quant import arch, gguf
+from exactedit.quant.model import arch
+from exactedit.quant import gguf
 
 Progress = Callable[[int, int], None]
 # Graph names per dump field, first match wins (llama.cpp's names; L is the last layer).

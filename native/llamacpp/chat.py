@@ -1,9 +1,9 @@
 """What a model's GGUF says about its own chat: template, turn framing, special tokens, roles.
 
 `model_chat(path)` reads them once: the chat template (`tokenizer.chat_template`, rendered only in
-Jinja2's immutable sandbox, quant/chat_template.py), the turn framing probed from it (ChatML when
+Jinja2's immutable sandbox, quant/model/chat_template.py), the turn framing probed from it (ChatML when
 the file has no template; a template that is refused or fails stops here unless the caller names
-a fallback framing), the special tokens and the turn end (quant/specials.py) and the token
+a fallback framing), the special tokens and the turn end (quant/model/specials.py) and the token
 table. `model_chat(path, template=FILE)` takes the chat template from a Jinja2 file the user gives
 instead (`--chat-template`; it wins over the GGUF's own, and is rendered in the same sandbox): the
 framing, the specials and the turn end are then read off it (framing "user:FILE"), and a given
@@ -25,9 +25,9 @@ import numpy as np
 from exactedit.dumps.roles import infer_roles
 from exactedit.native.llamacpp.engine import EngineError
 from exactedit.quant import gguf
-from exactedit.quant.chat_template import (CHATML, ChatFormat, ChatTemplate, ChatTemplateError, GivenTemplate,
-                                           from_gguf, probe_format, read_template)
-from exactedit.quant.specials import ModelSpecials, model_specials
+from exactedit.quant.model.chat_template import (CHATML, ChatFormat, ChatTemplate, ChatTemplateError, GivenTemplate,
+    from_gguf, probe_format, read_template)
+from exactedit.quant.model.specials import ModelSpecials, model_specials
 from exactedit.solvers.tail.model import TokenTable, load_tokens
 
 
@@ -112,7 +112,7 @@ def tag_texts(table: TokenTable, specials: ModelSpecials) -> list[str]:
 
 def given_template(template) -> GivenTemplate | None:
     """A chat template given by the user: None, a GivenTemplate, or a path to its Jinja2 file
-    (read bounded, quant.chat_template.read_template)."""
+    (read bounded, quant.model.chat_template.read_template)."""
     if template is None or isinstance(template, GivenTemplate):
         return template
     return read_template(template)
@@ -217,7 +217,7 @@ def read_chat_jsonl(path) -> list[list[dict]]:
 
 
 def render_prompt(template, user: str) -> str:
-    """One user turn and the template's generation prompt (quant.chat_template.ChatTemplate)."""
+    """One user turn and the template's generation prompt (quant.model.chat_template.ChatTemplate)."""
     return template.render([{"role": "user", "content": user}], add_generation_prompt=True)
 
 

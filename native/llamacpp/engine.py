@@ -21,7 +21,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from exactedit.quant.errors import FieldError
+from exactedit.errors import FieldError
 
 # ggml_type ids of the tensors a capture can copy (f32 is all a graph node of interest holds).
 _GGML_TYPE_F32 = 0
@@ -206,6 +206,10 @@ class LlamaEngine:
             self._model = None
 
     # ---- tokens ---------------------------------------------------------------------------------
+    def is_eog(self, token: int) -> bool:
+        """Whether llama.cpp ends generation on `token` (the model's end-of-generation tokens)."""
+        return bool(self._lib.llama_vocab_is_eog(self._vocab, int(token)))
+
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> np.ndarray:
         data = text.encode("utf-8")
         cap = len(data) + 16

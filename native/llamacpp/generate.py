@@ -212,7 +212,7 @@ def generate(engine: LlamaEngine, prompt, config: Sampling, shaper=None, *, reco
             tok = int(lib.llama_sampler_sample(chain, ctx, -1))
             steps.accept(tok)
             out.append(tok)
-            if (tok in stop_ids) if stop_ids is not None else lib.llama_vocab_is_eog(engine._vocab, tok):
+            if (tok in stop_ids) if stop_ids is not None else engine.is_eog(tok):
                 stopped = True
                 break
             pending = [tok]

@@ -25,7 +25,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Callable
 
-from exactedit.quant.errors import FieldError
+from exactedit.errors import FieldError
 
 Progress = Callable[[int, int], None]
 

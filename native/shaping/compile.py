@@ -36,7 +36,7 @@ def compile_file(rules, model, out, *, phrases: Sequence[str] = (), bias: float 
     from exactedit.solvers.shaping.compiled import ShapingRulesError, read_compiled, write_compiled
     from exactedit.solvers.shaping.rules_file import RulesSpec, compile_rules, listed_penalty, load_rules
     from exactedit.quant import gguf
-    from exactedit.quant.files import file_sha256
+    from exactedit.files import file_sha256
 
     spec = load_rules(rules) if rules is not None else RulesSpec("(no rules file)", "", ())
     if chat_template is not None and spec.chat.template is None:

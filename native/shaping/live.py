@@ -18,7 +18,7 @@ def open_rules(model, rules_path, g=None):
     table gives (solvers.shaping.rules_file.check_compiled: edited by hand)."""
     from exactedit.solvers.shaping.compiled import ShapingRulesError, read_compiled
     from exactedit.solvers.shaping.rules_file import check_compiled
-    from exactedit.quant import chat_template as ct
+    from exactedit.quant.model import chat_template as ct
     from exactedit.quant import gguf
 
     g = g or gguf.open(model)
@@ -96,7 +96,7 @@ def generate_text(model, prompt: str, config: Sampling, rules_path=None, setting
                   persona: bool | None = None, chat_template=None) -> TextGeneration:
     """One reply to `prompt` (the model's chat template; the rules' when given; `chat_template`: a
     Jinja2 file used instead of the model's, without rules), rules live."""
-    from exactedit.quant import chat_template as ct
+    from exactedit.quant.model import chat_template as ct
     from exactedit.quant import gguf
     from exactedit.solvers.shaping.compiled import ShapingRulesError
 

@@ -5,7 +5,7 @@
  2. writes the edited model through the bundle's transplant (`solvers.apply.apply_bundle`);
  3. runs llama.cpp on the edited model with the same settings;
  4. predicts both engines' logits offline from the base dump alone, in the engine-faithful mode
-    (`solvers.tail.engine`, `--match-engine llamacpp`), with the base or the edited
+    (`solvers.tail.engine_math`, `--match-engine llamacpp`), with the base or the edited
     tensors; and compares: KL(engine || prediction) statistics, top-1 agreement, max |diff|.
 
 Tolerance (`Tolerance`), and why it is tight. llama.cpp's CPU matmuls quantize each activation
@@ -31,8 +31,9 @@ import numpy as np
 
 from exactedit.native.llamacpp.capture import pick, tail_names
 from exactedit.native.llamacpp.engine import EngineError, EngineSettings, LlamaEngine
-from exactedit.quant import arch, gguf
-from exactedit.solvers.tail.engine import MatchEngine, engine_matmul, rmsnorm_engine_mix, softcap
+from exactedit.quant.model import arch
+from exactedit.quant import gguf
+from exactedit.solvers.tail.engine_math import MatchEngine, engine_matmul, rmsnorm_engine_mix, softcap
 
 Progress = Callable[[int, int], None]
 
@@ -286,7 +287,7 @@ def verify_live(model, bundle, tokens, *, settings: EngineSettings | None = None
 
 def bundle_raw(g: gguf.GGUFFile, bundle) -> dict[str, np.ndarray]:
     """The bundle's claim: each edited tensor's full bytes, its edits applied in memory to `g`'s."""
-    from exactedit.quant.patch import RowPatch, apply_row_patch
+    from exactedit.quant.gguf.patch import RowPatch, apply_row_patch
 
     out = {}
     for e in bundle.edits:

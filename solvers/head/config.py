@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from exactedit.quant.errors import FieldError
+from exactedit.errors import FieldError
 from exactedit.solvers.head.adam import AdamConfig
 from exactedit.solvers.head.objective import Weights
 

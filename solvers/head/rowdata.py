@@ -79,7 +79,7 @@ def gather(tail, dump, spans: Sequence[tuple[int, int, int]], docs: Sequence[Doc
         vp = head_pass(tail, z, token_sets=wanted, topk=k + 1, exclude=np.asarray(edit_ids), tile_rows=tile_rows,
                        progress=progress)
     else:
-        from exactedit.solvers.tail.device_pass import vocab_pass_jax
+        from exactedit.solvers.tail.passes.device_pass import vocab_pass_jax
 
         vp = vocab_pass_jax(z, device_head, token_sets=wanted, topk=k + 1, exclude=np.asarray(edit_ids),
                             tile_rows=tile_rows, softcap=tail.softcap, progress=progress)

@@ -1,6 +1,6 @@
 """The edit as shipped: the Q6_K (or any stored type's) round trip of the edited head rows.
 
-SPEC.md section 3 (`quant.roundtrip.requantize_rows`, applied to the rows of S only): rows with no
+SPEC.md section 3 (`quant.rounding.roundtrip.requantize_rows`, applied to the rows of S only): rows with no
 edit keep their original bytes (re-quantizing a dequantized Q6_K row does not give its bytes
 back); only rows whose dW is nonzero are re-quantized, and every number the solver reports is
 computed from `dw_shipped` = (view of the new bytes) - (view of the original bytes), where "view"
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from exactedit import quant
-from exactedit.quant.roundtrip import requantize_rows
+from exactedit.quant.rounding.roundtrip import requantize_rows
 
 
 @dataclass(frozen=True, eq=False)

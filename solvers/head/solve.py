@@ -5,7 +5,7 @@ checkpoints of the shipped edit.
 reference with the analytic gradient; `objective_jax.train_step`: float32, jitted once), and every
 `stopping.every` steps rounds the edit through the head's type (`ship`) and scores it exactly on
 train and dev (a `track.HostTracker` or `DeviceTracker`). Which checkpoint ships is decided by the
-caller's stopping rule (evals.runs.head_run passes the protocol's); this module never reads a protocol,
+caller's stopping rule (runs.solve.head passes the protocol's); this module never reads a protocol,
 a ledger or a split.
 """
 from __future__ import annotations

@@ -39,8 +39,8 @@ import numpy as np
 
 from exactedit.solvers.shaping import rules as shaping
 from exactedit.solvers.shaping.triggers import FLAG_NAMES, VISIBLE, ShapeVocab
-from exactedit.quant.errors import FieldError
-from exactedit.quant.files import atomic_write_text
+from exactedit.errors import FieldError
+from exactedit.files import atomic_write_text
 
 FORMAT, VERSION = "exactedit.shaping", 1
 MAX_BYTES = 1 << 28       # 256 MiB: a 1e5-phrase rules file for a 262k vocabulary is far smaller

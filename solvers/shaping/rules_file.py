@@ -27,7 +27,7 @@ tool = ["<tool_call>", "</tool_call>"]
 as one token of the model's own tokenizer (the token penalized), and the bytes of every token a
 match of its prefix can use (the shared matcher, solvers.phrases: the prefix as written or
 Capitalized, starting at a word boundary, in any tokenization); the model's own specials and
-chat framing (quant.specials, quant.chat_template: the template is rendered only in its
+chat framing (quant.model.specials, quant.model.chat_template: the template is rendered only in its
 sandbox); the case pairs. The result (solvers.shaping.compiled) holds token ids and token bytes only,
 with the model's sha256.
 """
@@ -192,7 +192,7 @@ class _ModelView:
 
     @classmethod
     def of(cls, g, model_path: str = "") -> "_ModelView":
-        from exactedit.quant.specials import model_specials
+        from exactedit.quant.model.specials import model_specials
         from exactedit.solvers.tail.model import load_tokens
 
         table = load_tokens(g)
@@ -213,7 +213,7 @@ class _ModelView:
 
     def template(self, text: str | None, where: str):
         """(template, "rules" | "gguf"): the rules' own template, else the GGUF's."""
-        from exactedit.quant import chat_template as ct
+        from exactedit.quant.model import chat_template as ct
 
         sp, texts = self.sp, self.texts
         if text is not None:
@@ -227,7 +227,7 @@ class _ModelView:
 
     def framing(self, tpl, where: str):
         """(format, turn_start, turn_end ids, header_end id | None) of the template for this model."""
-        from exactedit.quant import chat_template as ct
+        from exactedit.quant.model import chat_template as ct
 
         # control tokens only: a user-defined token can be plain text (Gemma's "\n"), never a chat tag
         fmt = ct.probe_format(tpl, [self.texts[i] for i in self.sp.control])

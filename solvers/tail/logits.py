@@ -19,12 +19,11 @@ from typing import Callable
 
 import numpy as np
 
-from exactedit.quant.errors import ExacteditError
-from exactedit.quant.files import (
-    atomic_write_text, claim_tmp, file_sha256, fsync_replace, preallocate, refuse_clobber, writing,
-)
-from exactedit.solvers.tail.head_fast import Matmul
-from exactedit.solvers.tail.vocab_pass import VocabPass, vocab_pass
+from exactedit.errors import ExacteditError
+from exactedit.files import (atomic_write_text, claim_tmp, file_sha256, fsync_replace, preallocate, refuse_clobber,
+    writing)
+from exactedit.solvers.tail.forward.head_fast import Matmul
+from exactedit.solvers.tail.passes.vocab_pass import VocabPass, vocab_pass
 
 Progress = Callable[[int, int], None]
 
@@ -124,10 +123,10 @@ def write_logits(model, dump, out, *, rows: str | tuple[int, int] | None = None,
                  verify_hashes: bool = True, cache=None, progress: Progress | None = None) -> LogitsResult:
     """Full-vocabulary float32 logits [rows, V] of `model` on the rows of `dump`, as OUT (.npy).
     `match_engine` ("llamacpp") computes them as that engine does (activations quantized before
-    each quantized matmul, its summation order; solvers.tail.engine) instead of exactly. The dump's
+    each quantized matmul, its summation order; solvers.tail.engine_math) instead of exactly. The dump's
     field hashes are verified first unless `verify_hashes=False`, which the result and the
     manifest record (`dump_verified`)."""
-    from exactedit.solvers.tail.head_fast import Sgemm
+    from exactedit.solvers.tail.forward.head_fast import Sgemm
 
     out = Path(out)
     manifest = Path(str(out) + ".manifest.json")
@@ -137,7 +136,7 @@ def write_logits(model, dump, out, *, rows: str | tuple[int, int] | None = None,
     if match_engine is not None:
         if matmul is not None:
             raise ValueError("give match_engine or matmul, not both")
-        from exactedit.solvers.tail.engine import engine_logits_setup
+        from exactedit.solvers.tail.engine_math import engine_logits_setup
 
         mix, matmul = engine_logits_setup(g, tail, d, span, match_engine)
     else:

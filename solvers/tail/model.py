@@ -1,7 +1,7 @@
 """Load a model's tail from a GGUF: the weights the exact forwards need, at runtime precision,
 plus the head as a RowSource and the token table.
 
-The tail kind comes from `quant.arch.detect_tail` (tensors present, never the model's name):
+The tail kind comes from `quant.model.arch.detect_tail` (tensors present, never the model's name):
 - hc4 (production engine): every tensor at the engine's runtime view (`quant.runtime_view`:
   BF16 output_hc_down/up through their Q8_0 copy, Q8_0 W_sd and the Q6_K head dequantized);
   only rows 0..d_lo-1 of output_hc_down are read.
@@ -17,12 +17,12 @@ from typing import Union
 import numpy as np
 
 from exactedit.dumps.format import DumpExpect
-from exactedit.quant.errors import GGUFFormatError
-from exactedit.solvers.tail import head_ref
-from exactedit.solvers.tail import head_fast
-from exactedit.solvers.tail.vocab_pass import QuantRows, gguf_rows
-from exactedit.solvers.tail import last_layer_ref as l47_ref
-from exactedit.solvers.tail import last_layer_fast as l47_fast
+from exactedit.errors import GGUFFormatError
+from exactedit.solvers.tail.forward import head_ref
+from exactedit.solvers.tail.forward import head_fast
+from exactedit.solvers.tail.passes.vocab_pass import QuantRows, gguf_rows
+from exactedit.solvers.tail.forward import last_layer_ref as l47_ref
+from exactedit.solvers.tail.forward import last_layer_fast as l47_fast
 
 # llama.cpp token types (tokenizer.ggml.token_type)
 TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_BYTE = 3, 4, 6
@@ -115,7 +115,7 @@ def load_tokens(g) -> TokenTable:
 class Hc4Tail:
     """The hc4 tail at runtime precision; `head` reads output.weight rows lazily."""
 
-    spec: object  # quant.arch.TailSpec
+    spec: object  # quant.model.arch.TailSpec
     path: str
     l47: l47_ref.Hc4L47
     mix_params: head_ref.Hc4Head
@@ -177,9 +177,9 @@ def _vector(g, view, name: str) -> np.ndarray:
 
 
 def load_tail(g) -> Tail:
-    """The tail of an open `quant.gguf.GGUFFile` (kind from `quant.arch.detect_tail`)."""
+    """The tail of an open `quant.gguf.GGUFFile` (kind from `quant.model.arch.detect_tail`)."""
     from exactedit import quant
-    from exactedit.quant.arch import detect_tail
+    from exactedit.quant.model.arch import detect_tail
 
     spec = detect_tail(g)
     names = spec.names

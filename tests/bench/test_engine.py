@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from exactedit.bench.engine import EngineBenchConfig, render_engine_bench, run_engine_bench
-from exactedit.quant.errors import QuantError
+from exactedit.errors import QuantError
 
 
 @pytest.mark.parametrize("qtype,ubatch", [("Q6_K", 0), ("Q6_K", 4), ("Q8_0", 0)])

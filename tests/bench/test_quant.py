@@ -6,7 +6,7 @@ import json
 import pytest
 
 from exactedit.bench.quant import BENCHED, QuantBenchConfig, format_table, run_quant_bench
-from exactedit.quant.errors import QuantError
+from exactedit.errors import QuantError
 from tests import oracles
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from exactedit.dumps import DocInfo, write_dump
-from exactedit.quant.gguf_write import synthetic_model
+from exactedit.quant.gguf.write import synthetic_model
 from exactedit.solvers.bundle import InputRef, TensorEdit, write_bundle
 
 N, H, V, T = 256, 32, 40, 6

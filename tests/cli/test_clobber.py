@@ -131,6 +131,6 @@ def test_overwrite_still_replaces_a_previous_output(world, tmp_path):
 
 def test_reports_may_go_into_a_directory_that_holds_inputs(world):
     """eval score writes dev-report.* into --out, never replacing it: `--out .` beside the protocol is fine."""
-    from exactedit.quant import refuse_clobber
+    from exactedit.files import refuse_clobber
 
     refuse_clobber({"--out": world}, {"--protocol": world / "protocol.toml"}, holds_inputs=True)

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from exactedit.cli import main
-from exactedit.quant.gguf_write import MetaValue, _VT, synthetic_model
+from exactedit.quant.gguf.write import MetaValue, _VT, synthetic_model
 
 VOCAB = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [f"t{i}" for i in range(29)]
 

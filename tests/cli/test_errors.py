@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 from exactedit.cli import main
 from exactedit.dumps import DocInfo, write_dump
-from exactedit.quant.files import atomic_write_bytes, writing
-from exactedit.quant.gguf_write import synthetic_model
+from exactedit.files import atomic_write_bytes, writing
+from exactedit.quant.gguf.write import synthetic_model
 from exactedit.solvers.bundle import InputRef, TensorEdit, write_bundle
 
 N, H, V, T = 256, 32, 40, 6

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from exactedit.dumps import ROLE_PROMPT as P, ROLE_REPLY as R, ROLE_REPLY_END as END, ROLE_STEP0 as S0
 from exactedit.dumps.roles import infer_roles
-from exactedit.quant.chat_template import ChatFormat
+from exactedit.quant.model.chat_template import ChatFormat
 
 GEMMA = ChatFormat("<start_of_turn>", "<end_of_turn>", "\n", "model")
 LLAMA3 = ChatFormat("<|start_header_id|>", "<|eot_id|>", "<|end_header_id|>", "assistant")

@@ -13,7 +13,7 @@ from exactedit import quant
 from exactedit.dumps import DocInfo, write_dump
 from exactedit.dumps.roles import infer_roles
 from tests.fixturegen.vocab import encode_piece
-from exactedit.quant.gguf_write import synthetic_model
+from exactedit.quant.gguf.write import synthetic_model
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 WORDS = ["assistant", "user", "\n", "\n\n", " end", " to", " rather", " than", " owo", " the", " a", " cat",

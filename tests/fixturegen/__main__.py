@@ -9,7 +9,7 @@ import sys
 import click
 
 from exactedit.cli import _progress
-from exactedit.quant.errors import ExacteditError
+from exactedit.errors import ExacteditError
 from tests.fixturegen.make import make_fixture
 from tests.fixturegen.readme import render_result
 

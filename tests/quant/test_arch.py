@@ -1,4 +1,4 @@
-"""quant.arch: tails recognized from the tensors present, shapes checked, and `exactedit inspect`."""
+"""quant.model.arch: tails recognized from the tensors present, shapes checked, and `exactedit inspect`."""
 from __future__ import annotations
 
 import json
@@ -10,9 +10,9 @@ from click.testing import CliRunner
 from gguf import GGUFValueType
 
 from exactedit.quant import gguf
-from exactedit.quant.arch import HC4_RMS_EPS, detect_tail, render_summary, summarize
-from exactedit.quant.errors import GGUFFormatError
-from exactedit.quant.gguf_write import MetaValue, TensorData, synthetic_model, write_gguf
+from exactedit.quant.model.arch import HC4_RMS_EPS, detect_tail, render_summary, summarize
+from exactedit.errors import GGUFFormatError
+from exactedit.quant.gguf.write import MetaValue, TensorData, synthetic_model, write_gguf
 
 F32 = TensorData.from_f32
 

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from exactedit.quant import gguf
-from exactedit.quant.chat_template import CHATML, ChatFormat, ChatTemplate, ChatTemplateError, from_gguf, probe_format
-from exactedit.quant.gguf_write import MetaValue, _VT, synthetic_model
+from exactedit.quant.model.chat_template import (CHATML, ChatFormat, ChatTemplate, ChatTemplateError, from_gguf,
+    probe_format)
+from exactedit.quant.gguf.write import MetaValue, _VT, synthetic_model
 
 CHATML_TPL = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}"
               "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")

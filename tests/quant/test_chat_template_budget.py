@@ -10,7 +10,7 @@ import time
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from exactedit.quant.chat_template import ChatTemplate, ChatTemplateError, TemplateBudget
+from exactedit.quant.model.chat_template import ChatTemplate, ChatTemplateError, TemplateBudget
 
 MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there é"},
         {"role": "assistant", "content": " Hello! How can I help? "}, {"role": "user", "content": "Tell me."}]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from exactedit import quant
-from exactedit.quant.fma32 import fma32, fma32_ref
-from exactedit.quant.q6_k_dot import q6_k_matmul, q6_k_matmul_ref
+from exactedit.quant.dots.fma32 import fma32, fma32_ref
+from exactedit.quant.dots.q6_k_dot import q6_k_matmul, q6_k_matmul_ref
 
 
 def _fma_cases():
@@ -71,7 +71,7 @@ def test_q6_k_matmul_reference_equals_fast(name, rows, cols, T, mode):
     fast = q6_k_matmul(raw, cols, x, tiled)
     assert np.array_equal(ref.view(np.uint32), fast.view(np.uint32))
     # and both are the product of the dequantized weights with the Q8_K-rounded activations
-    from exactedit.quant import q8_k
+    from exactedit.quant.formats import q8_k
 
     xq = q8_k.dequantize_ref(q8_k.quantize(x)).astype(np.float64)
     w = quant.dequantize(raw, "Q6_K", cols).astype(np.float64)

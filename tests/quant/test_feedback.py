@@ -1,4 +1,4 @@
-"""quant.feedback: error-feedback rounding within fixed block scales, scored in an H-norm.
+"""quant.rounding.feedback: error-feedback rounding within fixed block scales, scored in an H-norm.
 
 One table drives the reference-vs-fast comparison; the properties (never worse than ggml's
 quantizer or than rounding within the same scales, valid bytes) run under hypothesis."""
@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from exactedit import quant
-from exactedit.quant import feedback as fb
-from exactedit.quant import grid as gr
-from exactedit.quant.errors import QuantError
+from exactedit.quant.rounding import feedback as fb
+from exactedit.quant.rounding import grid as gr
+from exactedit.errors import QuantError
 from tests import oracles
 from tests.strategies import float_rows
 

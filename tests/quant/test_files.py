@@ -1,4 +1,4 @@
-"""quant.files: the outputs-vs-inputs guard (`refuse_clobber`), the claimed temporary file
+"""files: the outputs-vs-inputs guard (`refuse_clobber`), the claimed temporary file
 (`claim_tmp`: a killed run's leftover is reused, a live run's is refused) and `preallocate`."""
 from __future__ import annotations
 
@@ -8,11 +8,9 @@ import os
 
 import pytest
 
-from exactedit.quant import files
-from exactedit.quant.errors import FieldError
-from exactedit.quant.files import (
-    ClobberError, OutputBusyError, atomic_write_bytes, claim_tmp, preallocate, refuse_clobber,
-)
+from exactedit import files
+from exactedit.errors import FieldError
+from exactedit.files import ClobberError, OutputBusyError, atomic_write_bytes, claim_tmp, preallocate, refuse_clobber
 
 
 @pytest.fixture

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from exactedit import quant
-from exactedit.quant import bf16, f16, f32, registry
-from exactedit.quant.errors import QuantError
+from exactedit.quant import registry
+from exactedit.quant.formats import bf16, f16, f32
+from exactedit.errors import QuantError
 from tests import oracles
 from tests.strategies import float_rows, raw_floats
 

@@ -1,4 +1,4 @@
-"""quant.gguf reader and quant.gguf_write writer: round trips, cross-checks against gguf-py, errors."""
+"""quant.gguf reader and quant.gguf.write writer: round trips, cross-checks against gguf-py, errors."""
 from __future__ import annotations
 
 import hashlib
@@ -10,8 +10,8 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
 from exactedit import quant
 from exactedit.quant import gguf
-from exactedit.quant.errors import GGUFFormatError, QuantError
-from exactedit.quant.gguf_write import MetaValue, TensorData, synthetic_model, write_gguf
+from exactedit.errors import GGUFFormatError, QuantError
+from exactedit.quant.gguf.write import MetaValue, TensorData, synthetic_model, write_gguf
 
 VT = GGUFValueType
 

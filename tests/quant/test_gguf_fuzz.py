@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from exactedit.quant import gguf
-from exactedit.quant.arch import detect_tail
-from exactedit.quant.errors import GGUFFormatError
-from exactedit.quant.gguf_write import synthetic_model
+from exactedit.quant.model.arch import detect_tail
+from exactedit.errors import GGUFFormatError
+from exactedit.quant.gguf.write import synthetic_model
 
 U32, U64, F32_TYPE, Q8_0_TYPE = "<I", "<Q", 0, 8
 STRING, ARRAY, UINT32, UINT8 = 8, 9, 4, 0

@@ -1,4 +1,4 @@
-"""quant.grid: a row's bytes as fixed block scales times free codes; packing any codes in range
+"""quant.rounding.grid: a row's bytes as fixed block scales times free codes; packing any codes in range
 gives bytes that ggml's own dequantizer reads as step * code."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exactedit import quant
-from exactedit.quant import grid as gr
-from exactedit.quant.errors import QuantError
+from exactedit.quant.rounding import grid as gr
+from exactedit.errors import QuantError
 from tests import oracles
 from tests.strategies import float_rows
 

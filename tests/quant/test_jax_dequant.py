@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from exactedit import quant
 from exactedit.quant import jax_dequant
-from exactedit.quant.errors import QuantError
-from exactedit.quant.f16 import FP16_TO_FP32
-from exactedit.solvers.tail.device import select
+from exactedit.errors import QuantError
+from exactedit.quant.formats.f16 import FP16_TO_FP32
+from exactedit.solvers.tail.forward.device import select
 from tests.oracles import assert_bits_equal
 from tests.strategies import KINDS, float_rows, make_block
 

@@ -1,4 +1,4 @@
-"""The shared scale-and-min K-quant pieces (quant/k_scale_min.py): the 12-byte scales field and
+"""The shared scale-and-min K-quant pieces (quant/kquants/k_scale_min.py): the 12-byte scales field and
 the make_qkx2_quants search, numba against the numpy reference. Whole blocks against ggml's C are
 in tests/quant/test_oracle_formats.py."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exactedit.quant import k_scale_min as ksm
-from exactedit.quant import q4_k, q5_k
-from exactedit.quant.f16 import FP16_TO_FP32
+from exactedit.quant.kquants import k_scale_min as ksm
+from exactedit.quant.kquants import q4_k, q5_k
+from exactedit.quant.formats.f16 import FP16_TO_FP32
 from tests.strategies import float_rows
 
 SETTINGS = settings(max_examples=80, deadline=None,

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from exactedit import quant
-from exactedit.quant import k_scale_min as ksm
-from exactedit.quant import q4_0, q4_1, q4_k, q5_0, q5_k
+from exactedit.quant.kquants import k_scale_min as ksm
+from exactedit.quant.formats import q4_0, q4_1, q5_0
+from exactedit.quant.kquants import q4_k, q5_k
 from tests.strategies import float_rows
 
 SETTINGS = settings(max_examples=100, deadline=None,

@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exactedit import quant
-from exactedit.quant import q4_0, q4_1, q4_k, q5_0, q5_k, q6_k, q8_0
+from exactedit.quant.formats import q4_0, q4_1, q5_0, q8_0
+from exactedit.quant.kquants import q4_k, q5_k, q6_k
 from tests import oracles
 from tests.strategies import float_rows, make_block, raw_floats
 

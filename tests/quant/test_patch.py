@@ -1,4 +1,4 @@
-"""quant.patch: the row patch file (SPEC.md section 3) written, read back, validated and applied."""
+"""quant.gguf.patch: the row patch file (SPEC.md section 3) written, read back, validated and applied."""
 from __future__ import annotations
 
 import struct
@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from exactedit import quant
 from exactedit.quant import gguf
-from exactedit.quant import transplant as tp
-from exactedit.quant.gguf_write import synthetic_model
-from exactedit.quant.patch import RowPatch, RowPatchError, apply_row_patch, read_row_patch, write_row_patch
+from exactedit.quant.gguf import transplant as tp
+from exactedit.quant.gguf.write import synthetic_model
+from exactedit.quant.gguf.patch import RowPatch, RowPatchError, apply_row_patch, read_row_patch, write_row_patch
 
 
 def test_layout_is_count_then_id_and_bytes(tmp_path):

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from exactedit import quant
-from exactedit.quant import q4_1, q8_1
-from exactedit.quant import q4_1_dot as d41
-from exactedit.solvers.tail import engine as en
+from exactedit.quant.formats import q4_1, q8_1
+from exactedit.quant.dots import q4_1_dot as d41
+from exactedit.solvers.tail import engine_math as en
 from tests import oracles
 
 _VEC_DOT = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 
 from exactedit import quant
-from exactedit.quant import q6_k
+from exactedit.quant.kquants import q6_k
 from tests.strategies import float_rows
 
 QK, BB = q6_k.QK_K, q6_k.BLOCK_BYTES

@@ -1,4 +1,4 @@
-"""The tiled Q6_K x Q8_K product through float32 sgemm (quant/q6_k_gemm.py) against the numpy
+"""The tiled Q6_K x Q8_K product through float32 sgemm (quant/dots/q6_k_gemm.py) against the numpy
 reference of ggml-cpu's tiled kernel (quant/q6_k_dot.q6_k_matmul_ref), bit for bit (tolerance 0),
 with the sgemm entries proven exact by their bound and the rest recomputed as integer dots."""
 from __future__ import annotations
@@ -8,9 +8,10 @@ import pytest
 
 from exactedit import quant
 from exactedit.bench.head import synthetic_q6k
-from exactedit.quant import q6_k, q8_k
-from exactedit.quant.q6_k_dot import q6_k_blocks, q6_k_matmul, q6_k_matmul_ref
-from exactedit.quant.q6_k_gemm import EXACT_LIMIT, PART, ROW_CHUNK, tiled_matmul
+from exactedit.quant.kquants import q6_k
+from exactedit.quant.formats import q8_k
+from exactedit.quant.dots.q6_k_dot import q6_k_blocks, q6_k_matmul, q6_k_matmul_ref
+from exactedit.quant.dots.q6_k_gemm import EXACT_LIMIT, PART, ROW_CHUNK, tiled_matmul
 
 
 def _bounds(raw: np.ndarray, cols: int, x: np.ndarray) -> np.ndarray:

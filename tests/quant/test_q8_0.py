@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 
 from exactedit import quant
-from exactedit.quant import q8_0
+from exactedit.quant.formats import q8_0
 from tests.strategies import float_rows
 
 QK, BB = q8_0.QK, q8_0.BLOCK_BYTES

@@ -9,7 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from exactedit.quant import q8_k
+from exactedit.quant.formats import q8_k
 from tests import oracles
 
 
@@ -80,7 +80,7 @@ def test_dequantize_is_within_half_a_step():
 
 
 def test_rejects_bad_shape():
-    from exactedit.quant.errors import QuantError
+    from exactedit.errors import QuantError
 
     with pytest.raises(QuantError):
         q8_k.quantize(np.zeros((1, 100), np.float32))

@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exactedit import quant
-from exactedit.quant.errors import QuantError
-from exactedit.quant.roundtrip import RoundTrip, requantize_rows
+from exactedit.errors import QuantError
+from exactedit.quant.rounding.roundtrip import RoundTrip, requantize_rows
 from tests import oracles
 
 COLS = 512

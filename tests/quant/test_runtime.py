@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from exactedit import quant
-from exactedit.quant.errors import QuantError
+from exactedit.errors import QuantError
 from tests import oracles
 
 

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from exactedit.quant import gguf
-from exactedit.quant.errors import GGUFFormatError
-from exactedit.quant.gguf_write import MetaValue, _VT, synthetic_model
-from exactedit.quant.specials import model_specials, resolve_names
+from exactedit.errors import GGUFFormatError
+from exactedit.quant.gguf.write import MetaValue, _VT, synthetic_model
+from exactedit.quant.model.specials import model_specials, resolve_names
 
 CHATML_TPL = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}"
               "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")

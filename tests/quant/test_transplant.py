@@ -1,4 +1,4 @@
-"""quant.transplant: every byte outside the replaced tensors kept, adds keep every old tensor's bytes."""
+"""quant.gguf.transplant: every byte outside the replaced tensors kept, adds keep every old tensor's bytes."""
 from __future__ import annotations
 
 import ctypes
@@ -11,11 +11,11 @@ import pytest
 from gguf import GGUFReader
 
 from exactedit import quant
-import exactedit.quant.transplant as tp
+import exactedit.quant.gguf.transplant as tp
 from exactedit.quant import gguf
-from exactedit.quant.arch import detect_tail
-from exactedit.quant.errors import GGUFFormatError
-from exactedit.quant.gguf_write import TensorData, synthetic_model
+from exactedit.quant.model.arch import detect_tail
+from exactedit.errors import GGUFFormatError
+from exactedit.quant.gguf.write import TensorData, synthetic_model
 from tests import oracles
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from exactedit import quant
 from exactedit.quant import gguf
-from exactedit.quant.gguf_write import synthetic_model
+from exactedit.quant.gguf.write import synthetic_model
 from exactedit.solvers.apply import apply_bundle
 from exactedit.solvers.bundle import BundleError, InputRef, TensorEdit, bundle_identity, read_bundle, write_bundle
 
@@ -193,7 +193,7 @@ def test_ledger_head_is_recorded_outside_the_identity(tmp_path):
 def test_a_second_live_run_of_one_output_is_refused_not_clobbered(tmp_path):
     """While one run holds B's lock (writing B.tmp/), another run writing B is refused and leaves
     B.tmp/ alone; a killed run's leftovers (its lock file, its B.tmp/) are reused."""
-    from exactedit.quant.files import OutputBusyError, output_lock
+    from exactedit.files import OutputBusyError, output_lock
 
     rng = np.random.default_rng(0)
     (tmp_path / "b.tmp").mkdir()

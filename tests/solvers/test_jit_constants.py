@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from exactedit.bench.head import synthetic_q6k
-from exactedit.solvers.tail import device_pass, head_fast, kl_pass_jax, last_layer_fast as l47_fast
-from exactedit.solvers.tail.jax_cache import CompileCounter
-from exactedit.solvers.tail.vocab_pass import QuantRows
+from exactedit.solvers.tail.passes import device_pass, kl_pass_jax
+from exactedit.solvers.tail.forward import head_fast, last_layer_fast as l47_fast
+from exactedit.solvers.tail.forward.jax_cache import CompileCounter
+from exactedit.solvers.tail.passes.vocab_pass import QuantRows
 
 LIMIT = 4096  # bytes: a few KB
 _BYTES = {"f64": 8, "f32": 4, "i32": 4, "ui32": 4, "bf16": 2, "f16": 2, "i16": 2, "ui16": 2, "i8": 1, "ui8": 1,
@@ -96,7 +97,7 @@ def test_tail_functions_capture_no_array(name):
 
 
 def test_head_vjps_capture_no_array():
-    from exactedit.solvers.wfld import jacobian
+    from exactedit.solvers.l47 import jacobian
 
     eps = jnp.float32(1e-6)
     hc4 = lowered_text(jacobian._hc4_vjp, _f32(64, 4, N), _f32(64, 8, N), _f32(4, N), _f32(D_LO, 4 * N),
@@ -131,7 +132,7 @@ def test_head_solver_steps_capture_no_array():
 
 
 def _hc4_tail(n=64, d_lo=8, seed=0):
-    from exactedit.solvers.tail.head_ref import Hc4Head
+    from exactedit.solvers.tail.forward.head_ref import Hc4Head
 
     rng = np.random.default_rng(seed)
 
@@ -147,7 +148,7 @@ def _hc4_tail(n=64, d_lo=8, seed=0):
 def test_head_vjp_buckets(rows, m):
     """The bucketed VJP (rows to 64, 128, ...) against the unpadded call: bit for bit at bucket
     shapes, within a few ulps elsewhere (the row norm, see tests/solvers/tail/test_buckets.py)."""
-    from exactedit.solvers.wfld import jacobian
+    from exactedit.solvers.l47 import jacobian
 
     tail = _hc4_tail()
     rng = np.random.default_rng(rows * 100 + m)
@@ -170,7 +171,7 @@ def test_head_vjp_buckets(rows, m):
 
 def test_linearize_chunks_compile_once():
     """The second VJP call at another row count in the same bucket compiles nothing."""
-    from exactedit.solvers.wfld import jacobian
+    from exactedit.solvers.l47 import jacobian
 
     tail = _hc4_tail(n=80, seed=3)             # a width no other test uses
     rng = np.random.default_rng(0)

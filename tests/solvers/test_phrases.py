@@ -13,7 +13,7 @@ from exactedit.solvers.phrases import (PhraseError, ban_text,
     starts_word, text_occurrences, tokenizations,
 )
 from exactedit.solvers.tail.model import TokenTable
-from tests.solvers.wfld import synth
+from tests.solvers.l47 import synth
 
 
 @pytest.fixture(scope="module")

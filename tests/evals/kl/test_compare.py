@@ -10,7 +10,7 @@ from exactedit.evals.kl.stats import kld_stats
 from exactedit.evals.kl.compare import KldConfig, KldConfigError, compare
 from exactedit.evals.kl.llamacpp import concat_rows, encode_base, score_rows
 from exactedit.evals.kl.llamacpp_stats import lp_stats
-from exactedit.solvers.tail.kl_pass import KlRows
+from exactedit.solvers.tail.passes.kl_pass import KlRows
 
 from tests.kld_world import CTX, V, make_world
 
@@ -49,7 +49,7 @@ def test_rows_per_dump_and_per_document(world):
 
 def _steps(world, match_engine):
     """The llama-perplexity statistics computed step by step, for --doc-rows 6:11."""
-    from exactedit.solvers.tail.engine import engine_logits_setup
+    from exactedit.solvers.tail.engine_math import engine_logits_setup
     from exactedit.solvers.tail.logits import head_pass, open_pair, tail_mix
 
     base, edited, d1, d2 = world

@@ -8,9 +8,9 @@ from hypothesis import given, settings, strategies as st
 
 from exactedit.evals.kl.compare import KldConfig, compare
 from exactedit.evals.kl.stats import kld_stats
-from exactedit.solvers.tail.kl_pass import KlRows, kl_rows
-from exactedit.solvers.tail.head_ref import log_softmax_ref, logits_ref
-from exactedit.solvers.tail.vocab_pass import ArrayRows
+from exactedit.solvers.tail.passes.kl_pass import KlRows, kl_rows
+from exactedit.solvers.tail.forward.head_ref import log_softmax_ref, logits_ref
+from exactedit.solvers.tail.passes.vocab_pass import ArrayRows
 
 U32 = 2.0 ** -24
 
@@ -112,8 +112,8 @@ def test_kld_end_to_end_on_gguf(tmp_path):
     from exactedit import quant
     from exactedit.dumps import DocInfo, write_dump
     from exactedit.quant import gguf
-    from exactedit.quant.gguf_write import synthetic_model
-    from exactedit.quant.transplant import transplant
+    from exactedit.quant.gguf.write import synthetic_model
+    from exactedit.quant.gguf.transplant import transplant
 
     base = tmp_path / "base.gguf"
     synthetic_model(base, tail="hc4", vocab=300, n=256, h=32, d_lo=32, layers=2, seed=3)

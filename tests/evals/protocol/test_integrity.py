@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from exactedit.cli import main
 from exactedit.dumps import DumpFormatError
-from exactedit.evals.runs import workflow
+from exactedit.runs.eval import workflow
 from exactedit.evals.protocol.anchors import export_head, verify_ledger
 from exactedit.evals.protocol.ledger import HEAD_NAME, Ledger, LedgerError, LedgerRefusal, entry_hash
 from tests.evals.world import build_world
@@ -43,7 +43,7 @@ def scale_r(dump):
 
 def refresh_manifest(dump):
     """A smarter tamper: the manifest's field hash rewritten to match the new bytes."""
-    from exactedit.quant.files import file_sha256
+    from exactedit.files import file_sha256
 
     m = json.loads((dump / "manifest.json").read_text())
     m["sha256"]["R"] = file_sha256(dump / "R.npy")

@@ -13,7 +13,7 @@ from exactedit.evals.rates.phrase_rates import Reply, count_reply, phrase_rates
 from exactedit.evals.rates.report import plot_phrase_rates, render_phrase_rates
 from exactedit.solvers.phrases import PhraseMatcher, TokenBytes
 from exactedit.solvers.tail.model import TokenTable
-from tests.solvers.wfld import synth
+from tests.solvers.l47 import synth
 
 IDS = synth.Ids()
 CTX = IDS("<|im_start|>") + IDS.text("assistant\n")

@@ -10,7 +10,7 @@ import pytest
 
 from exactedit.dumps import read_dump
 from exactedit.evals.scoring.evaluate import _full_logits, rows_fast, same_head
-from exactedit.fixtures.demo import DEFAULT_FIXTURE
+from exactedit.runs.demo import DEFAULT_FIXTURE
 from exactedit.quant import gguf
 from exactedit.solvers.tail.logits import tail_mix
 from exactedit.solvers.tail.model import load_tail
@@ -85,7 +85,7 @@ def test_fast_rows_batch_documents_without_changing_a_row(tmp_path):
     """The fast path scores several documents per head pass (`fast_rows`); every row's numbers and its
     document are the ones a pass per few rows gives, on both sides (edited: an ffn_down edit, so the
     head is shared and the edited mix is the edited model's own)."""
-    from exactedit.evals.runs import workflow
+    from exactedit.runs.eval import workflow
     from exactedit.evals.scoring.evaluate import ScoreConfig, protocol_traces, score_traces
     from exactedit.evals.protocol.protocol import load_protocol
 

@@ -13,9 +13,9 @@ from exactedit.dumps.format import Manifest
 from exactedit.native.llamacpp.chat import model_chat
 from exactedit.native.llamacpp.documents import import_dump
 from exactedit.quant import gguf
-from exactedit.quant.chat_template import CHATML, ChatFormat, ChatTemplateError
-from exactedit.quant.gguf_write import MetaValue, _VT, synthetic_model
-from exactedit.solvers.wfld.config import WfldError
+from exactedit.quant.model.chat_template import CHATML, ChatFormat, ChatTemplateError
+from exactedit.quant.gguf.write import MetaValue, _VT, synthetic_model
+from exactedit.solvers.l47.config import WfldError
 
 VOCAB = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<start_of_turn>", "<end_of_turn>"] + \
     [f"t{i}" for i in range(27)]
@@ -92,7 +92,7 @@ def test_dump_import_records_the_framing_and_refuses_a_failing_template(tmp_path
 
 
 def test_solve_wfld_stops_on_a_failing_template_unless_the_turn_end_is_named(tmp_path):
-    from exactedit.evals.runs.wfld_run import _resolve_specials
+    from exactedit.runs.solve.wfld import _resolve_specials
     from exactedit.solvers.tail.model import load_tokens
 
     model = _model(tmp_path, REFUSED)

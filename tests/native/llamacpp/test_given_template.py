@@ -12,10 +12,10 @@ from exactedit.dumps import read_dump
 from exactedit.native.llamacpp.chat import model_chat
 from exactedit.native.llamacpp.documents import import_dump
 from exactedit.quant import gguf
-from exactedit.quant.chat_template import (ChatFormat, ChatTemplateError, GivenTemplate, TemplateBudget,
-                                           read_template)
-from exactedit.quant.gguf_write import MetaValue, _VT, synthetic_model
-from exactedit.quant.specials import model_specials
+from exactedit.quant.model.chat_template import (ChatFormat, ChatTemplateError, GivenTemplate, TemplateBudget,
+    read_template)
+from exactedit.quant.gguf.write import MetaValue, _VT, synthetic_model
+from exactedit.quant.model.specials import model_specials
 
 from tests.native.llamacpp.test_chat_framing import CHATML_TPL, FAILING, GEMMA_TPL, _raw
 
@@ -124,9 +124,9 @@ def test_the_manifest_reads_the_framing_wherever_a_command_recorded_it(meta, fra
 def test_the_bundled_gemma_template_renders_gemma_3s_turns(tmp_path):
     """native/runs/data/gemma/chat_template.jinja: one <bos>, Gemma 3's turns, the assistant named
     "model", a system message folded into the first user turn (as Gemma's own template does)."""
-    from exactedit.native.runs.antislop.config import DATA
+    from exactedit.runs.loop.inputs import BUNDLED
 
-    tpl = DATA / "gemma" / "chat_template.jinja"
+    tpl = BUNDLED / "gemma" / "chat_template.jinja"
     chat = model_chat(_model(tmp_path), template=tpl)
     assert chat.fmt == ChatFormat("<start_of_turn>", "<end_of_turn>", "\n", "model")
     assert chat.specials.turn_end == 5 and chat.framing == f"user:{tpl}"

@@ -55,7 +55,7 @@ def test_several_slots_are_deterministic_and_end_like_the_loop(engine, jobs):
     b = _run(engine, jobs, slots=4)
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x.tokens, y.tokens)
-    eog = {int(t) for t in range(engine.n_vocab) if engine._lib.llama_vocab_is_eog(engine._vocab, t)}
+    eog = {int(t) for t in range(engine.n_vocab) if engine.is_eog(t)}
     for (p, _), g in zip(jobs, a):
         np.testing.assert_array_equal(g.prompt, p)
         assert 1 <= g.tokens.size <= MAX_NEW

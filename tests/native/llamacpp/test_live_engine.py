@@ -76,9 +76,9 @@ def test_bad_tokens_are_refused(engine):
 
 def test_untie_copies_the_head_and_keeps_the_logits(gemma, engine, tmp_path):
     from exactedit.native.llamacpp.engine import LlamaEngine
-    from exactedit.quant.untie import TiedHeadError, untie
+    from exactedit.quant.model.untie import TiedHeadError, untie
     from exactedit.quant import gguf
-    from exactedit.quant.arch import detect_tail
+    from exactedit.quant.model.arch import detect_tail
 
     with gguf.open(gemma) as g:
         assert detect_tail(g).tied

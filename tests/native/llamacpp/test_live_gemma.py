@@ -57,7 +57,7 @@ def test_logits_match_engine_is_bitwise_on_the_tied_model(gemma, tokens, tmp_pat
 
 @pytest.fixture(scope="module")
 def untied(gemma, tmp_path_factory):
-    from exactedit.quant.untie import untie
+    from exactedit.quant.model.untie import untie
 
     return untie(gemma, tmp_path_factory.mktemp("u") / "gemma-untied.gguf").dst
 
@@ -110,7 +110,7 @@ def test_edit_verifies_live_bitwise(baseline, bundle):
 def test_head_edit_one_row_off_fails(untied, baseline, bundle, tmp_path):
     from exactedit.native.verify.live import check_edit
     from exactedit.quant import gguf
-    from exactedit.quant.transplant import transplant
+    from exactedit.quant.gguf.transplant import transplant
 
     head_edit, down_edit = bundle.edits
     with gguf.open(untied) as g:

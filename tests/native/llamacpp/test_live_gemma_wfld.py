@@ -69,8 +69,8 @@ def captured(gemma, tmp_path_factory):
     from exactedit.native.llamacpp.chat import ModelChat
     from exactedit.native.llamacpp.engine import LlamaEngine
     from exactedit.quant import gguf
-    from exactedit.quant.chat_template import ChatFormat
-    from exactedit.quant.specials import model_specials
+    from exactedit.quant.model.chat_template import ChatFormat
+    from exactedit.quant.model.specials import model_specials
     from exactedit.solvers.tail.model import load_tokens
 
     t0 = time.perf_counter()
@@ -89,8 +89,8 @@ def captured(gemma, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def solved(gemma, captured):
-    from exactedit.evals.runs.wfld_run import WfldInputs, solve_wfld
-    from exactedit.solvers.wfld.config import WfldConfig
+    from exactedit.runs.solve.wfld import WfldInputs, solve_wfld
+    from exactedit.solvers.l47.config import WfldConfig
 
     d, caps, _ = captured
     cfg = WfldConfig(specials=SPECIALS, turn_end="<end_of_turn>", gn_iters=3)

@@ -44,7 +44,8 @@ def _capture(model, tokens, where):
 
 
 def test_the_tail_is_the_documented_one(smollm):
-    from exactedit.quant import arch, gguf
+    from exactedit.quant.model import arch
+    from exactedit.quant import gguf
 
     with gguf.open(smollm) as g:
         tail = arch.detect_tail(g)
@@ -67,7 +68,7 @@ def test_logits_match_engine_is_bitwise_on_the_tied_model(smollm, tokens, tmp_pa
 
 @pytest.fixture(scope="module")
 def untied(smollm, tmp_path_factory):
-    from exactedit.quant.untie import untie
+    from exactedit.quant.model.untie import untie
 
     return untie(smollm, tmp_path_factory.mktemp("u") / "smollm-untied.gguf").dst
 
@@ -85,7 +86,7 @@ def bundle(untied, baseline, tmp_path_factory):
     """The head row of the last position's top token nudged and re-quantized to Q8_0, and eight
     ffn_down rows nudged and re-quantized to Q4_1 (the edited-rows-only round trip)."""
     from exactedit.quant import gguf
-    from exactedit.quant.roundtrip import requantize_rows
+    from exactedit.quant.rounding.roundtrip import requantize_rows
     from exactedit.solvers.bundle import InputRef, TensorEdit, write_bundle
 
     row = int(baseline.logits[-1].argmax())
@@ -123,7 +124,7 @@ def test_edit_verifies_live_bitwise(baseline, bundle):
 def test_ffn_down_edit_one_row_off_fails(untied, baseline, bundle, tmp_path):
     from exactedit.native.verify.live import check_edit
     from exactedit.quant import gguf
-    from exactedit.quant.transplant import transplant
+    from exactedit.quant.gguf.transplant import transplant
 
     head_edit, down_edit = bundle.edits
     with gguf.open(untied) as g:

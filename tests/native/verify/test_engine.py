@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from exactedit import quant
 from exactedit.cli import main
 from exactedit.dumps import DocInfo, write_dump
-from exactedit.quant.gguf_write import synthetic_model
+from exactedit.quant.gguf.write import synthetic_model
 from exactedit.solvers.bundle import InputRef, TensorEdit, write_bundle
 
 N, H, V, T = 256, 32, 40, 5

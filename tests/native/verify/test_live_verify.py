@@ -95,7 +95,7 @@ def test_edit_verifies_live(baseline, bundle):
 def _write_file(qwen, tmp_path, head_raw, down_raw):
     """A file with the head rows `head_raw` ({row: bytes}) and the whole ffn_down `down_raw`."""
     from exactedit.quant import gguf
-    from exactedit.quant.transplant import transplant
+    from exactedit.quant.gguf.transplant import transplant
 
     with gguf.open(qwen) as g:
         full = np.array(g.read_raw("output.weight"))
@@ -129,7 +129,7 @@ def test_misquantized_tensor_fails(qwen, baseline, bundle, tmp_path):
     """The edited head row with every super-block scale d one fp16 step off (a quantizer rounding
     d the wrong way): the check must see it. (Re-quantizing the rows from their own dequantized
     values is no test: Q6_K then often flips a sub-block's sign, bytes differ, values do not.)"""
-    from exactedit.quant import q6_k
+    from exactedit.quant.kquants import q6_k
     from exactedit.native.verify.live import check_edit
 
     head_edit, down_edit = bundle.edits

@@ -15,7 +15,7 @@ from exactedit.evals.protocol.ledger import Ledger, register_protocol
 from exactedit.evals.protocol.protocol import load_protocol
 from exactedit.evals.protocol.splits import build_splits, record_splits
 from exactedit.quant import gguf
-from exactedit.quant.gguf_write import synthetic_model
+from exactedit.quant.gguf.write import synthetic_model
 from exactedit.solvers.head.config import HeadSolveConfig, HeadSolveError
 from exactedit.solvers.head.ship import load_head_rows, ship
 
@@ -114,7 +114,7 @@ def tiny(tmp_path_factory):
 
 
 def _solve(root, proto, **kw):
-    from exactedit.evals.runs.head_run import solve_head
+    from exactedit.runs.solve.head import solve_head
 
     cfg = HeadSolveConfig(**{"rank": 1, "null_k": 8, "lr": 0.01, **kw})
     persona = [root / "persona"]
@@ -206,7 +206,7 @@ def test_test_is_read_once(tiny, solved):
 def test_bundle_applies_to_the_predicted_logits(tiny, solved, tmp_path):
     """The edited GGUF, recomputed over the whole vocabulary, gives the KL the solve predicted."""
     from exactedit.solvers.apply import apply_bundle
-    from exactedit.evals.runs.head_run import write_head_bundle
+    from exactedit.runs.solve.head import write_head_bundle
     from exactedit.solvers.tail.logits import open_pair, tail_mix
 
     b = write_head_bundle(solved, tmp_path / "bundle")
@@ -228,7 +228,7 @@ def test_bundle_applies_to_the_predicted_logits(tiny, solved, tmp_path):
 
 
 def test_no_qualifying_step_ships_no_edit(tiny, tmp_path):
-    from exactedit.evals.runs.head_run import write_head_bundle
+    from exactedit.runs.solve.head import write_head_bundle
 
     r = _solve(tiny, protocol_file(tiny, "strict", steps=10, min_ratio=50.0))
     assert r.chosen_step is None and r.rows_changed == 0 and not r.shipped_edit
@@ -250,7 +250,7 @@ def test_refusals(tiny, tmp_path):
     with pytest.raises(HeadSolveError, match="null-k"):
         _solve(tiny, protocol_file(tiny, "main"), null_k=N)
     with pytest.raises(HeadSolveError, match="not a trace"):
-        from exactedit.evals.runs.head_run import solve_head
+        from exactedit.runs.solve.head import solve_head
 
         solve_head(HeadSolveConfig(), model=tiny / "model.gguf", train=[tiny / "plain" / ".."], dev=[tiny / "persona"],
                    protocol=protocol_file(tiny, "main"), workspace=tiny / "ws")

@@ -21,7 +21,7 @@ from exactedit.evals.protocol.protocol import load_protocol
 from exactedit.evals.protocol.splits import build_splits, record_splits
 from tests.fixturegen.vocab import KAOMOJI
 from exactedit.solvers.head.config import HeadSolveConfig
-from exactedit.evals.runs.head_run import solve_head
+from exactedit.runs.solve.head import solve_head
 
 FIXTURE = Path(fixtures.__file__).parent / "default"
 

@@ -90,7 +90,7 @@ def test_device_solve_matches_the_host_solve(tmp_path_factory):
     tracker, against the host passes and numpy tracking. The passes differ by float32 rounding, so
     the float32 Adam trajectories agree closely but not bitwise."""
     from tests.solvers.head.test_solve import HeadSolveConfig, make_tiny, protocol_file
-    from exactedit.evals.runs.head_run import solve_head
+    from exactedit.runs.solve.head import solve_head
 
     root = make_tiny(tmp_path_factory.mktemp("tiny_device"))
     proto = protocol_file(root, "main", steps=20)

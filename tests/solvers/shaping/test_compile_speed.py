@@ -43,7 +43,7 @@ def _big_table(n: int) -> list[str]:
 @pytest.mark.slow
 def test_compile_1000_phrases_on_a_qwen_sized_vocabulary(tmp_path):
     from exactedit.quant import gguf
-    from exactedit.quant.gguf_write import _VT, MetaValue, synthetic_model
+    from exactedit.quant.gguf.write import _VT, MetaValue, synthetic_model
     from tests.shaping_world import CHATML_TPL
 
     texts = _big_table(QWEN_VOCAB)

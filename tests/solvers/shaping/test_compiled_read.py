@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from exactedit.quant import gguf
-from exactedit.quant.errors import ExacteditError
+from exactedit.errors import ExacteditError
 from exactedit.solvers.shaping import compiled as compiled_mod
 from exactedit.solvers.shaping.compiled import ShapingRulesError, read_compiled, write_compiled
 from exactedit.solvers.shaping.rules_file import check_compiled

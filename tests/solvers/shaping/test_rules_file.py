@@ -155,7 +155,7 @@ def test_a_model_without_a_chat_template_needs_one_in_the_rules(tmp_path):
 
 
 def test_a_template_reaching_outside_the_sandbox_is_refused_at_compile(tmp_path):
-    from exactedit.quant.chat_template import ChatTemplateError
+    from exactedit.quant.model.chat_template import ChatTemplateError
 
     model = write_model(tmp_path / "bare.gguf", template=None)
     (tmp_path / "r.toml").write_text(RULES + "\n[chat]\ntemplate = \"{{ ''.__class__.__mro__ }}\"\n")

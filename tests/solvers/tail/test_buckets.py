@@ -1,4 +1,4 @@
-"""Bucketed row chunks of the jitted tail functions (solvers/tail/buckets.py): the bucket table; the
+"""Bucketed row chunks of the jitted tail functions (solvers/tail/forward/buckets.py): the bucket table; the
 bucketed host wrappers against one unpadded call of the same jitted function; padding rows change
 no bit of the real rows; one compile per bucket.
 
@@ -15,10 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from exactedit.solvers.tail import buckets, head_fast, last_layer_fast as l47_fast
-from exactedit.solvers.tail.head_ref import Hc4Head, RmsnormHead
-from exactedit.solvers.tail.jax_cache import CompileCounter
-from exactedit.solvers.tail.last_layer_ref import Hc4L47, RmsnormL47
+from exactedit.solvers.tail.forward import buckets
+from exactedit.solvers.tail.forward import head_fast, last_layer_fast as l47_fast
+from exactedit.solvers.tail.forward.head_ref import Hc4Head, RmsnormHead
+from exactedit.solvers.tail.forward.jax_cache import CompileCounter
+from exactedit.solvers.tail.forward.last_layer_ref import Hc4L47, RmsnormL47
 
 ROWS = [0, 1, 7, 63, 64, 65, 200, 4096, 4097]
 

@@ -6,9 +6,9 @@ import os
 import subprocess
 import sys
 
-from exactedit.solvers.tail.device import DEFAULT_XLA_FLAGS, default_xla_flags
+from exactedit.solvers.tail.forward.device import DEFAULT_XLA_FLAGS, default_xla_flags
 
-PROBE = ("import os, jax; from exactedit.solvers.tail.device import select; select('cpu'); "
+PROBE = ("import os, jax; from exactedit.solvers.tail.forward.device import select; select('cpu'); "
          "print(os.environ.get('XLA_FLAGS', '<unset>'))")
 
 

@@ -1,4 +1,4 @@
-"""The device vocab pass (solvers/tail/device_pass.py) against the numpy pass and float64 references.
+"""The device vocab pass (solvers/tail/passes/device_pass.py) against the numpy pass and float64 references.
 
 One table of pass cases, each run through `vocab_pass_jax` (exact mode) and `stream.vocab_pass` on
 the same Q6_K / Q8_0 / BF16-runtime / float head. Tolerances, with u = 2^-24:
@@ -21,11 +21,12 @@ from hypothesis import example, given, settings, strategies as st
 
 from exactedit import quant
 from exactedit.bench.head import synthetic_q6k
-from exactedit.solvers.tail import device as devmod
-from exactedit.solvers.tail.head_ref import logits_ref
-from exactedit.solvers.tail.vocab_pass import ArrayRows, QuantRows, vocab_pass
-from exactedit.solvers.tail.device_pass import device_tile, fold_lse, padded_rows, to_device, topk_rows, vocab_pass_jax
-from exactedit.solvers.tail.kl_pass_jax import kl_pass_jax, measure_precision
+from exactedit.solvers.tail.forward import device as devmod
+from exactedit.solvers.tail.forward.head_ref import logits_ref
+from exactedit.solvers.tail.passes.vocab_pass import ArrayRows, QuantRows, vocab_pass
+from exactedit.solvers.tail.passes.device_pass import (device_tile, fold_lse, padded_rows, to_device, topk_rows,
+    vocab_pass_jax)
+from exactedit.solvers.tail.passes.kl_pass_jax import kl_pass_jax, measure_precision
 
 DEVICE = devmod.select(os.environ.get("EXACTEDIT_TEST_DEVICE", "cpu"))
 U = 2.0 ** -24
@@ -270,7 +271,7 @@ def test_bad_arguments():
         vocab_pass_jax(np.zeros((2, 8), np.float32), rows, token_sets=np.zeros((3, 2), int))
 
 
-# ---- solvers/tail/device.py ------------------------------------------------------------------------------
+# ---- solvers/tail/forward/device.py ------------------------------------------------------------------------------
 
 def test_device_config_validates():
     assert devmod.DeviceConfig() == devmod.DeviceConfig("auto", "exact")

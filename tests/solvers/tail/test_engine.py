@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from exactedit.quant.errors import QuantError
-from exactedit.solvers.tail import engine as en
+from exactedit.errors import QuantError
+from exactedit.solvers.tail import engine_math as en
 
 
 def test_kernel_choice_follows_micro_batches():

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from exactedit import quant
-from exactedit.quant import q8_0
-from exactedit.solvers.tail import engine as en
-from exactedit.quant import q8_0_dot as e8
+from exactedit.quant.formats import q8_0
+from exactedit.solvers.tail import engine_math as en
+from exactedit.quant.dots import q8_0_dot as e8
 from tests import oracles
 
 

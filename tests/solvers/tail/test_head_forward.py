@@ -14,10 +14,10 @@ from hypothesis import given, settings, strategies as st
 
 from tests.strategies import U32, gamma, spread_floats
 
-from exactedit.solvers.tail.head_ref import (HC_LO_DIVISOR, HC_MIX_SCALE, Hc4Head, RmsnormHead, hc4_mix_ref,
+from exactedit.solvers.tail.forward.head_ref import (HC_LO_DIVISOR, HC_MIX_SCALE, Hc4Head, RmsnormHead, hc4_mix_ref,
                                   logits_ref, rmsnorm_mix_ref)
-from exactedit.solvers.tail.head_fast import Sgemm, hc4_mix, rmsnorm_mix
-from exactedit.solvers.tail.vocab_pass import ArrayRows
+from exactedit.solvers.tail.forward.head_fast import Sgemm, hc4_mix, rmsnorm_mix
+from exactedit.solvers.tail.passes.vocab_pass import ArrayRows
 
 arrays = spread_floats
 
@@ -62,7 +62,7 @@ def logits_case(draw):
     softcap = draw(st.sampled_from([None, 30.0]))
     ref = logits_ref(mix, W, softcap)
     src = ArrayRows(W)
-    from exactedit.solvers.tail.head_ref import apply_softcap
+    from exactedit.solvers.tail.forward.head_ref import apply_softcap
     fast = apply_softcap(Sgemm().tile(Sgemm().prepare(mix), src, 0, V), softcap)
     bound = gamma(n) * (np.abs(mix.astype(np.float64)) @ np.abs(W.astype(np.float64)).T)
     return ref, fast, bound + 4 * U32 * np.abs(ref)  # tanh: |d/dx c tanh(x/c)| <= 1, plus rounding

@@ -1,4 +1,4 @@
-"""JAX's persistent compilation cache (solvers/tail/jax_cache.py): where it goes, on by default,
+"""JAX's persistent compilation cache (solvers/tail/forward/jax_cache.py): where it goes, on by default,
 EXACTEDIT_JAX_CACHE=PATH / off, set up by the device selection, a new process loads what an
 earlier one compiled; and the compile counter."""
 from __future__ import annotations
@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from exactedit.solvers.tail import device as devmod, jax_cache
+from exactedit.solvers.tail.forward import device as devmod
+from exactedit.solvers.tail.forward import jax_cache
 
 
 @pytest.mark.parametrize("env,want", [
@@ -66,9 +67,9 @@ def test_a_new_process_loads_the_compiled_programs(tmp_path):
     """Run the same bucketed mix in two processes: the second compiles nothing fresh."""
     script = textwrap.dedent("""
         import json, numpy as np
-        from exactedit.solvers.tail import device as devmod, head_fast
-        from exactedit.solvers.tail.head_ref import Hc4Head
-        from exactedit.solvers.tail.jax_cache import CompileCounter
+        from exactedit.solvers.tail.forward import device as devmod, head_fast
+        from exactedit.solvers.tail.forward.head_ref import Hc4Head
+        from exactedit.solvers.tail.forward.jax_cache import CompileCounter
         devmod.select("cpu")
         rng = np.random.default_rng(0)
         head = Hc4Head(np.ones((4, 32), np.float32), rng.standard_normal((4, 128)).astype(np.float32),
@@ -108,7 +109,7 @@ def test_the_cli_option_sets_the_cache_before_any_command(monkeypatch, tmp_path)
     monkeypatch.setenv("EXACTEDIT_JAX_CACHE", "")     # restored at teardown, whatever the CLI writes
     r = CliRunner().invoke(main, ["--jax-cache", "off", "inspect", "--help"])
     assert r.exit_code == 0 and os.environ["EXACTEDIT_JAX_CACHE"] == "off"
-    from exactedit.solvers.tail.jax_cache import cache_dir
+    from exactedit.solvers.tail.forward.jax_cache import cache_dir
 
     assert cache_dir() is None
     CliRunner().invoke(main, ["--jax-cache", str(tmp_path / "c"), "inspect", "--help"])

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 from exactedit.bench.head import synthetic_q6k
-from exactedit.solvers.tail import device as devmod
-from exactedit.solvers.tail.head_ref import apply_softcap, logits_ref
-from exactedit.solvers.tail.kl_pass import kl_rows
-from exactedit.solvers.tail.kl_pass_jax import kl_pass_jax
-from exactedit.solvers.tail.kl_pass_numba import kl_rows_numba
-from exactedit.solvers.tail.device_pass import to_device
-from exactedit.solvers.tail.vocab_pass import ArrayRows, QuantRows
+from exactedit.solvers.tail.forward import device as devmod
+from exactedit.solvers.tail.forward.head_ref import apply_softcap, logits_ref
+from exactedit.solvers.tail.passes.kl_pass import kl_rows
+from exactedit.solvers.tail.passes.kl_pass_jax import kl_pass_jax
+from exactedit.solvers.tail.passes.kl_pass_numba import kl_rows_numba
+from exactedit.solvers.tail.passes.device_pass import to_device
+from exactedit.solvers.tail.passes.vocab_pass import ArrayRows, QuantRows
 
 DEVICE = devmod.select(os.environ.get("EXACTEDIT_TEST_DEVICE", "cpu"))
 U = 2.0 ** -24

@@ -13,8 +13,8 @@ from hypothesis import given, settings, strategies as st
 
 from tests.strategies import U32, gamma, spread_floats
 
-from exactedit.solvers.tail.last_layer_ref import Hc4L47, RmsnormL47, hc4_l47_ref, rmsnorm_l47_ref, stream_gates
-from exactedit.solvers.tail.last_layer_fast import hc4_l47, rmsnorm_l47
+from exactedit.solvers.tail.forward.last_layer_ref import Hc4L47, RmsnormL47, hc4_l47_ref, rmsnorm_l47_ref, stream_gates
+from exactedit.solvers.tail.forward.last_layer_fast import hc4_l47, rmsnorm_l47
 
 def arrays(draw, shape, scale=None):
     """float32 values spread over several decades, with exact zeros mixed in."""

@@ -10,10 +10,10 @@ import pytest
 from exactedit import quant
 from exactedit.dumps import DocInfo, write_dump
 from exactedit.quant import gguf
-from exactedit.quant.errors import ExacteditError, GGUFFormatError
-from exactedit.quant.gguf_write import MetaValue, TensorData, synthetic_model, write_gguf
-from exactedit.solvers.tail.head_ref import Hc4Head, RmsnormHead, hc4_mix_ref, logits_ref, rmsnorm_mix_ref
-from exactedit.solvers.tail.last_layer_ref import Hc4L47, RmsnormL47, hc4_l47_ref, rmsnorm_l47_ref
+from exactedit.errors import ExacteditError, GGUFFormatError
+from exactedit.quant.gguf.write import MetaValue, TensorData, synthetic_model, write_gguf
+from exactedit.solvers.tail.forward.head_ref import Hc4Head, RmsnormHead, hc4_mix_ref, logits_ref, rmsnorm_mix_ref
+from exactedit.solvers.tail.forward.last_layer_ref import Hc4L47, RmsnormL47, hc4_l47_ref, rmsnorm_l47_ref
 from exactedit.solvers.tail.logits import parse_rows, write_logits
 from exactedit.solvers.tail.model import TokenTable, load_tail
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import example, given, settings, strategies as st
 
-from exactedit.solvers.tail.head_ref import logits_ref
+from exactedit.solvers.tail.forward.head_ref import logits_ref
 from exactedit.solvers.tail.partition import edited_logits, logsumexp_rows, lse_edited, lse_rest
-from exactedit.solvers.tail.vocab_pass import ArrayRows, vocab_pass
+from exactedit.solvers.tail.passes.vocab_pass import ArrayRows, vocab_pass
 
 
 def full_lse(logits):

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
-from exactedit.solvers.tail.head_ref import logits_ref
-from exactedit.solvers.tail.vocab_pass import ArrayRows, lse_finish, lse_init, lse_update, vocab_pass
+from exactedit.solvers.tail.forward.head_ref import logits_ref
+from exactedit.solvers.tail.passes.vocab_pass import ArrayRows, lse_finish, lse_init, lse_update, vocab_pass
 
 U32 = 2.0 ** -24
 

@@ -1,0 +1,131 @@
+"""What `exactedit antislop` works on: the model, the user's files (or a bundled model's, for
+`exactedit demo --model NAME`) and the settings, with their defaults per bundled model
+(runs/bundled/NAME/antislop/defaults.toml, chosen on dev data)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from exactedit.errors import ExacteditError
+from exactedit.runs.loop.inputs import bundled_dir, bundled_file, bundled_template, lines, read_settings, text_files
+
+LOOP = "antislop"       # the bundled inputs' folder: runs/bundled/NAME/antislop/
+
+__all__ = ["AntislopConfig", "AntislopError", "LOOP", "model_defaults"]
+
+
+class AntislopError(ExacteditError):
+    """The run cannot go on: an output directory that is not a run's, a file not given, a bad setting."""
+
+
+@dataclass(frozen=True)
+class AntislopConfig:
+    """What a run works on and how. `model` is a GGUF path or a public model name (`exactedit demo
+    --model NAME`); the files default to the bundled ones of a name with data (runs/bundled/NAME/antislop/),
+    and must be given otherwise."""
+
+    model: str = "qwen"
+    prompts: str | None = None          # one prompt per line: the solve's data
+    rate_prompts: str | None = None     # one prompt per line: held-out, for the phrase rates only
+    phrases: str | None = None          # one banned phrase per line, or discover's JSON
+    top: int | None = None              # the first `top` phrases of `phrases` (discover's JSON: its usable ones)
+    watch: str | None = None            # phrases measured in generation too, not solved for (optional)
+    same_sense: str | None = None       # PHRASE=WORD[,WORD] per line: paraphrases held, never raised (optional)
+    texts: tuple[str, ...] | None = None  # plain texts (legitimate uses, plain anchors)
+    samples: int = 2                    # replies per data prompt
+    rate_samples: int = 2               # replies per rate prompt
+    max_new: int = 160
+    seed: int = 0
+    verify_tokens: int = 192            # tokens of the held-out reply verify live runs
+    n_boot: int = 1000
+    ridge: float = 0.01                 # solve wfld's background ridge (docs/real-model.md: the dev rule)
+    background: str = "anchors+train"   # solve wfld's background rows (docs/real-model.md: measured on dev)
+    corpus_tokens: int = 12_000         # prefill budget of the teacher-forced corpus (dataset corpus); 0: none
+    corpus_context: int = 32            # tokens of context before each use in a corpus window
+    key: str = "dense"                  # solve wfld --key (docs/real-model.md: chosen on dev)
+    word_holds: int = 2000              # solve wfld --word-holds (every plausible row of the solve side)
+    strength_grid: tuple[float, ...] = (1.0, 0.8, 0.6, 0.45, 0.3, 0.2)   # solve wfld --strength-grid (per phrase, on dev)
+    chat_template: str | None = None    # a Jinja2 chat template file (default: the bundled chat_template.jinja, if any)
+    rules_bias: float = 6.0             # the shipped rules' prefix penalty (shape compile --bias), nats
+
+    @classmethod
+    def for_model(cls, model: str = "qwen", **given) -> "AntislopConfig":
+        """The config for `model`: the fields `given` (None: not given), else the model's bundled
+        defaults.toml, else the class defaults."""
+        return cls(model=model, **{**model_defaults(model), **{k: v for k, v in given.items() if v is not None}})
+
+    def __post_init__(self):
+        if min(self.samples, self.rate_samples, self.max_new, self.verify_tokens) < 1:
+            raise AntislopError("samples, rate_samples, max_new and verify_tokens must be >= 1")
+        if self.corpus_tokens < 0 or self.word_holds < 0:
+            raise AntislopError("corpus_tokens and word_holds must be >= 0")
+        if not self.rules_bias > 0:
+            raise AntislopError(f"rules_bias must be > 0, got {self.rules_bias!r}")
+
+    @property
+    def bundled(self) -> Path | None:
+        """runs/bundled/NAME/antislop/ when `model` names a model with bundled inputs, else None."""
+        return bundled_dir(self.model, LOOP)
+
+    def wfld_config(self):
+        """solve wfld's settings of the run."""
+        from exactedit.solvers.l47.config import WfldConfig
+
+        try:
+            return WfldConfig(ridge=self.ridge, background=self.background, same_sense=self.same_sense_words(),
+                              key=self.key, word_holds=self.word_holds, strength_grid=tuple(self.strength_grid))
+        except ValueError as exc:
+            raise AntislopError(str(exc)) from None
+
+    def file(self, name: str) -> Path:
+        return bundled_file(getattr(self, name), self.bundled, name, f"{name}.txt", self.model, AntislopError)
+
+    def phrase_list(self) -> tuple[str, ...]:
+        """The phrases solved for: the phrases file's lines, or discover's JSON's usable entries
+        (each at its measured ban point), the first `top` of them."""
+        from exactedit.solvers.phrases import PhraseError, load_phrases
+
+        try:
+            return load_phrases(self.file("phrases"), self.top)
+        except PhraseError as exc:
+            raise AntislopError(str(exc)) from None
+
+    def watched(self) -> tuple[str, ...]:
+        """The extra phrases of the rate measurement: --watch, else the bundled watch.txt, else none."""
+        if self.watch is None and not (self.bundled and (self.bundled / "watch.txt").is_file()):
+            return ()
+        return lines(self.file("watch"))
+
+    def same_sense_words(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """solve wfld's same-sense words: --same-sense, else the bundled same_sense.txt, else none."""
+        if self.same_sense is None and not (self.bundled and (self.bundled / "same_sense.txt").is_file()):
+            return ()
+        from exactedit.solvers.l47.config import parse_same_sense
+
+        path = self.file("same_sense")
+        try:
+            return tuple(parse_same_sense(line) for line in lines(path))
+        except ValueError as exc:
+            raise AntislopError(f"{path}: {exc}") from None
+
+    def template(self):
+        """The chat template the demo renders with (quant.model.chat_template.GivenTemplate): --chat-template,
+        else the bundled chat_template.jinja; None: the GGUF's own."""
+        return bundled_template(self.chat_template, self.bundled)
+
+    def text_files(self) -> tuple[Path, ...]:
+        return text_files(self.texts, self.bundled)
+
+
+DEFAULTS_FILE = "defaults.toml"
+_TUPLES = {"strength_grid": float, "texts": str}
+
+
+def model_defaults(model: str) -> dict:
+    """The bundled per-model settings (runs/bundled/NAME/antislop/defaults.toml: AntislopConfig field =
+    value), {} when the model has none. An unknown field or a wrong type names the file and field."""
+    folder = bundled_dir(model, LOOP, DEFAULTS_FILE)
+    if folder is None:
+        return {}
+    path = folder / DEFAULTS_FILE
+    return read_settings(path, AntislopConfig, AntislopError, exclude=("model",), tuples=_TUPLES)

@@ -1,0 +1,252 @@
+"""`exactedit antislop`: the whole anti-slop loop on a GGUF, on llama.cpp, in resumable stages.
+
+From the user's model (a path, or a public name), prompts, phrase list (a file, or discover's
+JSON) and held-out rate prompts, into DIR:
+0. preflight (runs/loop/preflight.py): what the run cannot do is refused before any generation
+   (the tail's architecture, the edited tensor's type, the chat template, a phrase whose final
+   word is several tokens);
+1. `data`: the model's own replies (`dataset build`): train / held-out / collateral / anchor dumps,
+   split by prompt -> DIR/data/;
+2. `corpus`: teacher-forced windows of plain text around the banned words' uses (`dataset
+   corpus`) -> DIR/corpus/ (skipped with corpus_tokens 0);
+3. `solve`: a protocol for those dumps (held-out as dev; the bars; the model's own specials and turn
+   end; the phrase tuples the data build found), registered and split in DIR/ws; `solve wfld` ->
+   DIR/wfld/ (bars (a)-(g), strength per phrase chosen on dev); `eval score` on dev -> DIR/dev/;
+4. `apply` -> DIR/edited.gguf, every other byte of the base kept;
+5. `verify`: llama.cpp on base and edited files against the engine-faithful prediction on a
+   held-out reply (bitwise where it passes) -> DIR/verify.json;
+6. `rules`: the sampler rules for the same phrases compiled for the model (`shape compile
+   --phrases`, a prefix penalty) -> DIR/rules.json, shipped beside edited.gguf;
+7. `rates`: four arms (base, rules, weights, both) answer the held-out rate prompts with the same
+   seeds and sampler chain (`shape rates`); phrase rates per arm against base with bootstrap
+   intervals over prompts -> DIR/rates.json, DIR/replies.json;
+8. `cost`: what the edit costs on ordinary text: KL and perplexity of edited vs base on the
+   held-out replies and on the replies and plain text the solve never saw (exact tail, offline, from
+   the dumps), lexical diversity (MATTR) of each arm's replies, the tokens whose rate moved ->
+   DIR/cost.json;
+then DIR/report.md, DIR/report.json and PNGs, with `new_slop` (discover on the weights arm's replies
+against base's). Each stage is keyed by the sha256 of its inputs (runs/loop/stages.py):
+rerunning with the same DIR continues where a run stopped and redoes a stage whose inputs changed.
+`exactedit demo --model NAME` is this run with the model's bundled inputs (native/runs/data/NAME/).
+Each step is the library call behind its CLI command; nothing here prints.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from exactedit.runs.antislop.config import AntislopConfig, AntislopError
+from exactedit.runs.loop.inputs import lines as _lines
+from exactedit.runs.loop.stages import RunResult, StagedRun
+from exactedit.files import atomic_write_text
+
+Progress = Callable[[str, int, int], None]
+STAGES = ("data", "corpus", "solve", "apply", "verify", "rules", "rates", "cost")
+STATE = "antislop.json"      # the run's state file in DIR (runs/loop/stages.py)
+RATE_SEED = 10_000        # the rate prompts' seeds start here: never a data reply's seed
+
+__all__ = ["AntislopResult", "run_antislop", "write_run_protocol"]
+
+
+class AntislopResult(RunResult):
+    """An antislop run's result (runs/loop/stages.py RunResult)."""
+
+    @property
+    def verified(self) -> bool:
+        return bool(self.records["verify"]["passed"])
+
+
+def write_run_protocol(path: Path, data: Path, name: str, specials: Sequence[int], turn_end: int,
+                   tuples: Sequence[Sequence[int]], corpus: dict | None = None) -> Path:
+    """The run's protocol (written by evals.protocol.protocol.write_protocol): the dataset's four
+    dumps with fixed roles (held-out is dev), the corpus's dev and collateral parts (`corpus`: part
+    -> dump path) as dev and collateral traces, the model's specials and turn end, the matched
+    phrase tuples as ids (what `solve wfld` and `eval score` both read), the default split and bars.
+    The corpus's solve part is no trace: the solve holds it, nothing scores it."""
+    from exactedit.evals.protocol.protocol import SplitRule, TokenSets, Trace, write_protocol as write
+
+    traces = [Trace(trace, (data / trace).resolve(), role, domain) for trace, role, domain in
+              (("train", "train", ""), ("heldout", "dev", ""), ("collateral", "collateral", ""),
+               ("anchors", "anchors", "anchors"))]
+    traces += [Trace(f"corpus-{part}", Path(dump).resolve(), {"dev": "dev", "collateral": "collateral"}[part], "")
+               for part, dump in (corpus or {}).items()]
+    tokens = TokenSets(specials=tuple(int(s) for s in specials), turn_end=int(turn_end),
+                       phrases=tuple(tuple(int(t) for t in tup) for tup in tuples))
+    write(path, name, traces, split=SplitRule(), tokens=tokens,
+          description="exactedit antislop: the model's own replies, split by prompt by dataset build.")
+    return Path(path)
+
+
+class _Run(StagedRun):
+    """One run's inputs, resolved once (files read, hashed), and its stages."""
+
+    def __init__(self, cfg: AntislopConfig, out: Path, progress: Progress | None, command: str):
+        super().__init__(out, cfg.model, cfg.template(), cfg.text_files(), progress)
+        self.cfg = cfg
+        self.phrases = cfg.phrase_list()
+        self.measured = tuple(dict.fromkeys(self.phrases + cfg.watched()))
+        self.prompts = _lines(cfg.file("prompts"))
+        self.rate_prompts = _lines(cfg.file("rate_prompts"))
+        overlap = set(self.prompts) & set(self.rate_prompts)
+        if overlap:
+            raise AntislopError(f"{cfg.file('rate_prompts')}: {len(overlap)} prompts are also data prompts (e.g. "
+                                f"{sorted(overlap)[0][:60]!r}): the rates must come from prompts the solve never saw")
+        if not self.rate_prompts:
+            raise AntislopError(f"{cfg.file('rate_prompts')}: no prompts")
+        self.start(len(STAGES), command, STATE)     # refuses a directory not a run's first
+
+
+def run_antislop(cfg: AntislopConfig, out, *, progress: Progress | None = None, command: str = "") -> AntislopResult:
+    """Run (or continue) the loop in `out`; see the module doc."""
+    from exactedit.runs.antislop.report import write_reports
+    from exactedit.runs.loop.preflight import preflight
+
+    out = Path(out)
+    r = _Run(cfg, out, progress, command or f"exactedit antislop --model {cfg.model} --out {out}")
+    pre = preflight(r.model, r.phrases, chat_template=r.tpl_path, phrases_from=str(cfg.file("phrases")))
+    atomic_write_text(out / "phrases.txt", f"# from {cfg.file('phrases')}" + (f", top {cfg.top}" if cfg.top else "")
+                      + "\n" + "".join(p + "\n" for p in r.phrases))
+    rec = {"preflight": pre.to_dict()}
+    rec["data"] = _data(r)
+    rec["corpus"] = _corpus(r)
+    rec["solve"] = _solve(r, rec)
+    rec["apply"] = r.apply_stage(rec["solve"]["bundle"])
+    rec["verify"] = r.verify_stage(rec["solve"]["bundle"], rec["apply"], r.out / "data" / "heldout", cfg.verify_tokens)
+    rec["rules"] = _rules(r)
+    rec["rates"] = _rates(r, rec)
+    rec["cost"] = _cost(r, rec)
+    seconds = r.stages.seconds()
+    seconds = {k: seconds[k] for k in STAGES if k in seconds}
+    files, report, text = write_reports(r.out, str(r.model), rec, seconds, ran=r.stages.ran,
+                                        resumed=r.stages.resumed, progress=r.tick("report"))
+    return AntislopResult(out, str(r.model), rec, report, text, files, tuple(r.stages.ran), tuple(r.stages.resumed))
+
+
+def _data(r: _Run) -> dict:
+    from exactedit.runs.data.dataset import DatasetConfig, build_dataset
+
+    c = r.cfg
+
+    def build():
+        ds = build_dataset(r.model, r.prompts, r.phrases, r.out / "data", texts=r.texts,
+                           config=DatasetConfig(samples=c.samples, max_new=c.max_new, seed=c.seed,
+                                                chat_template=r.tpl_path), progress=r.tick("dataset"))
+        return {**ds.to_dict(), "tuples": [list(t) for t in ds.tuples("train", "heldout")]}
+
+    return r.run("data", {"prompts": list(r.prompts), "phrases": list(r.phrases), "texts": r.sha["texts"],
+                          "samples": c.samples, "max_new": c.max_new, "seed": c.seed}, ["data"], build)
+
+
+def _corpus(r: _Run) -> dict | None:
+    c = r.cfg
+    if not c.corpus_tokens:
+        r.stages.skip("corpus")
+        return None
+    from exactedit.runs.data.corpus import CorpusConfig, build_corpus
+
+    def build():
+        corpus = build_corpus(r.model, r.phrases, r.out / "corpus", config=CorpusConfig(
+            max_tokens=c.corpus_tokens, context=c.corpus_context, after=4, seed=c.seed, chat_template=r.tpl_path),
+            progress=r.tick("corpus"))
+        return corpus.to_dict()
+
+    return r.run("corpus", {"phrases": list(r.phrases), "max_tokens": c.corpus_tokens, "context": c.corpus_context,
+                            "seed": c.seed}, ["corpus"], build)
+
+
+def _parts(rec: dict) -> dict[str, str]:
+    """The corpus's dumps by part name (solve, dev, collateral); {} without a corpus."""
+    return {p["name"]: p["dump"] for p in (rec["corpus"] or {}).get("parts", ()) if p.get("dump")}
+
+
+def _solve(r: _Run, rec: dict) -> dict:
+    import dataclasses
+
+    from exactedit.runs.eval import workflow
+    from exactedit.runs.solve.wfld import WfldInputs, solve_wfld
+    from exactedit.evals.scoring.evaluate import ScoreConfig
+    from exactedit.quant import gguf
+    from exactedit.quant.model.specials import model_specials
+
+    out, c = r.out, r.cfg
+    tuples = rec["data"]["tuples"]
+    if not tuples:
+        raise AntislopError(f"none of the phrases of {out / 'phrases.txt'} occurs in the model's replies to the "
+                            "data prompts: nothing to edit (pick phrases by measurement: `exactedit discover`, "
+                            "`exactedit mine`)")
+    parts = _parts(rec)
+    wcfg = c.wfld_config()
+
+    def solve():
+        with gguf.open(r.model) as g:
+            ms = model_specials(g, r.template)
+        protocol = write_run_protocol(out / "protocol.toml", out / "data", f"antislop-{Path(str(r.model)).stem}",
+                                  ms.guards, ms.turn_end, tuples,
+                                  corpus={k: v for k, v in parts.items() if k in ("dev", "collateral")})
+        ws = out / "ws"
+        cmd = r.stages.state["command"]
+        workflow.register(protocol, ws, cmd)
+        workflow.split(protocol, ws, cmd)
+        inputs = WfldInputs(model=str(r.model), phrases=str(out / "phrases.txt"), train=(str(out / "data" / "train"),),
+                            heldout=(str(out / "data" / "heldout"),) + tuple(p for k, p in parts.items() if k == "dev"),
+                            collateral=(str(out / "data" / "collateral"),)
+                            + tuple(p for k, p in parts.items() if k == "collateral"),
+                            anchors=(str(out / "data" / "anchors"),),
+                            null=tuple(p for k, p in parts.items() if k == "solve"), protocol=str(protocol))
+        t0 = time.perf_counter()
+        wf = solve_wfld(wcfg, inputs, out / "wfld", workspace=ws, command=cmd, progress=r.tick("solve wfld"))
+        solve_s = time.perf_counter() - t0
+        dev = workflow.score(protocol, ws, r.model, out / "dev", cmd, bundle=wf.bundle,
+                             config=ScoreConfig(heldout_role="dev", bars="anti-slop"), progress=r.tick("eval score"))
+        return {"protocol": str(protocol), "bundle": str(wf.bundle), "verdict": wf.verdict, "report": wf.report,
+                "solve_seconds": round(solve_s, 2), "dev_verdict": dev.report.verdict,
+                "dev_report": str(dev.files.paths["json"])}
+
+    return r.run("solve", {"data": r.stages.outputs("data"), "corpus": r.stages.outputs("corpus") if parts else None,
+                           "phrases": list(r.phrases), "wfld": dataclasses.asdict(wcfg)},
+                 ["protocol.toml", "ws", "wfld", "dev"], solve)
+
+
+def _rules(r: _Run) -> dict:
+    from exactedit.native.shaping.compile import compile_file
+
+    def compile_rules():
+        return compile_file(None, r.model, r.out / "rules.json", phrases=r.phrases, bias=r.cfg.rules_bias,
+                            chat_template=r.tpl_path).to_dict()
+
+    return r.run("rules", {"phrases": list(r.phrases), "bias": r.cfg.rules_bias}, ["rules.json"], compile_rules)
+
+
+def _rates(r: _Run, rec: dict) -> dict:
+    from exactedit.runs.antislop.arms import rate_arms
+
+    c = r.cfg
+    seeds = [c.seed + RATE_SEED + s for s in range(c.rate_samples)]
+
+    def rates():
+        return rate_arms(r.model, r.out / "rules.json", r.out / "edited.gguf", r.rate_prompts, r.measured, seeds,
+                         max_new=c.max_new, n_boot=c.n_boot, out=r.out, progress=r.tick("rates (4 arms)"))
+
+    return r.run("rates", {"edited": rec["apply"]["sha256"], "rules": r.stages.outputs("rules"),
+                           "prompts": list(r.rate_prompts), "phrases": list(r.measured), "seeds": seeds,
+                           "max_new": c.max_new, "n_boot": c.n_boot},
+                 ["rates.json", "replies.json", "phrase-rates.png", "arms.png"], rates)
+
+
+def _cost(r: _Run, rec: dict) -> dict:
+    from exactedit.runs.loop.cost import edit_cost
+
+    held = {"held-out replies (chat, dev)": r.out / "data" / "heldout",
+            "collateral replies and plain text (never solved on)": r.out / "data" / "collateral"}
+    coll = _parts(rec).get("collateral")
+    if coll:
+        held["corpus collateral windows (plain text, never solved on)"] = Path(coll)
+
+    def cost():
+        return edit_cost(r.model, rec["apply"]["edited"], held, r.out / "replies.json", r.out / "cost.json",
+                         progress=r.tick("cost"))
+
+    return r.run("cost", {"edited": rec["apply"]["sha256"], "data": r.stages.outputs("data"),
+                          "corpus": r.stages.outputs("corpus") if coll else None,
+                          "rates": r.stages.outputs("rates")}, ["cost.json"], cost)

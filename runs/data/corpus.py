@@ -1,0 +1,403 @@
+"""`exactedit dataset corpus`: teacher-forced windows of an offline corpus around each use of the
+banned phrases' final tokens, without sampling (prefill is cheap where generation is not).
+
+1. The corpus: the docstrings of the Python standard library (module, class and function
+   docstrings, one source document per file, `stdlib:json/decoder.py`; prose in a programming
+   register) and optional plain text files (one source document each, by file name); read offline,
+   in sorted order, bounded in size.
+2. The words: token ids, by default the phrases' final tokens as `solve wfld`'s mining finds them
+   (`phrase_words`: the fewest-token form after a space). Each document is tokenized by the
+   model; a row whose next token is a word is a *use*, unless the shared phrase matcher
+   (solvers/phrases.py) finds a phrase's prefix ending there (a slop context, no use).
+3. The split, by source document (never by window): a seeded order of their hashes, cut by the
+   shares into `solve` (the rows the solve may hold), `dev` (choosing the edit's strength) and
+   `collateral` (held out for bar (d)).
+4. The budget: each part gets its share of `max_tokens` prefill tokens, spent round-robin over the
+   words (each word's uses in a seeded hash order), so a rare word is not starved. A use becomes a
+   window of `context` tokens ending at its row, the word itself and `after` tokens past it;
+   overlapping windows of a document merge (up to `max_window` tokens).
+5. Each window is one CaptureDoc (`plain`, tagged `corpus`, source the document's identity, one
+   character per source document) and each part one rmsnorm dump, captured without keeping the
+   engine's logits; `corpus.json` records per part the dump, windows, rows, uses per word (counted
+   inside the windows, as mining the dump will count them) and the source documents.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import sysconfig
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from exactedit.native.llamacpp.capture import CaptureDoc, capture_dump
+from exactedit.native.llamacpp.chat import model_chat, short_hash
+from exactedit.native.llamacpp.documents import labelled
+from exactedit.native.llamacpp.engine import EngineError, EngineSettings, LlamaEngine
+from exactedit.files import atomic_write_text
+from exactedit.solvers.phrases import PhraseMatcher, TokenBytes, parse_phrases
+from exactedit.solvers.l47.mining import mine
+
+Progress = Callable[[int, int], None]
+PARTS = ("solve", "dev", "collateral")
+SKIP_DIRS = frozenset({"test", "tests", "idlelib", "lib2to3", "site-packages", "__pycache__"})
+MAX_FILE_BYTES = 1_000_000      # a stdlib source file larger than this is skipped
+MAX_DOC_CHARS = 20_000          # one docstring is cut here
+MAX_TEXT_BYTES = 16_000_000     # a caller's text file larger than this is refused
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    max_tokens: int = 12_000
+    context: int = 48
+    after: int = 8
+    max_window: int = 512
+    seed: int = 0
+    solve: float = 0.5
+    dev: float = 0.25
+    collateral: float = 0.25
+    stdlib: bool = True
+    capitalized: bool = True
+    chat_fallback: str | None = None      # the framing when the model's template is refused (native.llamacpp.chat)
+    chat_template: str | None = None      # a Jinja2 chat template file, used instead of the model's (native.llamacpp.chat)
+
+    def __post_init__(self):
+        for key, low in (("context", 1), ("after", 0), ("max_tokens", 1)):
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise EngineError("CorpusConfig", key, f"expected an integer >= {low}, got {v!r}")
+        if self.max_window < self.context + self.after + 1:
+            raise EngineError("CorpusConfig", "max_window", f"expected >= context + after + 1 = "
+                              f"{self.context + self.after + 1}, got {self.max_window}")
+        shares = self.shares()
+        if any(not 0 < s <= 1 for s in shares.values()) or abs(sum(shares.values()) - 1) > 1e-9:
+            raise EngineError("CorpusConfig", "shares", f"solve, dev and collateral shares must be in (0, 1] "
+                              f"and sum to 1, got {shares}")
+
+    def shares(self) -> dict[str, float]:
+        return {"solve": self.solve, "dev": self.dev, "collateral": self.collateral}
+
+
+@dataclass(frozen=True)
+class Source:
+    """One source document of the corpus: its identity (the unit of the split) and its text."""
+
+    name: str
+    text: str
+
+
+# ---- the corpus -----------------------------------------------------------------------------------
+
+def _clean(doc: str) -> str:
+    """Light whitespace normalization: lines right-stripped, runs of blank lines as one, cut."""
+    lines, blank = [], False
+    for line in doc[:MAX_DOC_CHARS].splitlines():
+        line = line.rstrip()
+        if line or not blank:
+            lines.append(line)
+        blank = not line
+    return "\n".join(lines).strip()
+
+
+def docstrings(source: bytes) -> list[str] | None:
+    """The module, class and function docstrings of Python source in walk order (None: it does not parse)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    docs = (ast.get_docstring(n) for n in ast.walk(tree) if isinstance(n, kinds))
+    return [c for c in (_clean(d) for d in docs if d) if c]
+
+
+def stdlib_sources(root=None, *, max_file_bytes: int = MAX_FILE_BYTES) -> list[Source]:
+    """The standard library's docstrings, one Source per `*.py` file that has any ("stdlib:" + its
+    path below `root`, default sysconfig's stdlib), in sorted path order; directories in SKIP_DIRS,
+    files over `max_file_bytes` and files that do not parse are skipped."""
+    root = Path(root if root is not None else sysconfig.get_paths()["stdlib"])
+    files = []
+    for here, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS]
+        files += [Path(here) / n for n in names if n.endswith(".py")]
+    out = []
+    for p in sorted(files, key=lambda p: p.relative_to(root).as_posix()):
+        try:
+            if not p.is_file() or p.stat().st_size > max_file_bytes:
+                continue
+            data = p.read_bytes()
+        except OSError:
+            continue
+        docs = docstrings(data)
+        if docs:
+            out.append(Source(f"stdlib:{p.relative_to(root).as_posix()}", "\n\n".join(docs)))
+    return out
+
+
+def text_sources(paths: Sequence) -> list[Source]:
+    """One Source per text file, named by its file name (UTF-8, at most MAX_TEXT_BYTES)."""
+    out, seen = [], set()
+    for p in map(Path, paths):
+        try:
+            if p.stat().st_size > MAX_TEXT_BYTES:
+                raise EngineError(p, "text", f"larger than {MAX_TEXT_BYTES} bytes")
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise EngineError(p, "text", f"cannot read as UTF-8 text ({exc})") from None
+        if p.name in seen:
+            raise EngineError(p, "text", f"another text is also named {p.name!r} (the name is its identity in the split)")
+        seen.add(p.name)
+        out.append(Source(p.name, text))
+    return out
+
+
+# ---- words, uses, windows -------------------------------------------------------------------------
+
+def phrase_words(table, phrases: Sequence[str], *, capitalized: bool = True) -> tuple[int, ...]:
+    """The phrases' final tokens as `solve wfld`'s mining names its words with nothing matched yet
+    (each phrase's fewest-token form after a space); `table` a TokenTable (ModelChat.table)."""
+    return mine({}, parse_phrases(list(phrases)), table, capitalized=capitalized).words
+
+
+def scan(tokens, words: np.ndarray, matcher: PhraseMatcher) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(use rows, their word index into `words`, slop-context rows) of one token stream: rows whose
+    next token is a word, split by whether the matcher finds a phrase ending there."""
+    toks = np.asarray(tokens)
+    rows = np.flatnonzero(np.isin(toks[1:], words))
+    slop = np.array([t for t in rows if matcher.match_row(toks, int(t), int(toks[t + 1]), 0) is not None], np.int64)
+    uses = np.setdiff1d(rows, slop).astype(np.int64)
+    return uses, np.searchsorted(words, toks[uses + 1]).astype(np.int64), slop
+
+
+def window(row: int, n: int, cfg: CorpusConfig) -> tuple[int, int]:
+    """Token span [a, b) of the use at `row`: `context` tokens ending at it, the word and `after` more."""
+    return max(0, row + 1 - cfg.context), min(n, row + 2 + cfg.after)
+
+
+def merge(spans: Sequence[tuple[int, int]], max_len: int) -> list[tuple[int, int]]:
+    """Overlapping or touching spans merged, none longer than `max_len` by merging (where a merge
+    would be, the later span starts where the earlier ends: no token is in two spans)."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            a0, b0 = out[-1]
+            if max(b0, b) - a0 <= max_len:
+                out[-1] = (a0, max(b0, b))
+                continue
+            a = b0
+        if b > a:
+            out.append((a, b))
+    return out
+
+
+def _length(spans) -> int:
+    return sum(b - a for a, b in spans)
+
+
+def split_sources(names: Sequence[str], cfg: CorpusConfig) -> dict[str, list[int]]:
+    """Source indices per part: a seeded order of name hashes cut by the shares (largest remainder,
+    each part at least one source when there are enough)."""
+    order = sorted(range(len(names)), key=lambda i: hashlib.sha256(f"{cfg.seed}\0{names[i]}".encode()).hexdigest())
+    n, shares = len(order), cfg.shares()
+    count = _cut(n, shares)
+    for k in PARTS[1:]:
+        if count[k] == 0 and count["solve"] > 1:
+            count[k], count["solve"] = 1, count["solve"] - 1
+    out, at = {}, 0
+    for k in PARTS:
+        out[k] = sorted(order[at:at + count[k]])
+        at += count[k]
+    return out
+
+
+def _cut(n: int, shares: dict[str, float]) -> dict[str, int]:
+    exact = {k: v * n for k, v in shares.items()}
+    count = {k: int(x) for k, x in exact.items()}
+    for k in sorted(exact, key=lambda k: (-(exact[k] - count[k]), PARTS.index(k)))[:n - sum(count.values())]:
+        count[k] += 1
+    return count
+
+
+def select(uses: Sequence[Sequence[tuple[int, int]]], lengths: Sequence[int], budget: int,
+           cfg: CorpusConfig) -> tuple[dict[int, list[tuple[int, int]]], list[int]]:
+    """Windows within `budget` tokens, taken round-robin over the words: `uses[w]` lists word w's
+    uses as (document, row) in the order to take them. A use inside a window already taken costs
+    nothing; a word whose next window does not fit stops. Returns the merged spans per document
+    and the windows taken per word."""
+    spans: dict[int, list[tuple[int, int]]] = {}
+    raw: dict[int, list[tuple[int, int]]] = {}
+    at, taken, spent = [0] * len(uses), [0] * len(uses), 0
+    active = [w for w in range(len(uses)) if uses[w]]
+    while active:
+        for w in list(active):
+            while at[w] < len(uses[w]):
+                doc, row = uses[w][at[w]]
+                at[w] += 1
+                if not any(a <= row and row + 1 < b for a, b in spans.get(doc, ())):
+                    break
+            else:
+                active.remove(w)
+                continue
+            new = merge(raw.get(doc, []) + [window(row, lengths[doc], cfg)], cfg.max_window)
+            cost = _length(new) - _length(spans.get(doc, ()))
+            if spent + cost > budget:
+                active.remove(w)
+                continue
+            raw.setdefault(doc, []).append(window(row, lengths[doc], cfg))
+            spans[doc], spent, taken[w] = new, spent + cost, taken[w] + 1
+    return spans, taken
+
+
+def _key(seed: int, name: str, row: int) -> str:
+    return hashlib.sha256(f"{seed}\0{name}\0{row}".encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    dump: str | None          # None: no window (nothing captured)
+    budget: int
+    windows: int
+    rows: int
+    uses: dict[str, int]      # word -> uses inside the windows
+    slop_contexts: int        # rows inside the windows where a phrase's prefix ends before a word
+    taken: dict[str, int]     # word -> windows taken for it
+    sources: list[str]        # source documents with a window here
+    assigned: int             # source documents split to this part
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What will be captured: the windows per part as CaptureDoc-ready token spans, and the counts."""
+
+    parts: tuple[Part, ...]
+    windows: dict[str, list[tuple[int, int, int]]]     # part -> (source index, a, b)
+    corpus: dict
+
+
+def plan(sources: Sequence[Source], tokens: Sequence[np.ndarray], words: dict[int, str], matcher: PhraseMatcher,
+         cfg: CorpusConfig) -> Plan:
+    """The split, the round-robin budget per part and the uses inside the chosen windows (pure:
+    `tokens` are the sources' tokens, `words` token id -> display name)."""
+    w = np.asarray(sorted(words), dtype=np.int64)
+    names = [words[int(i)] for i in w]
+    found = [scan(t, w, matcher) for t in tokens]
+    groups = split_sources([s.name for s in sources], cfg)
+    budgets = _cut(cfg.max_tokens, cfg.shares())
+    parts, windows = [], {}
+    for part in PARTS:
+        cand = [sorted(((d, int(r)) for d in groups[part] for r, k in zip(found[d][0], found[d][1]) if k == wi),
+                       key=lambda x: _key(cfg.seed, sources[x[0]].name, x[1])) for wi in range(w.size)]
+        spans, taken = select(cand, [len(t) for t in tokens], budgets[part], cfg)
+        wins = [(d, a, b) for d in sorted(spans) for a, b in spans[d]]
+        uses, slop = np.zeros(w.size, np.int64), 0
+        for d, a, b in wins:
+            u, k, s = scan(tokens[d][a:b], w, matcher)
+            uses += np.bincount(k, minlength=w.size)
+            slop += s.size
+        windows[part] = wins
+        parts.append(Part(part, None, budgets[part], len(wins), sum(b - a for _, a, b in wins),
+                          dict(zip(names, map(int, uses))), slop, dict(zip(names, taken)),
+                          [sources[d].name for d in sorted(spans)], len(groups[part])))
+    corpus = {"sources": len(sources), "tokens": int(sum(len(t) for t in tokens)),
+              "uses": dict(zip(names, map(int, sum((np.bincount(f[1], minlength=w.size) for f in found),
+                                                   np.zeros(w.size, np.int64))))),
+              "slop_contexts": int(sum(f[2].size for f in found))}
+    return Plan(tuple(parts), windows, corpus)
+
+
+# ---- the build ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CorpusResult:
+    out: Path
+    words: dict[str, int]           # display name -> token id
+    corpus: dict                    # the whole corpus: sources, tokens, uses per word, slop contexts
+    parts: tuple[Part, ...]
+    warnings: tuple[str, ...]
+    config: dict
+    chat: dict
+
+    def to_dict(self) -> dict:
+        return {"out": str(self.out), "words": self.words, "corpus": self.corpus,
+                "parts": [asdict(p) for p in self.parts], "warnings": list(self.warnings),
+                "config": self.config, "chat": self.chat}
+
+
+def build_corpus(model, phrases: Sequence[str], out, *, texts: Sequence = (), words: Sequence[int] | None = None,
+                 config: CorpusConfig | None = None, settings: EngineSettings | None = None,
+                 stdlib_root=None, overwrite: bool = False, progress: Progress | None = None) -> CorpusResult:
+    """Tokenize the corpus, choose the windows (`plan`) and capture one dump per part under `out`
+    (solve/, dev/, collateral/) with `corpus.json` beside them. `words` default to `phrase_words`."""
+    cfg = config or CorpusConfig()
+    settings = settings or EngineSettings()
+    phrases = parse_phrases(list(phrases), "phrases")
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise EngineError(out, "out", "exists (pass --overwrite to replace its dumps)")
+    if cfg.max_window > settings.n_ctx:
+        raise EngineError("CorpusConfig", "max_window", f"{cfg.max_window} exceeds the engine's n_ctx {settings.n_ctx}")
+    sources = (stdlib_sources(stdlib_root) if cfg.stdlib else []) + text_sources(texts)
+    if not sources:
+        raise EngineError(out, "corpus", "no source documents (the stdlib is off and no texts were given)")
+    chat = model_chat(model, fallback=cfg.chat_fallback, template=cfg.chat_template)
+    ids = tuple(sorted({int(x) for x in (words if words is not None else
+                                          phrase_words(chat.table, phrases, capitalized=cfg.capitalized))}))
+    if not ids:
+        raise EngineError(model, "words", f"the phrases {list(phrases)} have no final token to find uses of")
+    if ids[0] < 0 or ids[-1] >= len(chat.table):
+        raise EngineError(model, "words", f"token ids must lie in [0, {len(chat.table)}), got {list(ids)}")
+    names = _names(chat.table, ids)
+    with LlamaEngine(model, settings) as engine:
+        tokens = [engine.tokenize(s.text, parse_special=False) for s in sources]
+    matcher = PhraseMatcher(phrases, TokenBytes(chat.table), cfg.capitalized)
+    p = plan(sources, tokens, names, matcher, cfg)
+    total, done, parts, warns = sum(x.rows for x in p.parts), 0, [], []
+    for part in p.parts:
+        docs = [labelled(chat, f"corpus-{short_hash(sources[d].name)}-{a}", tokens[d][a:b], source=sources[d].name,
+                         character=f"c-{short_hash(sources[d].name)}", tags=("corpus",), kind="plain")
+                for d, a, b in p.windows[part.name]]
+        if not docs:
+            warns.append(f"{part.name}: no window (no use of the words in its {part.assigned} source documents)")
+            parts.append(part)
+            continue
+        tick = None if progress is None else (lambda d, _t, base=done: progress(base + d, total))
+        cap = capture_dump(model, docs, out / part.name, settings=settings, overwrite=overwrite, progress=tick,
+                           keep_logits=False,
+                           extra_meta={"corpus": {"part": part.name, "phrases": list(phrases), "words": list(ids),
+                                                  "config": asdict(cfg)}, "chat": chat.to_dict()})
+        done += cap.rows
+        parts.append(Part(**{**asdict(part), "dump": str(cap.path)}))
+        warns += [f"{part.name}: {n} uses of {w!r} (fewer than 10)" for w, n in part.uses.items() if n < 10]
+    res = CorpusResult(out, {n: i for i, n in names.items()}, p.corpus, tuple(parts), tuple(warns),
+                       {**asdict(cfg), "texts": [str(t) for t in texts], "phrases": list(phrases)}, chat.to_dict())
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "corpus.json", json.dumps(res.to_dict(), indent=1) + "\n")
+    return res
+
+
+def _names(table, ids: Sequence[int]) -> dict[int, str]:
+    """token id -> its text, made unique (a repeat gets its id appended)."""
+    out: dict[int, str] = {}
+    for i in ids:
+        name = table.decode([i])
+        out[i] = name if name not in out.values() else f"{name}#{i}"
+    return out
+
+
+def render_corpus(r: CorpusResult) -> str:
+    c = r.corpus
+    out = [f"corpus in {r.out}: {c['sources']} source documents, {c['tokens']} tokens; uses "
+           + ", ".join(f"{w!r} {n}" for w, n in c["uses"].items()) + f"; slop contexts {c['slop_contexts']}"]
+    for p in r.parts:
+        out.append(f"  {p.name:10} {len(p.sources):4}/{p.assigned} sources {p.windows:5} windows {p.rows:7} rows "
+                   f"(budget {p.budget})  uses " + ", ".join(f"{w!r} {n}" for w, n in p.uses.items())
+                   + f"  slop contexts {p.slop_contexts}")
+    out += [f"warning: {w}" for w in r.warnings]
+    return "\n".join(out)

@@ -1,0 +1,64 @@
+"""The run's `cost` stage: what the edit costs on ordinary text.
+
+- KL(base || edited) and the perplexity of each side on dumps of text the solve never fitted
+  (the held-out replies, the collateral replies and plain texts, the corpus's collateral
+  windows): the tail recomputed exactly from each dump's hidden states with both files' tensors
+  (evals/kl/compare.py, `exactedit kld`'s exact statistics), every row of every document;
+- the lexical diversity of each arm's rate replies (MATTR, evals/rates/diversity.py), from
+  DIR/replies.json.
+The tokens whose rate moved between base and the edited weights are the rates stage's
+(`token_shifts`)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Mapping
+
+from exactedit.files import atomic_write_text
+
+MATTR_WINDOW = 500
+
+__all__ = ["MATTR_WINDOW", "edit_cost"]
+
+
+def _split(dump: Path, per_row, role: int, name: str) -> dict:
+    """Mean and max KL over the rows carrying role bit `role` and over the others."""
+    import numpy as np
+
+    from exactedit.dumps import read_dump
+
+    roles = read_dump(dump).roles
+    if roles is None or len(roles) != len(per_row):
+        return {}
+    on = (np.asarray(roles) & role) != 0
+    return {label: {"rows": int(m.sum()), "mean": float(per_row[m].mean()) if m.any() else None,
+                    "max": float(per_row[m].max()) if m.any() else None}
+            for label, m in ((f"{name} rows", on), ("other rows", ~on))}
+
+
+def edit_cost(model, edited, dumps: Mapping[str, Path], replies, out, *,
+              progress: Callable[[int, int], None] | None = None, split: tuple[str, int] | None = None) -> dict:
+    """KL and perplexity per labelled dump, MATTR per arm; written to `out` (JSON) and returned.
+    `split` (name, role bit): the KL also over the rows with that role and over the rest (e.g. a
+    persona's reply-start rows, where the edit is meant to act, against everything else)."""
+    from exactedit.evals.kl.compare import KldConfig, compare
+    from exactedit.evals.rates.diversity import diversity
+
+    kl = {}
+    for i, (label, dump) in enumerate(dumps.items()):
+        c = compare(KldConfig(dumps=(str(dump),), model=str(model), edited=str(edited)))
+        s = c.summary()
+        kl[label] = {"dump": str(dump), "rows": s["rows"], "kld": s["kld"], "same_top": s["same_top"],
+                     "ppl_base": s["ppl_base"], "ppl_edited": s["ppl_edited"]}
+        if split is not None:
+            kl[label]["split"] = _split(Path(dump), c.per_row_kld, split[1], split[0])
+        if progress is not None:
+            progress(i + 1, len(dumps) + 1)
+    records = json.loads(Path(replies).read_text(encoding="utf-8"))
+    arms = list(dict.fromkeys(r["side"] for r in records))
+    div = {a: diversity([r["text"] for r in records if r["side"] == a], window=MATTR_WINDOW) for a in arms}
+    if progress is not None:
+        progress(len(dumps) + 1, len(dumps) + 1)
+    obj = {"kl": kl, "diversity": div}
+    atomic_write_text(out, json.dumps(obj, indent=1, default=str) + "\n")
+    return obj

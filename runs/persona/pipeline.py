@@ -1,0 +1,360 @@
+"""`exactedit persona`: a persona's style distilled into rank-1 output-row edits, measured as a rate.
+
+From the user's model, a persona (system prompt), the style it shows (evals/rates/style.py), data
+prompts and held-out rate prompts, into DIR, in resumable stages (runs/loop/stages.py):
+1. `replies`: the model answers every data prompt twice over, with the persona's system prompt
+   (the chosen side) and without it (the plain side, the reference); the style's rate on each side
+   with a bootstrap interval over prompts: the measurement that says the persona shows the style
+   and the plain model does not -> DIR/replies.json;
+2. `data`: the prompts split train / dev / test (seeded by prompt); each persona reply framed with
+   the *plain* prompt (the edit must bring the style without the persona prompt) is captured as a
+   dump per split; the plain replies of the train prompts and half the plain texts are the anchors
+   (the solve's KL term), the plain replies of dev and test prompts and the other texts the cost's
+   text; the edit set S is the train split's most frequent initiation tokens (the token that starts
+   the style: the decision, not the glyphs) -> DIR/data/;
+3. `solve`: a protocol (the splits as fixed traces, S explicit, the style tokens = S, the seeds'
+   stopping rule and bars), registered and split in DIR/ws; `solve head --rank r` -> DIR/head/
+   (test scored once, at the step the rule chose; no step qualifies: no edit ships);
+4. `apply` -> DIR/edited.gguf; 5. `verify`: llama.cpp on base and edited against the
+   engine-faithful prediction, on a test document -> DIR/verify.json (both skipped with no edit);
+6. `rates`: free generation on the rate prompts *without* the persona prompt, base and edited, and
+   the persona-prompted base as the target, same seeds: the style rate per side with intervals
+   and the paired change; turn ends, empty turns, the tokens whose rate moved -> DIR/rates.json;
+7. `cost`: KL and perplexity of edited vs base on the plain replies and texts the solve never fitted
+   and on the test persona documents; MATTR per side -> DIR/cost.json;
+then DIR/report.md, DIR/report.json and DIR/style-rates.png. Nothing here prints.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Callable, Sequence
+
+from exactedit.evals.rates.style import RULES_VERSION
+from exactedit.runs.persona.config import PersonaConfig, PersonaError
+from exactedit.runs.loop.stages import RunResult, StagedRun
+from exactedit.files import atomic_write_text
+
+Progress = Callable[[str, int, int], None]
+STAGES = ("replies", "data", "solve", "apply", "verify", "rates", "cost")
+STATE = "persona.json"
+RATE_SEED = 10_000        # rate replies' seeds start here: never a data reply's seed
+SPLITS = ("train", "dev", "test")
+
+__all__ = ["PersonaResult", "run_persona", "split_prompts"]
+
+
+class PersonaResult(RunResult):
+    """A persona run's result (runs/loop/stages.py RunResult)."""
+
+    @property
+    def shipped(self) -> bool:
+        return bool(self.records["solve"]["shipped_edit"])
+
+
+def split_prompts(prompts: Sequence[str], dev: float, seed: int) -> dict[str, list[int]]:
+    """Prompt indices per split: a seeded order of the prompts' hashes, dev and test `dev` of them
+    each (at least one each), train the rest."""
+    order = sorted(range(len(prompts)), key=lambda i: hashlib.sha256(f"{seed}\0{prompts[i]}".encode()).hexdigest())
+    k = max(1, round(dev * len(prompts)))
+    if len(prompts) < 2 * k + 2:
+        raise PersonaError(f"{len(prompts)} data prompts: too few to split into train, dev and test "
+                           f"(give at least {2 * k + 2})")
+    return {"dev": sorted(order[:k]), "test": sorted(order[k:2 * k]), "train": sorted(order[2 * k:])}
+
+
+class _Run(StagedRun):
+    def __init__(self, cfg: PersonaConfig, out: Path, progress: Progress | None, command: str):
+        from exactedit.runs.loop.preflight import preflight_head
+
+        super().__init__(out, cfg.model, cfg.template(), cfg.text_files(), progress)
+        self.cfg = cfg
+        self.system = cfg.persona()
+        self.style = cfg.style_spec()
+        self.style_key = [str(self.style), RULES_VERSION]      # a stage that reads the style redoes when its rules change
+        self.preflight = preflight_head(self.model, chat_template=self.tpl_path)
+        self.prompts = cfg.lines("prompts")
+        self.rate_prompts = cfg.lines("rate_prompts")
+        overlap = set(self.prompts) & set(self.rate_prompts)
+        if overlap:
+            raise PersonaError(f"{cfg.file('rate_prompts')}: {len(overlap)} prompts are also data prompts (e.g. "
+                               f"{sorted(overlap)[0][:60]!r}): the rates must come from prompts the solve never saw")
+        if not self.rate_prompts:
+            raise PersonaError(f"{cfg.file('rate_prompts')}: no prompts")
+        self.splits = split_prompts(self.prompts, cfg.dev, cfg.seed)
+        self.start(len(STAGES), command, state_file=STATE)
+
+    def chat(self):
+        from exactedit.native.llamacpp.chat import model_chat
+
+        return model_chat(self.model, template=self.tpl_path)
+
+
+def run_persona(cfg: PersonaConfig, out, *, progress: Progress | None = None, command: str = "") -> PersonaResult:
+    """Run (or continue) a persona run in `out`; see the module doc."""
+    from exactedit.runs.persona.report import write_reports
+
+    out = Path(out)
+    r = _Run(cfg, out, progress, command or f"exactedit persona --model {cfg.model} --out {out}")
+    rec = {"preflight": r.preflight.to_dict(), "replies": _replies(r)}
+    rec["data"] = _data(r, rec)
+    rec["solve"] = _solve(r, rec)
+    shipped = bool(rec["solve"]["shipped_edit"])
+    bundle = rec["solve"]["bundle"]
+    rec["apply"] = r.apply_stage(bundle) if shipped else r.stages.skip("apply")
+    rec["verify"] = (r.verify_stage(bundle, rec["apply"], rec["data"]["sets"]["test"]["dump"], cfg.verify_tokens)
+                     if shipped else r.stages.skip("verify"))
+    rec["rates"] = _rates(r, rec)
+    rec["cost"] = _cost(r, rec) if shipped else r.stages.skip("cost")
+    seconds = r.stages.seconds()
+    files, report, text = write_reports(out, str(r.model), rec, {k: seconds[k] for k in STAGES if k in seconds},
+                                        ran=r.stages.ran, resumed=r.stages.resumed, system=r.system,
+                                        style=str(r.style), config=dataclasses.asdict(cfg))
+    return PersonaResult(out, str(r.model), rec, report, text, files, tuple(r.stages.ran), tuple(r.stages.resumed))
+
+
+def _generate(r: _Run, model, prompts: Sequence[str], system: str | None, seeds: Sequence[int], label: str):
+    """Per prompt, one sample per seed (batched, the model's own turn end; native/runs/mine.generate)."""
+    from exactedit.native.llamacpp.chat import prompt_tokens
+    from exactedit.native.llamacpp.engine import EngineSettings, LlamaEngine
+    from exactedit.runs.data.mine import MineConfig, generate_replies
+
+    chat = r.chat()
+    with LlamaEngine(model, EngineSettings()) as engine:
+        bos = engine.bos_if_added()
+        ptoks = [prompt_tokens(engine, chat.prompt(p, system), bos) for p in prompts]
+    mc = MineConfig(max_new=r.cfg.max_new, seed=int(seeds[0]), samples=len(seeds), n_boot=0,
+                    chat_template=r.tpl_path)
+    return chat, generate_replies(model, ptoks, chat, mc, EngineSettings(), progress=r.tick(label))
+
+
+def reply_records(side: str, chat, prompts: Sequence[str], samples, style, split_of=None) -> list[dict]:
+    """One JSON record per reply: side, prompt index, seed, why it stopped, its text and tokens, and
+    where the style begins (None: not shown)."""
+    eog = set(chat.specials.end_of_generation)
+    out = []
+    for i, row in enumerate(samples):
+        for s in row:
+            body = [int(t) for t in s.tokens if int(t) not in eog]
+            text = chat.table.decode(body)
+            out.append({"side": side, "prompt": i, "seed": int(s.seed), "stop": s.stop, "text": text,
+                        "tokens": [int(t) for t in s.tokens], "style_at": style.at(text),
+                        "empty": bool(s.tokens.size) and int(s.tokens[0]) in eog,
+                        **({"split": split_of[i]} if split_of else {})})
+    return out
+
+
+def side_rates(records: Sequence[dict], n_boot: int, seed: int = 0) -> dict:
+    """The style rate of one side's replies (bootstrap over prompts), its turn-end and empty-turn
+    shares and mean length."""
+    from exactedit.evals.rates.style import style_rate
+
+    shows = [x["style_at"] is not None for x in records]
+    prompts = [x["prompt"] for x in records]
+    n = max(len(records), 1)
+    return {"style": style_rate(shows, prompts, n_boot=n_boot, seed=seed).to_dict(),
+            "turn_end": sum(x["stop"] == "turn_end" for x in records) / n,
+            "empty": sum(bool(x["empty"]) for x in records) / n,
+            "mean_tokens": sum(len(x["tokens"]) for x in records) / n}
+
+
+def _replies(r: _Run) -> dict:
+    from exactedit.evals.rates.style import rate_change
+
+    c = r.cfg
+    seeds = [c.seed + s for s in range(c.samples)]
+    split_of = {i: name for name, idx in r.splits.items() for i in idx}
+
+    def gen():
+        records = []
+        for side, system in (("persona", r.system), ("plain", None)):
+            chat, samples = _generate(r, r.model, r.prompts, system, seeds, f"replies ({side})")
+            records += reply_records(side, chat, r.prompts, samples, r.style, split_of)
+        atomic_write_text(r.out / "replies.json", json.dumps(records, indent=1, ensure_ascii=False) + "\n")
+        per = {side: [x for x in records if x["side"] == side] for side in ("persona", "plain")}
+        shows = {side: [x["style_at"] is not None for x in v] for side, v in per.items()}
+        return {"sides": {side: side_rates(v, c.n_boot) for side, v in per.items()},
+                "gap": rate_change(shows["plain"], shows["persona"], [x["prompt"] for x in per["plain"]],
+                                   n_boot=c.n_boot),
+                "splits": {k: len(v) for k, v in r.splits.items()}}
+
+    return r.run("replies", {"prompts": list(r.prompts), "system": r.system, "style": r.style_key,
+                             "seeds": seeds, "max_new": c.max_new, "n_boot": c.n_boot, "dev": c.dev},
+                 ["replies.json"], gen)
+
+
+def _data(r: _Run, rec: dict) -> dict:
+    from collections import Counter
+
+    from exactedit.evals.rates.style import initiation
+    from exactedit.native.llamacpp.capture import capture_dump
+    from exactedit.native.llamacpp.chat import prompt_tokens, short_hash
+    from exactedit.native.llamacpp.documents import labelled
+    from exactedit.native.llamacpp.engine import EngineSettings, LlamaEngine
+    from exactedit.runs.data.dataset import chunk_texts
+
+    c = r.cfg
+
+    def build():
+        import numpy as np
+
+        chat = r.chat()
+        records = json.loads((r.out / "replies.json").read_text(encoding="utf-8"))
+        with LlamaEngine(r.model, EngineSettings()) as engine:
+            bos = engine.bos_if_added()
+            plain = [prompt_tokens(engine, chat.prompt(p), bos) for p in r.prompts]
+            chunks = chunk_texts(list(r.texts), engine, chat, 256)
+        eog = set(chat.specials.end_of_generation)
+        decode = chat.table.decode
+        starts = {s: Counter() for s in SPLITS}
+        docs = {s: [] for s in (*SPLITS, "anchors", "plain")}
+        for x in records:
+            i, split = x["prompt"], x["split"]
+            toks = np.concatenate([plain[i], np.asarray(x["tokens"], np.int32)])
+            name = f"{x['side']}-{short_hash(r.prompts[i])}-{x['seed']}"
+            if x["side"] == "persona":
+                hit = initiation(r.style, [t for t in x["tokens"] if t not in eog], decode)
+                if hit is not None:
+                    starts[split][hit[1]] += 1
+                docs[split].append(labelled(chat, name, toks, source="persona", character=f"p-{short_hash(r.prompts[i])}",
+                                            tags=("persona",) + (("style",) if hit else ()), kind="chat"))
+            else:
+                where = "anchors" if split == "train" else "plain"
+                docs[where].append(labelled(chat, name, toks, source="plain", character=f"p-{short_hash(r.prompts[i])}",
+                                            tags=("anchor",) if where == "anchors" else (), kind="chat"))
+        for k, d in enumerate(chunks):
+            where = "anchors" if k % 2 == 0 else "plain"
+            docs[where].append(d if where == "plain" else
+                               type(d)(d.name, d.tokens, d.source, d.character, (*d.tags, "anchor"), d.roles))
+        if not starts["train"]:
+            raise PersonaError(f"{r.out / 'replies.json'}: no train persona reply shows the style {str(r.style)!r}: "
+                               "nothing to teach (pick a style the persona shows: the replies stage's rates)")
+        edit = [t for t, _ in sorted(starts["train"].items(), key=lambda kv: (-kv[1], kv[0]))[:c.edit_count]]
+        sets = {}
+        for name, ds in docs.items():
+            if not ds:
+                continue
+            cap = capture_dump(r.model, ds, r.out / "data" / name, progress=r.tick(f"capture {name}"),
+                               extra_meta={"persona": {"set": name, "style": str(r.style)}, "chat": chat.to_dict()},
+                               keep_logits=False)
+            sets[name] = {"dump": str(cap.path), "docs": len(ds), "rows": int(cap.rows)}
+        return {"sets": sets, "edit_set": edit, "edit_tokens": [chat.table.decode([t]) for t in edit],
+                "initiations": {s: {chat.table.decode([t]): n for t, n in starts[s].most_common(8)} for s in SPLITS},
+                "style_replies": {s: sum(starts[s].values()) for s in SPLITS}}
+
+    return r.run("data", {"replies": r.stages.outputs("replies"), "texts": r.sha["texts"], "edit_count": c.edit_count,
+                          "style": r.style_key},
+                 ["data"], build)
+
+
+def _solve(r: _Run, rec: dict) -> dict:
+    from exactedit.evals.protocol.protocol import EditSetRule, StoppingRule, TokenSets, Trace, write_protocol
+    from exactedit.runs.eval import workflow
+    from exactedit.runs.solve.head_report import result_json
+    from exactedit.runs.solve.head import solve_head, write_head_bundle
+    from exactedit.quant import gguf
+    from exactedit.quant.model.specials import model_specials
+    from exactedit.solvers.head.config import HeadSolveConfig
+
+    c, out = r.cfg, r.out
+    sets = rec["data"]["sets"]
+    missing = [s for s in SPLITS if s not in sets]
+    if missing:
+        raise PersonaError(f"{out / 'data'}: no {', '.join(missing)} documents (give more prompts)")
+    hcfg = HeadSolveConfig(rank=c.rank, null_k=c.null_k, lr=c.lr, w_kl=c.w_kl)
+
+    def solve():
+        with gguf.open(r.model) as g:
+            ms = model_specials(g, r.template)
+        edit = tuple(int(t) for t in rec["data"]["edit_set"])
+        traces = [Trace(s, Path(sets[s]["dump"]).resolve(), s) for s in SPLITS]
+        if "anchors" in sets:
+            traces.append(Trace("anchors", Path(sets["anchors"]["dump"]).resolve(), "anchors", "anchors"))
+        protocol = out / "protocol.toml"
+        write_protocol(protocol, f"persona-{Path(str(r.model)).stem}", traces,
+                       description=f"exactedit persona: style {r.style} taught to the head without the persona prompt",
+                       stopping=StoppingRule(every=c.every, max_steps=c.max_steps, metric="style", min_ratio=c.min_ratio),
+                       edit_set=EditSetRule("explicit", len(edit), edit),
+                       tokens=TokenSets(specials=tuple(ms.guards), turn_end=int(ms.turn_end), style=edit))
+        ws = out / "ws"
+        cmd = r.stages.state["command"]
+        workflow.register(protocol, ws, cmd)
+        workflow.split(protocol, ws, cmd)
+        res = solve_head(hcfg, model=r.model, train=[sets["train"]["dump"]], dev=[sets["dev"]["dump"]],
+                         test=[sets["test"]["dump"]], protocol=protocol, workspace=ws, command=cmd, device=c.device,
+                         progress=r.tick("solve head"))
+        write_head_bundle(res, out / "head")
+        full = result_json(res)
+        finite = [t for t in full["trajectory"] if t["ratio"] is not None and t["ratio"] == t["ratio"]]
+        best = max(finite, key=lambda t: t["ratio"], default=None)
+        return {"shipped_edit": res.shipped_edit, "chosen_step": res.chosen_step, "edit_tokens": list(res.edit_tokens),
+                "bundle": str(out / "head"), "bars": full["bars"], "splits": full["splits"], "anchors": full["anchors"],
+                "test": full["test"], "rows_changed": res.rows_changed, "edit_norm_ratio": res.edit_norm_ratio,
+                "best_ratio": None if best is None else {"step": best["step"], "ratio": best["ratio"]},
+                "trajectory": [{"step": t["step"], "ratio": t["ratio"], "train": t["train"].get("style"),
+                                "dev": t["dev"].get("style")} for t in full["trajectory"]],
+                "seconds": full["seconds"], "stopping": full["stopping"]}
+
+    return r.run("solve", {"data": r.stages.outputs("data"), "head": hcfg.to_json(), "every": c.every,
+                           "max_steps": c.max_steps, "min_ratio": c.min_ratio},
+                 ["protocol.toml", "ws", "head"], solve)
+
+
+def _rates(r: _Run, rec: dict) -> dict:
+    from exactedit.evals.rates.phrase_rates import Reply, token_shifts
+    from exactedit.evals.rates.style import rate_change
+
+    c = r.cfg
+    seeds = [c.seed + RATE_SEED + s for s in range(c.rate_samples)]
+    edited = rec["apply"]["edited"] if rec["apply"] else None
+
+    def rates():
+        import numpy as np
+
+        sides = [("base", r.model, None)] + ([("edited", edited, None)] if edited else []) \
+            + [("persona prompt", r.model, r.system)]
+        records, chat = [], None
+        for side, model, system in sides:
+            chat, samples = _generate(r, model, r.rate_prompts, system, seeds, f"rates ({side})")
+            records += reply_records(side, chat, r.rate_prompts, samples, r.style)
+        atomic_write_text(r.out / "rate-replies.json", json.dumps(records, indent=1, ensure_ascii=False) + "\n")
+        per = {s: [x for x in records if x["side"] == s] for s, _, _ in sides}
+        obj = {"prompts": len(r.rate_prompts), "seeds": seeds, "sides": {s: side_rates(v, c.n_boot) for s, v in per.items()}}
+        if edited:
+            shows = {s: [x["style_at"] is not None for x in per[s]] for s in ("base", "edited")}
+            obj["change"] = rate_change(shows["base"], shows["edited"], [x["prompt"] for x in per["base"]],
+                                        n_boot=c.n_boot)
+            as_reply = lambda x: Reply(x["prompt"], x["seed"], np.zeros(0, np.int32), np.asarray(x["tokens"]))  # noqa: E731
+            obj["token_shifts"] = [s.to_dict() for s in token_shifts(
+                [as_reply(x) for x in per["base"]], [as_reply(x) for x in per["edited"]],
+                lambda t: chat.table.decode([t]))]
+        atomic_write_text(r.out / "rates.json", json.dumps(obj, indent=1, default=str) + "\n")
+        return obj
+
+    return r.run("rates", {"edited": rec["apply"]["sha256"] if edited else None, "prompts": list(r.rate_prompts),
+                           "system": r.system, "style": r.style_key, "seeds": seeds, "max_new": c.max_new,
+                           "n_boot": c.n_boot}, ["rates.json", "rate-replies.json"], rates)
+
+
+def _cost(r: _Run, rec: dict) -> dict:
+    from exactedit.dumps.format import ROLE_STEP0
+    from exactedit.runs.loop.cost import edit_cost
+
+    sets = rec["data"]["sets"]
+    held = {"test persona replies (chat, scored once)": Path(sets["test"]["dump"])}
+    if "plain" in sets:
+        held["plain replies to dev/test prompts and plain text (never solved on)"] = Path(sets["plain"]["dump"])
+    if "anchors" in sets:
+        held["anchors: plain replies to train prompts and plain text (the solve's KL term)"] = \
+            Path(sets["anchors"]["dump"])
+
+    def cost():
+        split = ("reply-start", ROLE_STEP0) if r.style.kind == "starter" else None
+        return edit_cost(r.model, rec["apply"]["edited"], held, r.out / "rate-replies.json", r.out / "cost.json",
+                         progress=r.tick("cost"), split=split)
+
+    return r.run("cost", {"edited": rec["apply"]["sha256"], "data": r.stages.outputs("data"),
+                          "rates": r.stages.outputs("rates"), "parts": list(held),
+                          "split": r.style.kind == "starter"}, ["cost.json"], cost)

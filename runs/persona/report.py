@@ -1,0 +1,164 @@
+"""A persona run's report, from its stages' records: DIR/report.json, DIR/report.md, DIR/style-rates.png.
+
+report.json: `model`, `persona` (system prompt, style), `measured` (the style's rate with and
+without the persona prompt on the data prompts: what picked the task), `data` (splits, the edit
+set, initiation tokens per split), `solve` (chosen step, the best dev/train ratio, bars, splits,
+test), `verify`, `rates` (free generation without the persona prompt on held-out prompts: base,
+edited, and the persona-prompted base as the target), `cost`, `targets`, `seconds`, `stages`.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Sequence
+
+from exactedit.files import atomic_write_text, file_sha256, write_png
+
+MIN_RATIO = 0.70          # the seeds' bar: test / train gain on the style positions
+
+__all__ = ["persona_targets", "write_reports"]
+
+
+def _f(x, spec="{:.3f}") -> str:
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else spec.format(x)
+
+
+def _rate(side: dict) -> str:
+    s = side["style"]
+    lo, hi = s["ci"]
+    return f"{s['showing']}/{s['replies']} = {_f(s['rate'], '{:.2f}')} [{_f(lo, '{:.2f}')}, {_f(hi, '{:.2f}')}]"
+
+
+def _bitwise(verify: dict) -> bool:
+    return bool(verify.get("checks")) and all(c["stats"]["bitwise"] for c in verify["checks"])
+
+
+def persona_targets(rec: dict) -> list[dict]:
+    """The run's targets (the protocol's bars, verify live, the style rate without the persona prompt,
+    turn ends and empty turns kept), each with its number and whether it holds (None: not measured)."""
+    solve, rates = rec["solve"], rec["rates"]
+    out = [{"target": "an edit ships (the protocol's stopping rule)", "value": solve["shipped_edit"],
+            "passed": bool(solve["shipped_edit"])}]
+    for b in solve["bars"]:
+        out.append({"target": b["label"], "value": b["number"], "threshold": f"{b['op']} {b['threshold']:g}",
+                    "passed": b["passed"]})
+    if rec.get("verify"):
+        out.append({"target": "verify live (bitwise)", "value": _bitwise(rec["verify"]),
+                    "passed": bool(rec["verify"].get("passed")) and _bitwise(rec["verify"])})
+    if "change" in rates:
+        lo = rates["change"]["ci"][0]
+        out.append({"target": "style rate without the persona prompt, edited - base (95% CI above 0)",
+                    "value": rates["change"]["change"], "ci": rates["change"]["ci"],
+                    "passed": lo is not None and math.isfinite(lo) and lo > 0})
+        b, e = rates["sides"]["base"], rates["sides"]["edited"]
+        out.append({"target": "turn-end rate kept (replies ending at the turn end, edited >= base - 0.05)",
+                    "value": [b["turn_end"], e["turn_end"]], "passed": e["turn_end"] >= b["turn_end"] - 0.05})
+        out.append({"target": "no empty turns added", "value": [b["empty"], e["empty"]],
+                    "passed": e["empty"] <= b["empty"]})
+    return out
+
+
+def _png(rec: dict, path: Path) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    sides = rec["rates"]["sides"]
+    names = list(sides)
+    fig = Figure(figsize=(5.2, 3.6), dpi=110)
+    ax = fig.add_subplot()
+    ys = [sides[n]["style"]["rate"] for n in names]
+    ys = [y if y is not None and math.isfinite(y) else 0.0 for y in ys]
+    ci = [[c if c is not None and math.isfinite(c) else y for c in sides[n]["style"]["ci"]] for y, n in zip(ys, names)]
+    lo = [max(y - c[0], 0.0) for y, c in zip(ys, ci)]
+    hi = [max(c[1] - y, 0.0) for y, c in zip(ys, ci)]
+    ax.bar(range(len(names)), ys, yerr=[lo, hi], capsize=3, color=["#888", "#2a7", "#47c"][:len(names)])
+    ax.set_xticks(range(len(names)), names, fontsize=8)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel(f"replies showing {rec['persona']['style']}", fontsize=8)
+    ax.set_title(f"style rate on held-out prompts ({rec['rates']['prompts']} prompts x {len(rec['rates']['seeds'])} "
+                 "seeds, 95% bootstrap over prompts)", fontsize=8)
+    return write_png(fig, path)
+
+
+def report_text(obj: dict) -> str:
+    rec = obj["records"]
+    m, d, s, rt = rec["replies"], rec["data"], rec["solve"], rec["rates"]
+    lines = [f"# exactedit persona: {Path(obj['model']).name}", "",
+             f"persona (system prompt): {obj['persona']['system']!r}", f"style: {obj['persona']['style']}", "",
+             "## measured on the data prompts (what picked the task)",
+             f"  with the persona prompt:    {_rate(m['sides']['persona'])}",
+             f"  without it (plain):         {_rate(m['sides']['plain'])}",
+             f"  difference (paired, 95% CI): {_f(m['gap']['change'])} [{_f(m['gap']['ci'][0])}, {_f(m['gap']['ci'][1])}]",
+             "", "## data",
+             "prompts: " + ", ".join(f"{k} {v}" for k, v in m["splits"].items()) + "; persona replies showing the "
+             "style: " + ", ".join(f"{k} {v}" for k, v in d["style_replies"].items()),
+             "initiation tokens (train): " + ", ".join(f"{t!r} {n}" for t, n in d["initiations"]["train"].items()),
+             f"edit set S (the train split's most frequent initiation tokens): {d['edit_tokens']}",
+             "dumps: " + ", ".join(f"{k} {v['docs']} docs / {v['rows']} rows" for k, v in d["sets"].items()),
+             "", f"## solve head (rank {obj['config']['rank']}): "
+             + (f"chosen step {s['chosen_step']}, {s['rows_changed']} rows shipped, |dW|/|W_S| {s['edit_norm_ratio']:.3f}"
+                if s["shipped_edit"] else "the rule shipped no edit")]
+    br = s.get("best_ratio")
+    st = s["stopping"]
+    lines.append(f"stopping rule: every {st['every']} steps up to {st['max_steps']}, keep the last step with dev/train "
+                 f">= {st['min_ratio']} on the style positions; best dev/train seen "
+                 + (f"{_f(br['ratio'])} at step {br['step']}" if br else "n/a"))
+    lines.append("  split   style gain (n)   ordinary (n)   KL mean   flips   p(turn end) base -> edited")
+    for sp in [*s["splits"], *([s["test"]["report"]] if s["test"].get("report") else []), *s["anchors"]]:
+        g = sp["gains"]
+        lines.append(f"  {sp['name']:<8}{_f(g['style'], '{:+.3f}'):>8} ({g['n_style']})  {_f(g['ordinary'], '{:+.4f}'):>8} "
+                     f"({g['n_ordinary']})  {_f(sp['kl_mean'], '{:.5f}')}  {sp['special_flips']}  "
+                     f"{_f(sp['turn_end_p_base'], '{:.4f}')} -> {_f(sp['turn_end_p_edit'], '{:.4f}')}")
+    lines.append(f"test: {s['test']['status']}")
+    lines += ["", "bars:"] + [f"  {b['label']:<52} {_f(b['number'], '{:.4f}'):>9} {b['op']} {b['threshold']:g}  "
+                              f"{ {True: 'pass', False: 'FAIL', None: 'n/a'}[b['passed']]}" for b in s["bars"]]
+    if rec.get("verify"):
+        v = rec["verify"]
+        lines += ["", f"## verify live: {'PASS' if v.get('passed') else 'FAIL'} (bitwise: {_bitwise(v)}, "
+                  f"the edit moved the engine's logits by up to {v['edit_effect']['max_abs']:.3g})"]
+    lines += ["", f"## style rate in free generation without the persona prompt, held-out prompts "
+              f"({rt['prompts']} prompts x {len(rt['seeds'])} seeds; 95% bootstrap over prompts)"]
+    for side, v in rt["sides"].items():
+        lines.append(f"  {side:<15} {_rate(v)}   turn ends {v['turn_end']:.2f}, empty turns {v['empty']:.2f}, "
+                     f"mean {v['mean_tokens']:.0f} tokens")
+    if "change" in rt:
+        c = rt["change"]
+        lines.append(f"  edited - base: {_f(c['change'], '{:+.3f}')} [{_f(c['ci'][0], '{:+.3f}')}, {_f(c['ci'][1], '{:+.3f}')}]")
+        lines += ["tokens whose rate moved most, base -> edited (per 1k tokens):"]
+        lines += [f"  {t['text']!r:16} {t['base_per_1k']:7.2f} -> {t['edited_per_1k']:7.2f}" for t in rt["token_shifts"]]
+    if rec.get("cost"):
+        lines += ["", "## cost on ordinary text (exact tail, every row)"]
+        for label, k in rec["cost"]["kl"].items():
+            kl = k["kld"]
+            lines.append(f"  {label}: {k['rows']} rows, KL mean {kl['mean']:.3g} (p99 {kl['p99']:.3g}, max {kl['max']:.3g}), "
+                         f"same top-1 {k['same_top']:.4f}, perplexity {k['ppl_base']:.4f} -> {k['ppl_edited']:.4f}")
+            for part, v in (k.get("split") or {}).items():
+                lines.append(f"    {part}: {v['rows']} rows, KL mean {_f(v['mean'], '{:.3g}')}, max {_f(v['max'], '{:.3g}')}")
+        lines.append("  lexical diversity (MATTR-500): " + ", ".join(
+            f"{a} {v['mattr']:.4f}" for a, v in rec["cost"]["diversity"].items()))
+    lines += ["", "## targets"]
+    for t in obj["targets"]:
+        mark = {True: "pass", False: "FAIL", None: "n/a"}[t["passed"]]
+        lines.append(f"  {t['target']:<72} {t['value']!s:>14}  {mark}")
+    lines += ["", "time: " + ", ".join(f"{k} {v:.0f} s" for k, v in obj["seconds"].items())
+              + (f" (resumed: {', '.join(obj['stages']['resumed'])})" if obj["stages"]["resumed"] else "")]
+    return "\n".join(lines) + "\n"
+
+
+def write_reports(out: Path, model: str, rec: dict, seconds: dict, *, ran: Sequence[str] = (),
+                  resumed: Sequence[str] = (), system: str = "", style: str = "", config: dict | None = None):
+    """Write report.json, report.md and style-rates.png; returns (files, report, text)."""
+    obj = {"model": model, "persona": {"system": system, "style": style}, "config": config or {},
+           "records": rec, "targets": persona_targets(rec), "seconds": seconds,
+           "stages": {"ran": list(ran), "resumed": list(resumed)}}
+    if rec["solve"]["shipped_edit"]:
+        obj["shipped"] = {"edited.gguf": rec["apply"]["sha256"], "head": str(Path(rec["solve"]["bundle"]))}
+    text = report_text(obj)
+    files = {"png": _png({**obj, "rates": rec["rates"]}, out / "style-rates.png")}
+    atomic_write_text(out / "report.md", text)
+    atomic_write_text(out / "report.json", json.dumps(obj, indent=1, default=str) + "\n")
+    files.update({"md": out / "report.md", "json": out / "report.json"})
+    obj["files"] = {k: {"path": str(p), "sha256": file_sha256(p)} for k, p in files.items()}
+    return files, obj, text

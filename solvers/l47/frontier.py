@@ -1,0 +1,177 @@
+"""The edit's strength against its specificity: the frontier of an edit scaled per phrase.
+
+The edit's first Gauss-Newton round is linear in its targets, so it is the sum of one edit per
+phrase, dW_p (that phrase's targets, every hold at 0). The parts add up in dW, not in the logits:
+the tail is nonlinear in dW (the final norm and head; a post-FFN norm, Gemma style, before them),
+so a point's logits are never a sum of per-phrase effects and every point is scored through the
+exact tail. At a strength vector s the tensor is
+W + sum_p s_p dW_p (float, before shipping) and, on rows the solve never acted on, exactly (the
+full tail and a full-vocabulary pass per point):
+- the cut: per phrase, 1 - mean p'(rejected) / mean p(rejected) over its slop positions
+  (bar (c)'s statistic);
+- the collateral: per word, the mean dlogp of its legitimate uses and the share below `low`
+  (bar (d)'s statistics).
+`choose` picks, among the points whose every word passes (d) (mean >= `min_mean`, share <=
+`max_low_share`), the one with the largest mean cut over the phrases: where none passes, the
+weakest, flagged. The chosen strengths are then solved (every target of phrase p scaled by s_p)
+and shipped exactly; the frontier is an estimate for choosing only.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from exactedit.solvers.tail.passes.vocab_pass import vocab_pass
+from exactedit.solvers.l47.jacobian import gather_rows
+from exactedit.solvers.l47.mining import Mining
+
+__all__ = ["BarD", "FrontierRows", "Point", "choose", "choose_strength", "frontier", "frontier_rows", "grid_points"]
+
+
+@dataclass(frozen=True)
+class BarD:
+    """Bar (d)'s thresholds, handed in by the caller (the protocol's): a word's legitimate uses pass
+    when their mean dlogp is >= `min_mean` and at most `max_low_share` of them fall below `low`."""
+
+    low: float = -0.1
+    min_mean: float = -0.05
+    max_low_share: float = 0.1
+
+
+@dataclass(frozen=True, eq=False)
+class FrontierRows:
+    """The rows a frontier is measured on: slop positions (their phrase and rejected token) and
+    legitimate uses (their word), gathered from the given traces."""
+
+    rows: object                 # RowSet: slop rows, then use rows
+    token: np.ndarray            # int64 [T] the token whose logp is followed
+    slop: int                    # the first `slop` rows are slop positions
+    phrase: np.ndarray           # int64 [slop]
+    word: np.ndarray             # int64 [T - slop]
+
+
+def frontier_rows(traces: Sequence[tuple[str, object]], mining: Mining) -> FrontierRows | None:
+    """Slop positions and legitimate uses of `traces` (as mined), or None when there is neither."""
+    sb, ub, tok_s, tok_u, phr, word = [], [], [], [], [], []
+    for name, dump in traces:
+        tm = mining.trace(name)
+        nxt = np.asarray(dump.next, dtype=np.int64)
+        if tm.rows.size:
+            sb.append((dump, tm.rows))
+            tok_s.append(nxt[tm.rows])
+            phr.append(tm.phrase)
+        if tm.coll_rows.size:
+            ub.append((dump, tm.coll_rows))
+            tok_u.append(nxt[tm.coll_rows])
+            word.append(tm.coll_word)
+    if not sb and not ub:
+        return None
+    cat = lambda xs: np.concatenate(xs).astype(np.int64) if xs else np.zeros(0, np.int64)  # noqa: E731
+    return FrontierRows(gather_rows(sb + ub), np.concatenate([cat(tok_s), cat(tok_u)]), int(cat(tok_s).size),
+                        cat(phr), cat(word))
+
+
+@dataclass(frozen=True)
+class Point:
+    strength: tuple              # per phrase (index into the mining's phrases): its strength
+    cut: dict                    # phrase index -> continuation cut
+    cut_all: float | None        # over every slop position
+    mean: dict                   # word index -> mean dlogp of its uses
+    low: dict                    # word index -> share of uses below `low`
+    uses: dict                   # word index -> uses
+
+    def passes(self, min_mean: float, max_low_share: float) -> bool:
+        return all(self.mean[w] >= min_mean and self.low[w] <= max_low_share for w in self.mean)
+
+    def to_json(self, phrases: Sequence[str], words: Sequence[str]) -> dict:
+        return {"strength": {phrases[p]: s for p, s in enumerate(self.strength)}, "cut_all": self.cut_all,
+                "cut": {phrases[p]: c for p, c in self.cut.items()},
+                "collateral": {words[w]: {"mean": self.mean[w], "low": self.low[w], "uses": self.uses[w]}
+                               for w in self.mean}}
+
+
+def _logp(tail, fr: FrontierRows, dW, tile_rows: int) -> np.ndarray:
+    mix = tail.mix(tail.residual(fr.rows, None, dW))
+    vp = vocab_pass(mix, tail.head, token_sets=fr.token[:, None], softcap=tail.softcap, tile_rows=tile_rows)
+    return np.asarray(vp.selected[:, 0], np.float64) - vp.lse
+
+
+def frontier(tail, parts: Sequence[np.ndarray], fr: FrontierRows, strengths: Sequence[Sequence[float]], *,
+             low: float = -0.10, tile_rows: int = 8192) -> list[Point]:
+    """The frontier of W + sum_p s_p dW_p (`parts`: one edit per phrase) at each strength vector
+    s of `strengths` (see the module doc), exact in float32 logits."""
+    base = _logp(tail, fr, None, tile_rows)
+    parts = [np.asarray(d, np.float64) for d in parts]
+    out = []
+    P = fr.slop
+    for sv in strengths:
+        if len(sv) != len(parts):
+            raise ValueError(f"a strength per part: {len(parts)} parts, got {list(sv)}")
+        dW = sum(float(x) * d for x, d in zip(sv, parts))
+        lp = _logp(tail, fr, dW, tile_rows)
+        p0, p1 = np.exp(base[:P]), np.exp(lp[:P])
+        cut = {int(ph): float(1.0 - p1[fr.phrase == ph].mean() / p0[fr.phrase == ph].mean())
+               for ph in np.unique(fr.phrase)}
+        d = (lp - base)[P:]
+        words = np.unique(fr.word)
+        out.append(Point(tuple(float(x) for x in sv), cut, float(1.0 - p1.mean() / p0.mean()) if P else None,
+                         {int(w): float(d[fr.word == w].mean()) for w in words},
+                         {int(w): float(np.mean(d[fr.word == w] < low)) for w in words},
+                         {int(w): int(np.sum(fr.word == w)) for w in words}))
+    return out
+
+
+def choose(points: Sequence[Point], *, min_mean: float, max_low_share: float) -> tuple[Point, bool]:
+    """(the point passing (d) with the largest mean cut over its phrases, ties to the larger total
+    strength; True), else (the point of the smallest total strength, False)."""
+    ok = [p for p in points if p.passes(min_mean, max_low_share)]
+    if ok:
+        return max(ok, key=lambda p: (float(np.mean(list(p.cut.values()))) if p.cut else 0.0, sum(p.strength))), True
+    return min(points, key=lambda p: sum(p.strength)), False
+
+
+def grid_points(grid: Sequence[float], phrases: int, limit: int = 256) -> list[tuple[float, ...]]:
+    """Every per-phrase combination of the grid's strengths, or (above `limit` combinations) one
+    shared strength for every phrase."""
+    grid = sorted(set(float(x) for x in grid))
+    if len(grid) ** phrases <= limit:
+        return [tuple(c) for c in itertools.product(grid, repeat=phrases)]
+    return [(g,) * phrases for g in grid]
+
+
+def choose_strength(cfg, tail, problem, mining: Mining, dev: Sequence[tuple[str, object]],
+                    collateral: Sequence[tuple[str, object]], bar_d: BarD):
+    """Per phrase, a strength of `cfg.strength_grid`: the combination whose dev collateral passes
+    (d) on the `dev` traces' legitimate uses with the largest mean dev cut, read off the frontier of
+    the per-phrase edits of the problem's first round. Returns (the problem at those strengths,
+    which the caller solves and ships; the report's section: the dev frontier, the chosen
+    strengths, whether (d) passed, and the same points on the `collateral` traces the bars score,
+    reported only)."""
+    import dataclasses
+
+    from exactedit.solvers.l47.config import WfldError
+    from exactedit.solvers.l47.solve import phrase_parts, scaled
+
+    fr = frontier_rows(dev, mining)
+    if fr is None or fr.word.size == 0:
+        raise WfldError("heldout", "uses", "choosing the strength on dev needs legitimate uses of the words in "
+                        "the held-out traces (none found): give a fixed --strength, or more held-out text")
+    n_ph = len(mining.phrases)
+    parts = phrase_parts(problem, n_ph)
+    combos = grid_points([s / cfg.strength for s in cfg.strength_grid], n_ph)
+    points = frontier(tail, parts, fr, combos, low=bar_d.low, tile_rows=cfg.tile_rows)
+    best, passed = choose(points, min_mean=bar_d.min_mean, max_low_share=bar_d.max_low_share)
+    words = [tail.tokens.piece(int(w)) for w in mining.words]
+    phrases = list(mining.phrases)
+    absolute = lambda p: dataclasses.replace(p, strength=tuple(x * cfg.strength for x in p.strength))  # noqa: E731
+    out = {"chosen": {phrases[i]: x * cfg.strength for i, x in enumerate(best.strength)}, "on": "dev",
+           "passed_d": passed, "solved_at": cfg.strength, "grid": sorted(set(cfg.strength_grid)),
+           "frontier": [absolute(p).to_json(phrases, words) for p in points]}
+    held = frontier_rows(collateral, mining)
+    if held is not None:   # the same points on the collateral the bars score: reported, never chosen on
+        out["collateral_frontier"] = [absolute(p).to_json(phrases, words) for p in frontier(
+            tail, parts, held, combos, low=bar_d.low, tile_rows=cfg.tile_rows)]
+    return (scaled(problem, best.strength) if any(x != 1.0 for x in best.strength) else problem), out

@@ -1,0 +1,211 @@
+"""dataset corpus (runs/data/corpus.py) without an engine: the stdlib docstring walker (skips,
+bounds, order), uses and slop contexts by the shared matcher on the synthetic word table, window
+cutting and merging, the split by source document, the round-robin budget, and the plan on a
+synthetic corpus; capture_dump's keep_logits. The live build on SmolLM2 is test_live_corpus.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from exactedit.native.llamacpp.engine import EngineError
+from exactedit.runs.data.corpus import (CorpusConfig, Source, merge, phrase_words, plan, scan, select, split_sources,
+    stdlib_sources, text_sources, window)
+from exactedit.solvers.phrases import PhraseMatcher, TokenBytes
+from exactedit.solvers.tail.model import TokenTable
+from tests.solvers.l47 import synth
+
+
+@pytest.fixture(scope="module")
+def table():
+    tokens, types = synth.vocab()
+    return TokenTable(tuple(tokens), tuple(types), "bpe")
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return synth.Ids()
+
+
+@pytest.fixture(scope="module")
+def matcher(table):
+    return PhraseMatcher(synth.PHRASES, TokenBytes(table))
+
+
+def test_stdlib_walker_takes_docstrings_in_order_and_skips(tmp_path):
+    def put(rel, text):
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+
+    put("b.py", '"""Module b.\n\n\n\n   Indented   line.   """\nclass C:\n    """Class C."""\n'
+                '    def f(self):\n        """Method f."""\n    async def g(self):\n        """Coroutine g."""\n')
+    put("a/x.py", 'def h():\n    """Function h."""\n')
+    put("a/none.py", "x = 1\n")
+    put("bad.py", '"""Broken."""\ndef (:\n')
+    put("big.py", '"""Big."""\n' + "#" * 2000 + "\n")
+    for skip in ("test", "tests", "idlelib", "lib2to3", "site-packages", "pkg/tests"):
+        put(f"{skip}/s.py", '"""Skipped."""\n')
+    put("notes.txt", '"""Not python."""\n')
+    got = stdlib_sources(tmp_path, max_file_bytes=1000)
+    assert [s.name for s in got] == ["stdlib:a/x.py", "stdlib:b.py"]
+    assert got[1].text == "Module b.\n\nIndented   line.\n\nClass C.\n\nMethod f.\n\nCoroutine g."
+    assert stdlib_sources(tmp_path, max_file_bytes=1000) == got                 # deterministic
+    assert [s.name for s in stdlib_sources(tmp_path)][:2] == ["stdlib:a/x.py", "stdlib:b.py"]
+    assert "stdlib:big.py" in [s.name for s in stdlib_sources(tmp_path)]      # under the default bound
+
+
+def test_the_real_stdlib_gives_prose_sources():
+    got = stdlib_sources()
+    names = [s.name for s in got]
+    assert len(got) > 100 and names == sorted(names)
+    assert "stdlib:json/decoder.py" in names
+    assert not any("/test/" in n or n.startswith(("stdlib:test/", "stdlib:idlelib/")) for n in names)
+    assert all(s.text.strip() for s in got)
+
+
+def test_text_sources_are_named_by_file_and_checked(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "t.txt").write_text("one text")
+    (tmp_path / "u.txt").write_text("other")
+    assert text_sources([tmp_path / "a" / "t.txt", tmp_path / "u.txt"]) == [Source("t.txt", "one text"),
+                                                                           Source("u.txt", "other")]
+    (tmp_path / "t.txt").write_text("same name")
+    with pytest.raises(EngineError, match="also named"):
+        text_sources([tmp_path / "a" / "t.txt", tmp_path / "t.txt"])
+    (tmp_path / "bin.txt").write_bytes(b"\xff\xfe")
+    with pytest.raises(EngineError, match="UTF-8"):
+        text_sources([tmp_path / "bin.txt"])
+
+
+def test_words_are_the_phrases_final_tokens(table, ids):
+    assert phrase_words(table, ["rather than", "end to end"]) == tuple(sorted(ids(" than", " end")))
+
+
+def test_scan_excludes_slop_contexts_by_the_shared_matcher(ids, matcher):
+    w = np.asarray(sorted(ids(" than", " end")))
+    toks = ids.text("we do more than this rather than it. the end to end test is at the end")
+    uses, word, slop = scan(toks, w, matcher)
+    nxt = np.asarray(toks)[1:]
+    # " than" after "more": a use; after "rather": the phrase's context; " end" after "the": a use (twice),
+    # the second " end" of "end to end" is a context
+    assert sorted(np.asarray(toks)[uses + 1].tolist()) == sorted(ids(" than", " end", " end"))
+    assert [int(nxt[r]) for r in slop] == ids(" than", " end")
+    assert np.array_equal(w[word], np.asarray(toks)[uses + 1])
+    assert not set(uses.tolist()) & set(slop.tolist())
+
+
+def test_window_and_merge():
+    cfg = CorpusConfig(context=4, after=2, max_window=12)
+    assert window(10, 100, cfg) == (7, 14)          # rows 7..10 of context, the word at 11, 2 more
+    assert window(1, 100, cfg) == (0, 5) and window(97, 100, cfg) == (94, 100)
+    assert merge([(7, 14), (0, 5), (12, 19)], 12) == [(0, 5), (7, 19)]
+    assert merge([(0, 5), (5, 9)], 12) == [(0, 9)]                  # touching spans merge
+    assert merge([(0, 10), (5, 15)], 12) == [(0, 10), (10, 15)]     # too long: no token twice
+    assert merge([(0, 10), (2, 8)], 12) == [(0, 10)]
+
+
+def test_split_is_by_source_stable_and_cut_by_shares():
+    names = [f"stdlib:m{i}.py" for i in range(40)]
+    cfg = CorpusConfig()
+    g = split_sources(names, cfg)
+    assert {k: len(v) for k, v in g.items()} == {"solve": 20, "dev": 10, "collateral": 10}
+    assert sorted(i for v in g.values() for i in v) == list(range(40))
+    assert split_sources(names, cfg) == g
+    assert split_sources(names[::-1], cfg)["dev"] == sorted(39 - i for i in g["dev"])
+    assert split_sources(names, CorpusConfig(seed=1)) != g
+    assert all(len(v) == 1 for v in split_sources(names[:3], cfg).values())
+    with pytest.raises(EngineError, match="shares"):
+        CorpusConfig(solve=0.5, dev=0.5, collateral=0.25)
+    with pytest.raises(EngineError, match="max_window"):
+        CorpusConfig(context=48, after=8, max_window=40)
+
+
+def test_round_robin_budget_does_not_starve_the_rare_word():
+    cfg = CorpusConfig(context=4, after=1, max_window=64)      # a window is 6 tokens away from the edges
+    common = [(0, r) for r in range(10, 1000, 20)]             # 50 uses, far apart
+    rare = [(1, 10), (1, 50)]
+    spans, taken = select([common, rare], [1000, 100], 70, cfg)
+    assert taken == [9, 2] and sum(b - a for s in spans.values() for a, b in s) == 66
+    spans, taken = select([rare, common], [1000, 100], 70, cfg)
+    assert taken == [2, 9]
+    spans, taken = select([common, rare], [1000, 100], 1000, cfg)
+    assert taken == [50, 2]                                     # the rare word runs out, the other goes on
+    # a use inside a window already taken costs nothing and takes no window
+    spans, taken = select([[(0, 10)], [(0, 11)]], [100], 100, cfg)
+    assert taken == [1, 0] and spans == {0: [(7, 13)]}
+    # overlapping windows merge and cost only their union
+    spans, taken = select([[(0, 10), (0, 13)]], [100], 10, cfg)
+    assert taken == [2] and spans == {0: [(7, 16)]}
+    assert select([common], [1000], 5, cfg) == ({}, [0])      # nothing fits
+
+
+def test_plan_on_a_synthetic_corpus(ids, matcher):
+    words = {ids(" than")[0]: " than", ids(" end")[0]: " end"}
+    sentences = ["we do more than this.", "the end is today.", "rather than this, we go.", "end to end now."]
+    sources = [Source(f"s{k}", " ".join(sentences[(k + j) % 4] for j in range(3 + k % 5))) for k in range(24)]
+    tokens = [np.asarray(ids.text(s.text), np.int32) for s in sources]
+    cfg = CorpusConfig(context=5, after=2, max_window=64, max_tokens=240)
+    p = plan(sources, tokens, words, matcher, cfg)
+    assert plan(sources, tokens, words, matcher, cfg) == p                      # deterministic
+    assert [x.name for x in p.parts] == ["solve", "dev", "collateral"]
+    assert [x.budget for x in p.parts] == [120, 60, 60]
+    assert [x.assigned for x in p.parts] == [12, 6, 6]
+    seen = [set(x.sources) for x in p.parts]
+    assert not (seen[0] & seen[1] or seen[0] & seen[2] or seen[1] & seen[2])   # no source in two parts
+    for x in p.parts:
+        assert 0 < x.rows <= x.budget and x.windows == len(p.windows[x.name])
+        assert x.uses[" than"] > 0 and x.uses[" end"] > 0
+        assert abs(x.taken[" than"] - x.taken[" end"]) <= 1 or min(x.taken.values()) == 0
+        # uses inside the windows, recounted row by row: next token a word, no phrase prefix before it
+        n = 0
+        for d, a, b in p.windows[x.name]:
+            t = tokens[d][a:b]
+            for r in range(t.size - 1):
+                if int(t[r + 1]) in words and matcher.match_row(t, r, int(t[r + 1]), 0) is None:
+                    n += 1
+        assert n == sum(x.uses.values())
+    assert p.corpus["sources"] == 24 and p.corpus["slop_contexts"] > 0
+
+
+def test_capture_keep_logits_is_a_keyword_defaulting_to_true():
+    import inspect
+
+    from exactedit.native.llamacpp.capture import capture_dump
+
+    param = inspect.signature(capture_dump).parameters["keep_logits"]
+    assert param.default is True and param.kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_build_refuses_an_existing_out(tmp_path):
+    from exactedit.runs.data.corpus import build_corpus
+
+    with pytest.raises(EngineError, match="exists"):
+        build_corpus("m.gguf", ["you can use"], tmp_path)
+
+
+def test_cli_dataset_corpus_wires_flags_and_reports_config_errors_cleanly(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from exactedit import cli
+    from exactedit.runs.data import corpus as corpus_mod
+
+    (tmp_path / "m.gguf").write_bytes(b"")
+    (tmp_path / "p.txt").write_text("you can use\n")
+    args = ["dataset", "corpus", "--model", str(tmp_path / "m.gguf"), "--phrases", str(tmp_path / "p.txt"),
+            "--out", str(tmp_path / "out")]
+    res = CliRunner().invoke(cli.main, args + ["--solve", "0.9"])
+    assert res.exit_code == 1 and "shares" in res.output and "Traceback" not in res.output
+    seen = {}
+
+    def fake(model, phrases, out, *, texts, config, settings, overwrite, progress):
+        seen.update(phrases=phrases, texts=texts, config=config, overwrite=overwrite)
+        return corpus_mod.CorpusResult(tmp_path / "out", {" use": 7}, {"sources": 1, "tokens": 9, "uses": {" use": 1},
+                                       "slop_contexts": 0}, (), (), {}, {})
+
+    monkeypatch.setattr(corpus_mod, "build_corpus", fake)
+    res = CliRunner().invoke(cli.main, args + ["--max-tokens", "600", "--context", "16", "--seed", "3", "--json",
+                                               "--texts", str(tmp_path / "p.txt")])
+    assert res.exit_code == 0, res.output
+    assert seen["config"] == CorpusConfig(max_tokens=600, context=16, seed=3) and seen["phrases"] == ["you can use"]
+    assert seen["texts"] == [str(tmp_path / "p.txt")]
+    assert '"words"' in res.output
