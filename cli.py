@@ -510,10 +510,10 @@ def persona_cmd(model, out, as_json, **given) -> None:
               help="Fixture directory (default: the bundled fixtures/default).")
 @click.option("--model", default=None,
               help="Run the real-model loop instead (`exactedit antislop` with the model's bundled inputs and "
-                   "settings, native/runs/data/NAME/), on this public model (qwen, gemma) through llama.cpp.")
+                   "settings, runs/bundled/NAME/antislop/), on this public model (qwen, gemma) through llama.cpp.")
 @click.option("--persona", is_flag=True, default=False,
               help="With --model: the persona run instead (`exactedit persona` with the model's bundled persona, "
-                   "style and prompts, native/runs/data/NAME/persona.toml).")
+                   "style and prompts, runs/bundled/NAME/persona/persona.toml).")
 @_loop_options(demo=True)
 @JSON_FLAG
 def demo_cmd(out, fixture, model, persona, as_json, **given) -> None:

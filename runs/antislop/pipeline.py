@@ -27,7 +27,7 @@ JSON) and held-out rate prompts, into DIR:
 then DIR/report.md, DIR/report.json and PNGs, with `new_slop` (discover on the weights arm's replies
 against base's). Each stage is keyed by the sha256 of its inputs (runs/loop/stages.py):
 rerunning with the same DIR continues where a run stopped and redoes a stage whose inputs changed.
-`exactedit demo --model NAME` is this run with the model's bundled inputs (native/runs/data/NAME/).
+`exactedit demo --model NAME` is this run with the model's bundled inputs (runs/bundled/NAME/antislop/).
 Each step is the library call behind its CLI command; nothing here prints.
 """
 from __future__ import annotations

@@ -116,7 +116,7 @@ def run_persona(cfg: PersonaConfig, out, *, progress: Progress | None = None, co
 
 
 def _generate(r: _Run, model, prompts: Sequence[str], system: str | None, seeds: Sequence[int], label: str):
-    """Per prompt, one sample per seed (batched, the model's own turn end; native/runs/mine.generate)."""
+    """Per prompt, one sample per seed (batched, the model's own turn end; runs/data/mine.generate_replies)."""
     from exactedit.native.llamacpp.chat import prompt_tokens
     from exactedit.native.llamacpp.engine import EngineSettings, LlamaEngine
     from exactedit.runs.data.mine import MineConfig, generate_replies

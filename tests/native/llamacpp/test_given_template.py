@@ -122,7 +122,7 @@ def test_the_manifest_reads_the_framing_wherever_a_command_recorded_it(meta, fra
 
 
 def test_the_bundled_gemma_template_renders_gemma_3s_turns(tmp_path):
-    """native/runs/data/gemma/chat_template.jinja: one <bos>, Gemma 3's turns, the assistant named
+    """runs/bundled/gemma/chat_template.jinja: one <bos>, Gemma 3's turns, the assistant named
     "model", a system message folded into the first user turn (as Gemma's own template does)."""
     from exactedit.runs.loop.inputs import BUNDLED
 
