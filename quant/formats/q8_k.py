@@ -18,6 +18,8 @@ import numba
 import numpy as np
 from numba import prange
 
+from exactedit.quant.formats.c_int import nearest_int, nearest_int_ref
+
 NAME = "Q8_K"
 QK, BLOCK_BYTES = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_K]
 N_SUMS = QK // 16
@@ -53,9 +55,10 @@ def quantize_ref(x: np.ndarray) -> np.ndarray:
     live = amax != 0
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         iscale = np.where(live, np.float32(-127) / np.where(live, vmax, 1), 0).astype(np.float32)
-        v = np.rint((iscale[:, None] * xb).astype(np.float32))
-        v = np.where(np.isnan(v), 0, v)  # ggml's nearest_int maps NaN to 0
-        qs = np.where(live[:, None], np.minimum(v, 127), 0).astype(np.int8)
+        # ggml: qs = (int8_t) MIN(127, nearest_int(iscale * x)); a tiny block's iscale overflows to
+        # -inf, and nearest_int maps +-inf and NaN to -2^22, whose low byte is 0
+        v = np.minimum(nearest_int_ref((iscale[:, None] * xb).astype(np.float32)), 127)
+        qs = np.where(live[:, None], ((v + 128) & 0xFF) - 128, 0).astype(np.int8)
         blocks["qs"] = qs
         blocks["bsums"] = qs.reshape(nb, N_SUMS, 16).astype(np.int32).sum(axis=2).astype(np.int16)
         blocks["d"] = np.where(live, np.float32(1) / np.where(live, iscale, 1), 0).astype(np.float32)
@@ -86,10 +89,9 @@ def _quantize_row(x, d, qs, bsums):
             continue
         iscale = np.float32(-127) / vmax
         for j in range(QK):
-            v = np.rint(iscale * xs[j])
-            if v != v:  # ggml's nearest_int maps NaN to 0
-                v = np.float32(0)
-            qs[b, j] = np.int8(v if v < 127 else 127)
+            v = nearest_int(np.float32(iscale * xs[j]))      # (int8_t) MIN(127, nearest_int(.)), as ggml
+            v = v if v < 127 else np.int64(127)
+            qs[b, j] = np.int8(((v + 128) & 0xFF) - 128)
         for j in range(N_SUMS):
             s = 0
             for i in range(16):

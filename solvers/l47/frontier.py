@@ -18,6 +18,7 @@ and shipped exactly; the frontier is an estimate for choosing only.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from typing import Sequence
@@ -25,10 +26,13 @@ from typing import Sequence
 import numpy as np
 
 from exactedit.solvers.tail.passes.vocab_pass import vocab_pass
+from exactedit.solvers.l47 import gauss_newton as wfld
 from exactedit.solvers.l47.jacobian import gather_rows
 from exactedit.solvers.l47.mining import Mining
+from exactedit.solvers.l47.problem import WfldProblem
 
-__all__ = ["BarD", "FrontierRows", "Point", "choose", "choose_strength", "frontier", "frontier_rows", "grid_points"]
+__all__ = ["BarD", "FrontierRows", "Point", "choose", "choose_strength", "condition_phrase", "frontier", "frontier_rows",
+           "grid_points", "phrase_parts", "scaled"]
 
 
 @dataclass(frozen=True)
@@ -150,10 +154,7 @@ def choose_strength(cfg, tail, problem, mining: Mining, dev: Sequence[tuple[str,
     which the caller solves and ships; the report's section: the dev frontier, the chosen
     strengths, whether (d) passed, and the same points on the `collateral` traces the bars score,
     reported only)."""
-    import dataclasses
-
     from exactedit.solvers.l47.config import WfldError
-    from exactedit.solvers.l47.solve import phrase_parts, scaled
 
     fr = frontier_rows(dev, mining)
     if fr is None or fr.word.size == 0:
@@ -175,3 +176,35 @@ def choose_strength(cfg, tail, problem, mining: Mining, dev: Sequence[tuple[str,
         out["collateral_frontier"] = [absolute(p).to_json(phrases, words) for p in frontier(
             tail, parts, held, combos, low=bar_d.low, tile_rows=cfg.tile_rows)]
     return (scaled(problem, best.strength) if any(x != 1.0 for x in best.strength) else problem), out
+
+
+def condition_phrase(problem: WfldProblem) -> np.ndarray:
+    """int64 [K]: each condition's phrase (index into the phrases) at FTPO rows, -1 at the holds'
+    rows (anchors, word holds)."""
+    P = problem.ftpo.rejected.size
+    slot = problem.cond.slot
+    return np.where(slot < P, np.asarray(problem.ftpo.phrase, np.int64)[np.minimum(slot, max(P - 1, 0))], -1)
+
+
+def scaled(problem: WfldProblem, scale) -> WfldProblem:
+    """The same problem with every target multiplied by `scale`: one number, or one per phrase
+    (the targets at that phrase's FTPO rows); the holds' targets are 0 and stay held. The targets
+    are logit changes, solved for from the base by Gauss-Newton and re-scored exactly, so a scaled
+    problem is exact whatever the tail's curvature (not a scaled edit)."""
+    sv = np.asarray(scale, dtype=np.float64)
+    if sv.ndim == 0:
+        factor = np.full(problem.cond.size, float(sv))
+    else:
+        ph = condition_phrase(problem)
+        factor = np.where(ph >= 0, sv[np.maximum(ph, 0)], 1.0)
+    return dataclasses.replace(problem, cond=problem.cond._replace(target=problem.cond.target * factor))
+
+
+def phrase_parts(problem: WfldProblem, phrases: int) -> list[np.ndarray]:
+    """Per phrase, the first Gauss-Newton round's edit for that phrase's targets alone (every other
+    target and every hold at 0), at the base linearization: their sum is that round's edit, in dW
+    (their effects on the logits do not add up through the nonlinear tail, post-FFN norm or not:
+    `frontier` scores every combination exactly)."""
+    ph = condition_phrase(problem)
+    bs = np.stack([np.where(ph == p, problem.cond.target, 0.0) for p in range(phrases)], axis=1)
+    return wfld.min_norm_parts(problem.base.U, problem.hh, problem.M, bs, problem.cond.eps)

@@ -9,7 +9,6 @@ never reads a protocol, a ledger or a split (bar (d)'s thresholds come in as dat
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -21,8 +20,7 @@ from exactedit.solvers.l47 import ship as ship_mod
 from exactedit.solvers.l47.config import WfldConfig
 from exactedit.solvers.l47.problem import WfldProblem
 
-__all__ = ["DenseInputs", "DenseResult", "Summaries", "condition_phrase", "null_summary", "phrase_parts", "scaled",
-           "solve", "solve_dense", "summaries"]
+__all__ = ["DenseInputs", "DenseResult", "Summaries", "null_summary", "solve", "solve_dense", "summaries"]
 
 Named = Sequence[tuple[str, object]]        # (trace name, dump) pairs
 
@@ -80,38 +78,6 @@ def solve(problem: WfldProblem, cfg: WfldConfig, progress: Callable[[int, int], 
     """`cfg.gn_iters` Gauss-Newton rounds from the base, each shipped by the problem's shipper."""
     return wfld.gauss_newton(problem.w0, problem.cond, problem.hh, problem.M, problem.evaluate, problem.shipper,
                              iters=cfg.gn_iters, tol=cfg.gn_tol, base=problem.base, progress=progress)
-
-
-def condition_phrase(problem: WfldProblem) -> np.ndarray:
-    """int64 [K]: each condition's phrase (index into the phrases) at FTPO rows, -1 at the holds'
-    rows (anchors, word holds)."""
-    P = problem.ftpo.rejected.size
-    slot = problem.cond.slot
-    return np.where(slot < P, np.asarray(problem.ftpo.phrase, np.int64)[np.minimum(slot, max(P - 1, 0))], -1)
-
-
-def scaled(problem: WfldProblem, scale) -> WfldProblem:
-    """The same problem with every target multiplied by `scale`: one number, or one per phrase
-    (the targets at that phrase's FTPO rows); the holds' targets are 0 and stay held. The targets
-    are logit changes, solved for from the base by Gauss-Newton and re-scored exactly, so a scaled
-    problem is exact whatever the tail's curvature (not a scaled edit)."""
-    sv = np.asarray(scale, dtype=np.float64)
-    if sv.ndim == 0:
-        factor = np.full(problem.cond.size, float(sv))
-    else:
-        ph = condition_phrase(problem)
-        factor = np.where(ph >= 0, sv[np.maximum(ph, 0)], 1.0)
-    return dataclasses.replace(problem, cond=problem.cond._replace(target=problem.cond.target * factor))
-
-
-def phrase_parts(problem: WfldProblem, phrases: int) -> list[np.ndarray]:
-    """Per phrase, the first Gauss-Newton round's edit for that phrase's targets alone (every other
-    target and every hold at 0), at the base linearization: their sum is that round's edit, in dW
-    (their effects on the logits do not add up through the nonlinear tail, post-FFN norm or not:
-    `frontier` scores every combination exactly)."""
-    ph = condition_phrase(problem)
-    bs = np.stack([np.where(ph == p, problem.cond.target, 0.0) for p in range(phrases)], axis=1)
-    return wfld.min_norm_parts(problem.base.U, problem.hh, problem.M, bs, problem.cond.eps)
 
 
 def null_summary(groups, B, w0, gn: wfld.GaussNewton) -> dict:

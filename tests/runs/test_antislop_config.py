@@ -7,11 +7,11 @@ import pytest
 from exactedit.evals.protocol.protocol import load_protocol, resolve_tokens
 from exactedit.runs.antislop.config import AntislopConfig, AntislopError
 from exactedit.runs.loop.inputs import BUNDLED, lines as _lines
-from exactedit.runs.antislop.pipeline import write_protocol
+from exactedit.runs.antislop.pipeline import write_run_protocol
 
 
 def test_protocol_loads_with_fixed_roles_and_id_tokens(tmp_path):
-    p = write_protocol(tmp_path / "protocol.toml", tmp_path / "data", "demo-x", specials=(3, 1), turn_end=2,
+    p = write_run_protocol(tmp_path / "protocol.toml", tmp_path / "data", "demo-x", specials=(3, 1), turn_end=2,
                        tuples=[(10, 11, 12), (20, 21)])
     proto = load_protocol(p)
     assert {t.name: t.role for t in proto.traces} == {"train": "train", "heldout": "dev",
@@ -97,7 +97,7 @@ def test_protocol_is_the_one_string_concatenation_wrote(tmp_path):
     args = (tmp_path / "data", "demo-x", (3, 1), 2, [(10, 11, 12), (20, 21)])
     old = tmp_path / "old.toml"
     old.write_text(_former_protocol_text(*args), encoding="utf-8")
-    new = load_protocol(write_protocol(tmp_path / "protocol.toml", *args))
+    new = load_protocol(write_run_protocol(tmp_path / "protocol.toml", *args))
     assert replace(new, path=old, sha256="") == replace(load_protocol(old), sha256="")
 
 

@@ -219,7 +219,7 @@ def test_the_frontier_is_the_exact_rescore_at_each_strength(world):  # noqa: F81
 def test_phrase_parts_sum_to_the_first_round_and_scale_per_phrase(world):  # noqa: F811
     """The per-phrase edits of the first Gauss-Newton round add up to that round's edit (the
     solve is linear in its targets), and `scaled` multiplies exactly one phrase's targets."""
-    from exactedit.solvers.l47.solve import condition_phrase, phrase_parts, scaled
+    from exactedit.solvers.l47.frontier import condition_phrase, phrase_parts, scaled
 
     p = world["problem"]
     n_ph = len(world["mining"].phrases)
