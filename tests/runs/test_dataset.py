@@ -64,14 +64,14 @@ def test_a_refused_template_stops_mine_and_dataset_build_unless_a_fallback_is_na
     monkeypatch.setattr(mine_mod, "model_chat", model_chat)
     monkeypatch.setattr(ds_mod, "model_chat", model_chat)
     with pytest.raises(Refused):
-        mine_mod.mine("m.gguf", ["a prompt"], ["you can use"], None, config=MineConfig())
+        mine_mod.run_mine("m.gguf", ["a prompt"], ["you can use"], None, config=MineConfig())
     with pytest.raises(Refused):
-        mine_mod.mine("m.gguf", ["a prompt"], ["you can use"], None, config=MineConfig(chat_fallback="chatml"))
+        mine_mod.run_mine("m.gguf", ["a prompt"], ["you can use"], None, config=MineConfig(chat_fallback="chatml"))
     with pytest.raises(Refused):
         ds_mod.build_dataset("m.gguf", ["p1", "p2", "p3", "p4"], ["you can use"], tmp_path / "out",
                              config=DatasetConfig(chat_fallback="chatml"))
     with pytest.raises(Refused):      # a given template reaches model_chat from both commands
-        mine_mod.mine("m.gguf", ["a prompt"], ["you can use"], None, config=MineConfig(chat_template="t.jinja"))
+        mine_mod.run_mine("m.gguf", ["a prompt"], ["you can use"], None, config=MineConfig(chat_template="t.jinja"))
     with pytest.raises(Refused):
         ds_mod.build_dataset("m.gguf", ["p1", "p2", "p3", "p4"], ["you can use"], tmp_path / "out",
                              config=DatasetConfig(chat_template="t.jinja"))

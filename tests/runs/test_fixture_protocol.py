@@ -10,7 +10,7 @@ from exactedit.runs.eval import workflow
 from exactedit.evals.scoring.evaluate import ScoreConfig
 from exactedit.evals.protocol.protocol import load_protocol, resolve_tokens
 
-FIXTURE = Path(__file__).resolve().parents[3] / "fixtures" / "default"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "default"
 pytestmark = pytest.mark.skipif(not (FIXTURE / "model.gguf").exists(), reason="the default fixture is not built")
 
 

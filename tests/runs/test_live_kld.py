@@ -28,7 +28,7 @@ pytestmark = pytest.mark.live
 
 TEXT = Path(__file__).parent / "data" / "kld_text.txt"
 TOOL_ENV = "EXACTEDIT_LLAMA_PERPLEXITY"
-TOOL = Path(__file__).resolve().parents[3].parent / "shared" / "tools" / "llama-perplexity-0.3.36" / "llama-perplexity"
+TOOL = Path(__file__).resolve().parents[2].parent / "shared" / "tools" / "llama-perplexity-0.3.36" / "llama-perplexity"
 N_CTX = 512
 DOWN_ROWS = np.arange(0, 1536, 24)      # 64 of blk.27.ffn_down's 1,536 output rows
 

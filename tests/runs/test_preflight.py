@@ -145,12 +145,12 @@ def test_every_problem_in_one_error(smollm, tmp_path):
 
 @pytest.mark.live
 def test_gemma_has_no_template_unless_given():
-    from exactedit.native import runs
+    from exactedit.runs.loop.inputs import BUNDLED
 
     gemma = oracles.live_model("gemma")
     p = only(refusal(gemma, ["delve into"]), "tokenizer.chat_template")
     assert p.path == str(gemma) and "--chat-template FILE" in p.message
-    tpl = Path(runs.__file__).parent / "data" / "gemma" / "chat_template.jinja"   # the bundled one
+    tpl = BUNDLED / "gemma" / "chat_template.jinja"   # the bundled one
     r = preflight(gemma, ["delve into"], chat_template=tpl)
     assert r.template == f"user:{tpl}"
     assert (r.tail, r.head_type, r.edited_type, r.tied) == ("rmsnorm", "Q8_0", "Q6_K", True)
