@@ -755,8 +755,9 @@ def mine_cmd(engine_name, model, prompts, phrases, top, out, replies_out, edited
     _refuse_clobber({"--out": out, "--png": png, "--replies": replies_out},
                     {"--model": model, "--prompts": prompts, "--phrases": phrases, "--edited": edited,
                      "--shape": shape_rules, "--chat-template": chat_template})
-    cfg = MineConfig(max_new=max_new, temperature=temperature, top_k=top_k, seed=seed, samples=samples,
-                     capitalized=capitalized, n_boot=n_boot, tags=tuple(tags), source=source or "mine",
+    from exactedit.native.llamacpp import Sampling
+
+    cfg = MineConfig(sampling=Sampling(max_new, temperature, top_k, seed), samples=samples, capitalized=capitalized, n_boot=n_boot, tags=tuple(tags), source=source or "mine",
                      character=character, chat_fallback=chat_fallback, chat_template=chat_template)
     res = with_progress("sampling", run_mine, model, _lines(prompts), _phrases(phrases, top), out, edited=edited, config=cfg,
                         settings=_settings(**flags), processors=shape_processors(model, shape_rules, edited),
@@ -1048,7 +1049,14 @@ def dataset_build(model, prompts, phrases, top, texts, out, overwrite, as_json, 
 
     _refuse_clobber({"--out": out}, {"--model": model, "--prompts": prompts, "--phrases": phrases, "--texts": texts,
                                      "--chat-template": flags.get("chat_template")})
-    cfg = DatasetConfig(**flags)
+    from exactedit.native.llamacpp import Sampling
+    from exactedit.runs import MineConfig
+
+    mine = MineConfig(sampling=Sampling(flags.pop("max_new"), flags.pop("temperature"), flags.pop("top_k"),
+                                        flags.pop("seed")), samples=flags.pop("samples"), n_boot=0,
+                      capitalized=flags.pop("capitalized"), chat_fallback=flags.pop("chat_fallback"),
+                      chat_template=flags.pop("chat_template"))
+    cfg = DatasetConfig(mine=mine, **flags)
     files = sorted(Path(texts).glob("*.txt")) if texts else []
     res = with_progress("sampling", build_dataset, model, _lines(prompts), _phrases(phrases, top), out, texts=files,
                         config=cfg, settings=_settings(n_ctx, n_batch, n_ubatch, n_threads, flash_attn),

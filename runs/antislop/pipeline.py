@@ -124,14 +124,17 @@ def run_antislop(cfg: AntislopConfig, out, *, progress: Progress | None = None, 
 
 
 def _data(r: _Run) -> dict:
+    from exactedit.native.llamacpp.generate import Sampling
     from exactedit.runs.data.dataset import DatasetConfig, build_dataset
+    from exactedit.runs.data.mine import MineConfig
 
     c = r.cfg
 
     def build():
+        mine = MineConfig(sampling=Sampling(max_new=c.max_new, seed=c.seed), samples=c.samples, n_boot=0,
+                          chat_template=r.tpl_path)
         ds = build_dataset(r.model, r.prompts, r.phrases, r.out / "data", texts=r.texts,
-                           config=DatasetConfig(samples=c.samples, max_new=c.max_new, seed=c.seed,
-                                                chat_template=r.tpl_path), progress=r.tick("dataset"))
+                           config=DatasetConfig(mine=mine), progress=r.tick("dataset"))
         return {**ds.to_dict(), "tuples": [list(t) for t in ds.tuples("train", "heldout")]}
 
     return r.run("data", {"prompts": list(r.prompts), "phrases": list(r.phrases), "texts": r.sha["texts"],

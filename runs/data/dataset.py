@@ -40,6 +40,7 @@ from exactedit.native.llamacpp.capture import CaptureDoc, capture_dump
 from exactedit.native.llamacpp.chat import model_chat, prompt_tokens, reply_name, short_hash
 from exactedit.native.llamacpp.documents import labelled
 from exactedit.native.llamacpp.engine import EngineError, EngineSettings, LlamaEngine
+from exactedit.native.llamacpp.generate import Sampling
 from exactedit.runs.data.mine import MineConfig, generate_replies, reply_infos, reply_record
 from exactedit.files import atomic_write_text
 from exactedit.solvers.l47.mining import mine as mine_dumps
@@ -57,18 +58,14 @@ MIN_ANCHOR_ROWS = 256    # anchor rows (the special-token holds pick this many b
 
 @dataclass(frozen=True)
 class DatasetConfig:
-    samples: int = 2
-    max_new: int = 256
-    temperature: float = 0.8
-    top_k: int = 40
-    seed: int = 0
+    """`dataset build`: how the replies are sampled (`mine`: its sampling, replies per prompt, the
+    chat's framing) and how prompts are split; the split's order is keyed by the sampling seed."""
+
+    mine: MineConfig = MineConfig(sampling=Sampling(max_new=256), samples=2, n_boot=0)
     heldout: float = 0.25
     collateral: float = 0.15
     anchor: float = 0.15
     chunk: int = 256
-    capitalized: bool = True
-    chat_fallback: str | None = None      # the framing when the model's template is refused (native.llamacpp.chat)
-    chat_template: str | None = None      # a Jinja2 chat template file, used instead of the model's (native.llamacpp.chat)
 
     def __post_init__(self):
         shares = (self.heldout, self.collateral, self.anchor)
@@ -77,12 +74,20 @@ class DatasetConfig:
                               "and leave some prompts for train")
         if self.chunk < 16:
             raise EngineError("DatasetConfig", "chunk", f"expected >= 16 tokens, got {self.chunk}")
-        self.mine_config()
+        if not isinstance(self.mine, MineConfig):
+            raise EngineError("DatasetConfig", "mine", f"expected a MineConfig, got {type(self.mine).__name__}")
 
-    def mine_config(self) -> MineConfig:
-        return MineConfig(max_new=self.max_new, temperature=self.temperature, top_k=self.top_k, seed=self.seed,
-                          samples=self.samples, capitalized=self.capitalized, n_boot=0,
-                          chat_fallback=self.chat_fallback, chat_template=self.chat_template)
+    @property
+    def seed(self) -> int:
+        return self.mine.sampling.seed
+
+    def record(self) -> dict:
+        """The settings as each dump's metadata records them (one flat table, the format's keys)."""
+        m, sp = self.mine, self.mine.sampling
+        return {"samples": m.samples, "max_new": sp.max_new, "temperature": sp.temperature, "top_k": sp.top_k,
+                "seed": sp.seed, "heldout": self.heldout, "collateral": self.collateral, "anchor": self.anchor,
+                "chunk": self.chunk, "capitalized": m.capitalized, "chat_fallback": m.chat_fallback,
+                "chat_template": m.chat_template}
 
 
 @dataclass(frozen=True)
@@ -204,12 +209,12 @@ def build_dataset(model, prompts: Sequence[str], phrases: Sequence[str], out, *,
     out = Path(out)
     if out.exists() and not overwrite:
         raise EngineError(out, "out", "exists (pass --overwrite to replace its dumps)")
-    chat = model_chat(model, fallback=cfg.chat_fallback, template=cfg.chat_template)
+    chat = model_chat(model, fallback=cfg.mine.chat_fallback, template=cfg.mine.chat_template)
     groups = split_prompts(prompts, cfg)
     with LlamaEngine(model, settings) as engine:
         ptoks = [prompt_tokens(engine, chat.prompt(p), engine.bos_if_added()) for p in prompts]
         text_docs = chunk_texts([Path(t) for t in texts], engine, chat, cfg.chunk)
-    samples = generate_replies(model, ptoks, chat, cfg.mine_config(), settings, None, progress)
+    samples = generate_replies(model, ptoks, chat, cfg.mine, settings, None, progress)
     replies: dict[int, list[CaptureDoc]] = {}
     for i, (p, row) in enumerate(zip(prompts, samples)):
         replies[i] = [labelled(chat, reply_name(p, s.seed), s.sequence, source="dataset", character=f"p-{short_hash(p)}",
@@ -217,7 +222,7 @@ def build_dataset(model, prompts: Sequence[str], phrases: Sequence[str], out, *,
     sets: dict[str, list[CaptureDoc]] = {k: [] for k in SETS}
     for g, idx in groups.items():
         sets[PROMPT_SETS[g]] += [d for i in idx for d in replies[i]]
-    probe = mine_dumps({"texts": _Mem(text_docs)}, phrases, chat.table, capitalized=cfg.capitalized) if text_docs else None
+    probe = mine_dumps({"texts": _Mem(text_docs)}, phrases, chat.table, capitalized=cfg.mine.capitalized) if text_docs else None
     with_uses = set()
     if probe is not None:
         tm = probe.trace("texts")
@@ -232,12 +237,12 @@ def build_dataset(model, prompts: Sequence[str], phrases: Sequence[str], out, *,
         if not docs:
             warnings.append(f"{name}: no documents (give more prompts{' or --texts' if name != 'train' else ''})")
             continue
-        found = minings[name] = mine_dumps({name: _Mem(docs)}, phrases, chat.table, capitalized=cfg.capitalized)
+        found = minings[name] = mine_dumps({name: _Mem(docs)}, phrases, chat.table, capitalized=cfg.mine.capitalized)
         tm = found.trace(name)
         per_doc = np.bincount(tm.doc, minlength=len(docs)) if tm.rows.size else np.zeros(len(docs), int)
         docs = [_retag(d, *(tags[name] if (name not in ("train", "heldout") or per_doc[k]) else ())) for k, d in enumerate(docs)]
         cap = capture_dump(model, docs, out / name, settings=settings, overwrite=overwrite,
-                           extra_meta={"dataset": {"set": name, "phrases": list(phrases), "config": asdict(cfg)},
+                           extra_meta={"dataset": {"set": name, "phrases": list(phrases), "config": cfg.record()},
                                        "chat": chat.to_dict()})
         roles = np.concatenate([d.roles for d in docs])
         words = [chat.table.decode([w]) for w in found.words]

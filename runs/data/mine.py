@@ -45,10 +45,7 @@ DEFAULT_STARTERS = ("Certainly", "Sure", "Absolutely", "Of course", "Great quest
 
 @dataclass(frozen=True)
 class MineConfig:
-    max_new: int = 256
-    temperature: float = 0.8
-    top_k: int = 40
-    seed: int = 0
+    sampling: Sampling = Sampling(max_new=256)   # how each reply is sampled; its seed is the first reply's
     samples: int = 1                      # replies per prompt (seeds seed, seed + 1, ...)
     starters: tuple[str, ...] = DEFAULT_STARTERS
     capitalized: bool = True
@@ -65,13 +62,11 @@ class MineConfig:
             raise EngineError("MineConfig", "values", "samples >= 1, n_boot >= 0 and 0 < level < 1")
         for name in ("starters", "tags"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
-        self.sampling()
-
-    def sampling(self) -> Sampling:
-        return Sampling(self.max_new, self.temperature, self.top_k, self.seed)
+        if not isinstance(self.sampling, Sampling):
+            raise EngineError("MineConfig", "sampling", f"expected a Sampling, got {type(self.sampling).__name__}")
 
     def seeds(self) -> tuple[int, ...]:
-        return tuple(self.seed + s for s in range(self.samples))
+        return tuple(self.sampling.seed + s for s in range(self.samples))
 
 
 @dataclass(frozen=True)
@@ -141,7 +136,7 @@ def generate_replies(model, prompt_tokens: Sequence[np.ndarray], chat: ModelChat
         # the model's own ends of generation, and any special llama.cpp also ends generation on
         stops = sorted(set(sp.end_of_generation) | {t for t in sp.specials
                                                     if engine.is_eog(t)})
-        return sample_all(engine, prompt_tokens, cfg.sampling(), cfg.seeds(), stop_ids=stops,
+        return sample_all(engine, prompt_tokens, cfg.sampling, cfg.seeds(), stop_ids=stops,
                           turn_end=sp.turn_end, processor=processor, sequential=sequential, progress=progress)
 
 
@@ -191,7 +186,7 @@ def run_mine(model, prompts: Sequence[str], phrases: Sequence[str], out=None, *,
         ed_infos = reply_infos(prompts, ed, chat)
         rates["edited"] = _style(ed, ed_infos, chat, cfg.starters)
     pr = phrase_rates(matcher, _replies(base), None if ed is None else _replies(ed), capitalized=cfg.capitalized,
-                      n_boot=cfg.n_boot, level=cfg.level, seed=cfg.seed)
+                      n_boot=cfg.n_boot, level=cfg.level, seed=cfg.sampling.seed)
     docs, contexts, first = [], [], 0
     for i, (p, row) in enumerate(zip(prompts, base)):
         for s in row:

@@ -119,13 +119,14 @@ def _generate(r: _Run, model, prompts: Sequence[str], system: str | None, seeds:
     """Per prompt, one sample per seed (batched, the model's own turn end; runs/data/mine.generate_replies)."""
     from exactedit.native.llamacpp.chat import prompt_tokens
     from exactedit.native.llamacpp.engine import EngineSettings, LlamaEngine
+    from exactedit.native.llamacpp.generate import Sampling
     from exactedit.runs.data.mine import MineConfig, generate_replies
 
     chat = r.chat()
     with LlamaEngine(model, EngineSettings()) as engine:
         bos = engine.bos_if_added()
         ptoks = [prompt_tokens(engine, chat.prompt(p, system), bos) for p in prompts]
-    mc = MineConfig(max_new=r.cfg.max_new, seed=int(seeds[0]), samples=len(seeds), n_boot=0,
+    mc = MineConfig(sampling=Sampling(max_new=r.cfg.max_new, seed=int(seeds[0])), samples=len(seeds), n_boot=0,
                     chat_template=r.tpl_path)
     return chat, generate_replies(model, ptoks, chat, mc, EngineSettings(), progress=r.tick(label))
 

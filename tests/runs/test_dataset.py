@@ -4,6 +4,8 @@ from __future__ import annotations
 import pytest
 
 from exactedit.runs.data.dataset import DatasetConfig, SetSummary, _warn, split_prompts
+from exactedit.runs.data.mine import MineConfig
+from exactedit.native.llamacpp.generate import Sampling
 from exactedit.native.llamacpp.engine import EngineError
 
 
@@ -15,7 +17,7 @@ def test_split_is_by_prompt_stable_and_complete():
     assert sorted(i for v in g.values() for i in v) == list(range(20))
     assert split_prompts(prompts, cfg) == g                          # stable across runs
     assert split_prompts(list(reversed(prompts)), cfg)["heldout"] == sorted(19 - i for i in g["heldout"])
-    assert split_prompts(prompts, DatasetConfig(seed=1)) != g        # the seed reorders
+    assert split_prompts(prompts, DatasetConfig(mine=MineConfig(sampling=Sampling(max_new=256, seed=1), samples=2, n_boot=0))) != g        # the seed reorders
     small = split_prompts(["a", "b", "c", "d"], cfg)
     assert all(len(v) == 1 for v in small.values())                 # each asked-for group gets one
 
@@ -69,12 +71,14 @@ def test_a_refused_template_stops_mine_and_dataset_build_unless_a_fallback_is_na
         mine_mod.run_mine("m.gguf", ["a prompt"], ["you can use"], None, config=MineConfig(chat_fallback="chatml"))
     with pytest.raises(Refused):
         ds_mod.build_dataset("m.gguf", ["p1", "p2", "p3", "p4"], ["you can use"], tmp_path / "out",
-                             config=DatasetConfig(chat_fallback="chatml"))
+                             config=DatasetConfig(mine=MineConfig(chat_fallback="chatml")))
     with pytest.raises(Refused):      # a given template reaches model_chat from both commands
         mine_mod.run_mine("m.gguf", ["a prompt"], ["you can use"], None, config=MineConfig(chat_template="t.jinja"))
     with pytest.raises(Refused):
         ds_mod.build_dataset("m.gguf", ["p1", "p2", "p3", "p4"], ["you can use"], tmp_path / "out",
-                             config=DatasetConfig(chat_template="t.jinja"))
+                             config=DatasetConfig(mine=MineConfig(chat_template="t.jinja")))
     assert seen == [None, "chatml", "chatml", (None, "t.jinja"), (None, "t.jinja")]
-    assert DatasetConfig(chat_fallback="chatml").mine_config().chat_fallback == "chatml"
-    assert DatasetConfig(chat_template="t.jinja").mine_config().chat_template == "t.jinja"
+    assert DatasetConfig().mine.samples == 2 and DatasetConfig().mine.sampling.max_new == 256
+    assert DatasetConfig().record() == {"samples": 2, "max_new": 256, "temperature": 0.8, "top_k": 40, "seed": 0,
+                                        "heldout": 0.25, "collateral": 0.15, "anchor": 0.15, "chunk": 256,
+                                        "capitalized": True, "chat_fallback": None, "chat_template": None}
