@@ -349,7 +349,7 @@ def _loop_options(demo: bool):
         click.option("--corpus-tokens", type=click.IntRange(0), default=None,
                      help=h("prefill budget of the teacher-forced corpus windows (dataset corpus); 0: none"
                      + given("12,000; docs/real-model.md") + ".")),
-        click.option("--key", type=click.Choice(["dense", "discriminative", "units"]), default=None,
+        click.option("--key", type=click.Choice(["dense", "discriminative", "units", "gated"]), default=None,
                      help=h("solve wfld --key" + given("dense, chosen on dev") + ".")),
         click.option("--word-holds", type=click.IntRange(0), default=None,
                      help=h("solve wfld --word-holds" + given("2000, chosen on dev") + ".")),
@@ -1539,10 +1539,12 @@ def solve_head_cmd(model, train, dev, test, protocol, out, workspace, overwrite,
               help="Singular values below this share of a word's largest are dropped.")
 @click.option("--ridge", default=1e-2, show_default=True, type=float,
               help="Ridge of the background metric, relative to its mean diagonal.")
-@click.option("--key", type=click.Choice(["dense", "discriminative", "units"]), default="dense", show_default=True,
+@click.option("--key", type=click.Choice(["dense", "discriminative", "units", "gated"]), default="dense", show_default=True,
               help="The edit's input side: dense (every hh direction); discriminative (per word, the directions "
                    "with the most slop energy per unit of plausible-context energy); units (per word, only the "
-                   "FFN units far more active after the prefix than at the word's plausible contexts).")
+                   "FFN units far more active after the prefix than at the word's plausible contexts); gated (one unit of "
+                   "the last FFN rewritten as a detector of the phrase's context: its gate and up rows and its "
+                   "down column; rmsnorm tails, ffn_down in Q6_K or Q8_0; one phrase per unit).")
 @click.option("--key-dims", default=4, show_default=True, type=click.IntRange(1),
               help="Per word, directions (discriminative) or units (units) at most.")
 @click.option("--key-floor", default=0.05, show_default=True, type=float,

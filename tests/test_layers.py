@@ -24,7 +24,7 @@ LAYERS = {
     "quant.gguf": 0.5, "quant.model": 0.6,
     "dumps": 1,
     "solvers.tail.forward": 2, "solvers.tail.passes": 2.1, "solvers.tail": 2.2,
-    "solvers": 3, "solvers.head": 3, "solvers.l47": 3, "solvers.shaping": 3,
+    "solvers": 3, "solvers.head": 3, "solvers.l47": 3, "solvers.l47.gated": 3, "solvers.shaping": 3,
     "evals": 4, "evals.protocol": 4, "evals.kl": 4, "evals.scoring": 4, "evals.rates": 4, "evals.discover": 4,
     "native": 5, "native.llamacpp": 5, "native.shaping": 5, "native.verify": 5,
     # runs/, bottom to top: the solve and eval drivers, the data commands, the loops' shared code, the

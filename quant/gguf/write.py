@@ -186,11 +186,13 @@ def write_gguf(path, metadata: Mapping[str, Any], tensors: Mapping[str, TensorDa
 def synthetic_model(path, *, tail: str = "rmsnorm", vocab: int = 300, n: int = 256, h: int = 64,
                     layers: int = 2, tied: bool = False, head_type: str = "Q6_K", d_lo: int = 32,
                     seed: int = 0, metadata: Mapping[str, Any] | None = None,
-                    overwrite: bool = False, down_type: str = "Q8_0", post_norm: bool = False) -> WrittenGGUF:
+                    overwrite: bool = False, down_type: str = "Q8_0", post_norm: bool = False,
+                    ffn_type: str | None = None) -> WrittenGGUF:
     """A small model-shaped GGUF with random weights and a `vocab`-token table, for tests and benches.
 
     tail "rmsnorm": output_norm + output (or tied token_embd) + blk.L.ffn_down (`down_type`), and
-    with `post_norm` a Gemma-style blk.L.post_ffw_norm (F32, weights of mixed sign);
+    with `post_norm` a Gemma-style blk.L.post_ffw_norm (F32, weights of mixed sign), with `ffn_type`
+    the FFN's blk.L.ffn_norm (F32) and ffn_gate / ffn_up ([h, n] in that type);
     tail "hc4": output_hc_norm (F32) / _down / _up (BF16) + output + blk.L.ffn_down_shexp (`down_type`).
     """
     from exactedit.quant import quantize
@@ -221,6 +223,10 @@ def synthetic_model(path, *, tail: str = "rmsnorm", vocab: int = 300, n: int = 2
     for i in range(layers):
         tensors[f"blk.{i}.attn_norm.weight"] = TensorData.from_f32(1 + rng.standard_normal(n) * 0.1)
         tensors[f"blk.{i}.{down}"] = q(down_type, n, h)
+        if ffn_type is not None and tail == "rmsnorm":
+            tensors[f"blk.{i}.ffn_norm.weight"] = TensorData.from_f32(1 + rng.standard_normal(n) * 0.1)
+            tensors[f"blk.{i}.ffn_gate.weight"] = q(ffn_type, h, n)
+            tensors[f"blk.{i}.ffn_up.weight"] = q(ffn_type, h, n)
         if post_norm:
             tensors[f"blk.{i}.post_ffw_norm.weight"] = TensorData.from_f32(1 + rng.standard_normal(n) * 0.5)
     if tail == "rmsnorm":

@@ -1,16 +1,17 @@
 """`solve head` end to end (SPEC.md section 4): the protocol, the ledger and the split around the
-head solver's math (`solvers.head.solve`).
+head solver's one entry (`solvers.head.solve_rows`).
 
 1. The protocol must be registered (or the run is marked `--unregistered`); its split decides
    which documents of the given dumps are train, dev and test; S comes from train only.
 2. One full-vocab pass over the train and dev rows (and the protocol's anchor traces) gives LSE,
    LSE_rest, the base logits of S and of every token a term names (`rowdata.gather`).
-3. Adam steps on J at |rows| x |S| x n each (`solvers.head.solve.optimize`).
-4. Every `stopping.every` steps: the edit is round-tripped through the head's type (`ship`) and
-   scored exactly on train and dev (`Checkpoint`).
-5. The protocol's stopping rule picks the step (or none: then no edit ships). Test rows are read
-   only now, once per (protocol, edit) through the ledger; a repeat gets the recorded numbers.
-6. The result carries everything a report needs; `write_head_bundle` writes the bundle.
+3. `solvers.head.solve_rows`: Adam steps on J at |rows| x |S| x n each; every `stopping.every`
+   steps the edit is round-tripped through the head's type and scored exactly on train and dev
+   (`Checkpoint`); the protocol's stopping rule, handed in, picks the step (or none: then no edit
+   ships); the shipped edit is scored on train, dev and the anchors.
+4. Test rows are read only now, once per (protocol, edit) through the ledger; a repeat gets the
+   recorded numbers.
+5. The result carries everything a report needs; `write_head_bundle` writes the bundle.
 """
 from __future__ import annotations
 
@@ -28,17 +29,11 @@ from exactedit.runs.solve.head_testonce import TestOutcome, score_head_test
 from exactedit.evals.protocol.ledger import DEFAULT_WORKSPACE, Ledger, head_json, require_registered
 from exactedit.evals.protocol.protocol import load_protocol, resolve_tokens as resolve_protocol_tokens
 from exactedit.quant import gguf
-from exactedit.solvers.head import rowdata
-from exactedit.solvers.head.batch import build_batch, rejected_openers
-from exactedit.solvers.head.config import HeadSolveConfig, HeadSolveError
-from exactedit.solvers.head.editset import EditSet, choose_edit_set, resolve_tokens
-from exactedit.solvers.head.param import anchor_energy_kept
-from exactedit.solvers.head.scores import SplitReport
-from exactedit.solvers.head.ship import HeadRows, Shipped, load_head_rows, ship
-from exactedit.solvers.head.solve import (
-    Checkpoint, Scorer, bundle_plan, check_tail, gather_rows, null_space, optimize,
+from exactedit.solvers.head import (
+    Checkpoint, EditSet, HeadInputs, HeadRows, HeadRowsResult, HeadSolveConfig, HeadSolveError, Shipped,
+    SplitReport, check_head_tail, choose_edit_set, gather_head_rows, head_bundle_plan, load_head_rows,
+    rejected_openers, resolve_head_tokens, solve_rows,
 )
-from exactedit.solvers.head.track import DeviceTracker, HostTracker
 from exactedit.solvers.tail.scores import concat as concat_scores
 
 __all__ = ["HeadSolveResult", "solve_head", "write_head_bundle"]
@@ -119,12 +114,12 @@ def _setup(cfg: HeadSolveConfig, proto, splits, g, train, dev, test, device=None
     from exactedit.solvers.tail.model import load_tail
 
     tail = load_tail(g)
-    head_name = check_tail(tail)
+    head_name = check_head_tail(tail)
     vocab = [tail.tokens.piece(i) for i in range(tail.spec.vocab)]
     resolved = resolve_protocol_tokens(proto, vocab)
     given = gather_inputs(proto, splits, {"train": train, "dev": dev, "test": test}, tail.dump_expect())
-    openers = resolve_tokens(cfg.openers, vocab, "--opener")
-    closers = resolve_tokens(cfg.closers, vocab, "--closer")
+    openers = resolve_head_tokens(cfg.openers, vocab, "--opener")
+    closers = resolve_head_tokens(cfg.closers, vocab, "--closer")
     spans = [(rr.dump, a, b) for rr in given["train"] for a, b, _ in rr.spans]
     edit = choose_edit_set(proto.edit_set.rule, proto.edit_set.count, resolved.edit_set, resolved.style,
                            resolved.specials, np.concatenate([np.asarray(d.next[a:b]) for d, a, b in spans]),
@@ -154,66 +149,57 @@ def _solve_head(cfg: HeadSolveConfig, *, model, train: Sequence, dev: Sequence, 
         passes = len(given["train"]) + len(given["dev"]) + len(given["anchors"]) + len(given["test"])
         tick = _Ticker(progress, passes * V + proto.stopping.max_steps)
 
-        gather = lambda rows: gather_rows(tail, rows, edit.ids, su.sel_ids, cfg.tile_rows, tick.phase, su.device_head)  # noqa: E731
+        def gather(rows):
+            return gather_head_rows(tail, rows, edit.ids, su.sel_ids, cfg.tile_rows, tick.phase, su.device_head)
+
         train_rd, dev_rd = gather(given["train"]), gather(given["dev"])
         anchor_rds = [gather([rr]) for rr in given["anchors"]]
         clock["pass"] = time.perf_counter()
 
-        batch, counts = build_batch(train_rd, edit.ids, resolved.specials, su.openers, su.closers, V)
-        z_anchor = train_rd.z[batch.anchor]
-        q = null_space(cfg, z_anchor, tail.spec.n)
         head = load_head_rows(g, su.head_name, edit.ids, runtime=tail.head.runtime)
-        scorer = Scorer(edit.ids, resolved.style, resolved.specials, resolved.turn_end)
-        tracking = (resolved.style, resolved.specials)
-        track = (HostTracker(batch, cfg.weights, train_rd, dev_rd, edit.ids, *tracking) if device is None else
-                 DeviceTracker(batch, cfg.weights, train_rd, dev_rd, edit.ids, *tracking, device))
-        checkpoints, saved, losses, n_par, per_step = optimize(
-            cfg, batch, q, head, track, proto.stopping, tick.phase(proto.stopping.max_steps))
-        clock["steps"] = time.perf_counter()
-
-        metric = proto.stopping.metric
-        chosen = proto.stopping.choose([c.step for c in checkpoints], [c.train.of(metric) for c in checkpoints],
-                                       [c.dev.of(metric) for c in checkpoints])
-        shipped = ship(head, saved[chosen] if chosen is not None else np.zeros_like(head.view))
-        named = [("train", train_rd), ("dev", dev_rd)] + [(rr.trace, rd) for rr, rd in zip(given["anchors"], anchor_rds)]
-        effects = [scorer.effect(rd, shipped.dw) for _, rd in named]
-        reports = [scorer.report(name, rd, eff) for (name, rd), eff in zip(named, effects)]
-        parts = [rowdata.row_scores(rd, eff, resolved.specials) for (_, rd), eff in zip(named, effects)]
+        clock["head"] = time.perf_counter()
+        rows = solve_rows(
+            HeadInputs(tail=tail, train=train_rd, dev=dev_rd,
+                       anchors=tuple((rr.trace, rd) for rr, rd in zip(given["anchors"], anchor_rds)), edit=edit,
+                       style=resolved.style, specials=resolved.specials, turn_end=resolved.turn_end,
+                       openers=su.openers, closers=su.closers, head=head, device=device),
+            cfg, stopping=proto.stopping, progress=tick.phase(proto.stopping.max_steps))
+        clock["steps"] = clock["head"] + rows.seconds
+        shipped = rows.shipped
 
         def bars_with(scores, role):
             return persona_bars(concat_scores(scores, chunks=False),
                                 BarContext(tokens=resolved, bars=proto.bars, heldout_role=role))
 
-        has_edit = chosen is not None and bool(shipped.changed.any())
+        has_edit = rows.has_edit
         dumps = tuple((f"{rr.role}:{rr.trace}", str(rr.path), rr.dump.sha256())
                       for role in ("train", "dev", "test", "anchors") for rr in given[role])
-        *_, identity = bundle_plan(model, g.sha256(), proto.path, proto.sha256, dumps, cfg, head,
-                                   shipped if has_edit else None)
+        *_, identity = head_bundle_plan(model, g.sha256(), proto.path, proto.sha256, dumps, cfg, head,
+                                        shipped if has_edit else None)
         outcome, bars = score_head_test(
             ledger, record, command, bool(given["test"]), has_edit, identity,
-            lambda: _score_test(su, given["test"], cfg, scorer, shipped, parts, bars_with, tick),
-            lambda: bars_with(parts, "dev"))
+            lambda: _score_test(su, given["test"], cfg, rows, bars_with, tick),
+            lambda: bars_with(rows.row_scores, "dev"))
         clock["end"] = time.perf_counter()
-        w_norm = float(np.linalg.norm(head.view))
         return HeadSolveResult(
             config=cfg, protocol=proto.name, protocol_sha256=proto.sha256, protocol_path=proto.path,
             marker=record.marker, model=str(model), model_sha256=g.sha256(), inputs=dumps, edit_set=edit,
-            edit_tokens=tuple(su.vocab[i] for i in edit.ids), n_params=n_par,
-            anchor_energy_kept=anchor_energy_kept(z_anchor, q) if len(z_anchor) else 0.0, term_rows=counts,
-            stopping=dict(proto.stopping.__dict__), trajectory=checkpoints, losses=losses, chosen_step=chosen,
-            rows_changed=int(shipped.changed.sum()), quant_rel_error=shipped.rel_error,
-            edit_norm_ratio=float(np.linalg.norm(shipped.dw)) / w_norm if w_norm > 0 else 0.0,
-            splits=tuple(reports[:2]), anchors=tuple(reports[2:]), test=outcome, bars=tuple(bars),
-            seconds={"vocab_pass": clock["pass"] - clock["start"], "adam_step": per_step,
+            edit_tokens=tuple(su.vocab[i] for i in edit.ids), n_params=rows.n_params,
+            anchor_energy_kept=rows.anchor_energy_kept, term_rows=rows.term_rows,
+            stopping=dict(proto.stopping.__dict__), trajectory=rows.trajectory, losses=rows.losses,
+            chosen_step=rows.chosen_step, rows_changed=int(shipped.changed.sum()), quant_rel_error=shipped.rel_error,
+            edit_norm_ratio=rows.edit_norm_ratio, splits=rows.splits, anchors=rows.anchors, test=outcome,
+            bars=tuple(bars),
+            seconds={"vocab_pass": clock["pass"] - clock["start"], "adam_step": rows.seconds_per_step,
                      "steps": clock["steps"] - clock["pass"], "total": clock["end"] - clock["start"]},
             bundle_sha256=identity, head=head, shipped=shipped, ledger_head=head_json(ledger))
 
 
-def _score_test(su: _Setup, test_rows, cfg, scorer, shipped, parts, bars_with, tick: _Ticker):
+def _score_test(su: _Setup, test_rows, cfg, rows: HeadRowsResult, bars_with, tick: _Ticker):
     """Test rows: one pass each, the exact effect, the split report and the bars with test held out."""
-    rd = gather_rows(su.tail, test_rows, su.edit.ids, su.sel_ids, cfg.tile_rows, tick.phase, su.device_head)
-    eff = scorer.effect(rd, shipped.dw)
-    return scorer.report("test", rd, eff), bars_with([*parts, rowdata.row_scores(rd, eff, su.resolved.specials)], "test")
+    rd = gather_head_rows(su.tail, test_rows, su.edit.ids, su.sel_ids, cfg.tile_rows, tick.phase, su.device_head)
+    report, part = rows.score_rows("test", rd)
+    return report, bars_with([*rows.row_scores, part], "test")
 
 
 def write_head_bundle(r: HeadSolveResult, out, *, overwrite: bool = False):
@@ -223,8 +209,8 @@ def write_head_bundle(r: HeadSolveResult, out, *, overwrite: bool = False):
     from exactedit.solvers.bundle import write_bundle
     from exactedit.runs.solve import head_report as report
 
-    inputs, cfg, edits, ident = bundle_plan(r.model, r.model_sha256, r.protocol_path, r.protocol_sha256, r.inputs,
-                                            r.config, r.head, r.shipped if r.shipped_edit else None)
+    inputs, cfg, edits, ident = head_bundle_plan(r.model, r.model_sha256, r.protocol_path, r.protocol_sha256, r.inputs,
+                                                 r.config, r.head, r.shipped if r.shipped_edit else None)
     full = report.result_json(r)
     record = {k: full[k] for k in ("marker", "edit_set", "stopping", "chosen_step", "shipped_edit", "rows_changed",
                                    "quant_rel_error", "trajectory", "test")}

@@ -233,17 +233,23 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
 
     bg_roles = ("anchors", "train") if cfg.background == "anchors+train" else ("anchors",)
     bars_cfg = protocol.bars if protocol else Bars()
-    dense = solve_dense(DenseInputs(
-        tail, mining, ftpo, specials, phrases, anchors=named["anchors"], held_from=named["train"] + named["null"],
-        background_from=[x for r in bg_roles for x in named[r]], dev=named["heldout"],
-        collateral=named["collateral"], raw0=g.read_raw(tensor), type_name=info.type_name, cols=info.cols,
-        bar_d=BarD(bars_cfg.collateral_low, bars_cfg.collateral_min_mean, bars_cfg.collateral_max_low_share),
-        device_head=dhead), cfg, mark=st.mark, progress=lambda i, n: st.mark("gauss_newton", 1))
+    bar_d = BarD(bars_cfg.collateral_low, bars_cfg.collateral_min_mean, bars_cfg.collateral_max_low_share)
+    gated = None
+    if cfg.key == "gated":
+        gated = _solve_gated(cfg, g, tail, mining, named, held, specials, phrases, bg_roles, bar_d, dhead, st)
+        dense = gated.dense
+    else:
+        dense = solve_dense(DenseInputs(
+            tail, mining, ftpo, specials, phrases, anchors=named["anchors"], held_from=named["train"] + named["null"],
+            background_from=[x for r in bg_roles for x in named[r]], dev=named["heldout"],
+            collateral=named["collateral"], raw0=g.read_raw(tensor), type_name=info.type_name, cols=info.cols,
+            bar_d=bar_d, device_head=dhead), cfg, mark=st.mark, progress=lambda i, n: st.mark("gauss_newton", 1))
     problem, gn, strength = dense.problem, dense.gn, dense.strength
     w0 = problem.w0
     st.done = 4 + cfg.gn_iters
+    seen = {} if gated is None else {n: d for v in gated.named.values() for n, d in v}
     scored = [ScoredTrace(t.name, t.dump, tuple(_split_role(t, cfg) for _ in t.dump.docs),
-                          Path(t.path).name if t.role == "anchors" else "")
+                          Path(t.path).name if t.role == "anchors" else "", seen.get(t.name))
               for t in traces if t.role != "null"]
     scores = rescore_traces(tail, with_weights(tail, gn.w_new), scored, specials, tile_rows=cfg.tile_rows,
                           device_head=dhead)
@@ -263,6 +269,8 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
                           warnings=_warnings(by_role, mining, tail.tokens) + list(sums.warnings),
                           shipping=sums.shipping, raised=sums.raised)
     report["key"] = problem.key.summary()
+    if gated is not None:
+        report["gated"] = gated.summary
     report["strength"] = strength if strength is not None else {
         "chosen": {p: cfg.strength for p in mining.phrases}, "on": "config"}
     report["collateral"] = collateral_uses(scores, mining.tuples, mining.words, ctx.name, ctx.vocab,
@@ -272,15 +280,56 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
     refs += [InputRef(f"dump:{t.name}", t.path, t.dump.sha256()) for t in traces]
     if protocol:
         refs.append(InputRef("protocol", str(protocol.path), protocol.sha256))
-    edit = TensorEdit(tensor, "tensor", info.type_name, (int(info.rows), int(info.cols)), gn.raw)
+    edits = [TensorEdit(tensor, "tensor", info.type_name, (int(info.rows), int(info.cols)), gn.raw)]
+    if gated is not None:
+        for name, raw in ((_ffn_name(tail, "ffn_gate"), gated.gate_raw), (_ffn_name(tail, "ffn_up"), gated.up_raw)):
+            ti = g.tensor(name)
+            edits.append(TensorEdit(name, "rows", ti.type_name, (int(ti.rows), int(ti.cols)), raw[None, :],
+                                    np.array([gated.unit], dtype=np.int64)))
     record = {"marker": marker, "dw_rel": report["edit"]["dw_rel"], "verdict": report["verdict"],
               "iterations": report["iterations"], "conditions": report["conditions"]}
-    bundle = write_bundle(out, solver="wfld", inputs=refs, config=cfg.to_json(), edits=[edit],
+    bundle = write_bundle(out, solver="wfld", inputs=refs, config=cfg.to_json(), edits=edits,
                           files={"report.json": json.dumps(report, indent=1, allow_nan=False).encode("utf-8")},
                           record=record, ledger_head=ledger_head, overwrite=overwrite)
     st.mark("write")
     return WfldResult(bundle.path, bundle.sha256, report, report["verdict"], bars, mining, gn, scores,
                       dict(st.timings))
+
+
+def _ffn_name(tail, part: str) -> str:
+    """The last layer's `part` tensor (ffn_gate, ffn_up, ffn_norm) of an rmsnorm tail."""
+    return tail.spec.names["ffn_down"].replace("ffn_down", part)
+
+
+def _solve_gated(cfg: WfldConfig, g, tail, mining: Mining, named: dict, held: dict, specials, phrases, bg_roles,
+                 bar_d, dhead, st):
+    """The gated edit (solvers.l47.gated.edit) with the engine's own arithmetic for the rewritten
+    unit: x = ffn_norm(R) as ggml computes it, the gate and up rows quantized to their tensors'
+    type and multiplied as llama.cpp does, the fused swiglu."""
+    from exactedit import quant
+    from exactedit.solvers.l47.gated.edit import GatedInputs, solve_gated
+    from exactedit.solvers.tail.forward.ffn_ops import ffn_norm_engine
+    from exactedit.solvers.tail.forward.ffn_unit import unit_activation_engine
+
+    if tail.kind != "rmsnorm":
+        raise WfldError("model", "tail", f"the gated edit rewrites a unit of an rmsnorm tail's FFN, not {tail.kind}")
+    down = tail.spec.names["ffn_down"]
+    info = g.tensor(down)
+    norm_w = quant.dequantize(np.asarray(g.read_raw(_ffn_name(tail, "ffn_norm"))), "F32",
+                              int(g.tensor(_ffn_name(tail, "ffn_norm")).cols)).reshape(-1)
+    gate_info = g.tensor(_ffn_name(tail, "ffn_gate"))
+    up_info = g.tensor(_ffn_name(tail, "ffn_up"))
+    if gate_info.type_name != up_info.type_name:
+        raise WfldError("model", "ffn_gate / ffn_up", f"types differ ({gate_info.type_name}, {up_info.type_name})")
+    qtype, cols, eps = gate_info.type_name, int(gate_info.cols), float(tail.spec.rms_eps)
+    inputs = GatedInputs(
+        tail, mining, named, held, tuple(specials), phrases, tuple(bg_roles), g.read_raw(down), info.type_name,
+        int(info.cols), bar_d,
+        x_of=lambda d: ffn_norm_engine(np.asarray(d.R, np.float32), norm_w, eps),
+        quantize_row=lambda row: quant.quantize(row[None, :], qtype)[0],
+        activation=lambda x, gr, ur, j: unit_activation_engine(x, gr, ur, qtype, cols, unit=j, width=int(gate_info.rows)),
+        device_head=dhead)
+    return solve_gated(inputs, cfg, mark=st.mark, progress=lambda i, n: st.mark("gauss_newton", 1))
 
 
 def _warnings(by_role, mining: Mining, table) -> list[str]:

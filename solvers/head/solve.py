@@ -1,5 +1,13 @@
-"""The head solver's math (SPEC.md section 4): Adam on J over the edit rows S, with exact scored
-checkpoints of the shipped edit.
+"""The head solver's math (SPEC.md section 4) and its one entry:
+
+    solve_rows(HeadInputs, HeadSolveConfig, *, stopping, progress) -> HeadRowsResult
+
+`solve_rows` takes what its driver gathered (the tail, the row data of train, dev and each anchor
+trace, the edit set S, the openers / closers, the head's rows of S, the device) and builds the
+train batch (`batch`), the null space of the anchors (`param`), the tracker, runs `optimize`,
+picks the checkpoint with the stopping rule it is handed, ships that edit (`ship`) and scores it
+exactly on every row set it was given (the effects, the split reports, the per-row scores the
+bars read).
 
 `optimize` runs Adam from the zero edit, one pure step per backend (`numpy_step`: the float64
 reference with the analytic gradient; `objective_jax.train_step`: float32, jitted once), and every
@@ -12,20 +20,26 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
 from exactedit.solvers.head import rowdata
 from exactedit.solvers.head.adam import AdamState, adam_init, adam_update
+from exactedit.solvers.head.batch import build_batch
 from exactedit.solvers.head.config import HeadSolveConfig, HeadSolveError
+from exactedit.solvers.head.editset import EditSet
 from exactedit.solvers.head.objective import Terms, objective_grad
-from exactedit.solvers.head.param import delta_w, init_params, n_params, null_basis, project, pullback
+from exactedit.solvers.head.param import (
+    anchor_energy_kept, delta_w, init_params, n_params, null_basis, project, pullback,
+)
+from exactedit.solvers.head.rowdata import RowData
 from exactedit.solvers.head.scores import ClassGains, SplitReport, class_masks, split_report
-from exactedit.solvers.head.ship import HeadRows, Shipped, shipped_edit
+from exactedit.solvers.head.ship import HeadRows, Shipped, ship, shipped_edit
+from exactedit.solvers.head.track import DeviceTracker, HostTracker
 
-__all__ = ["Checkpoint", "Optimized", "Scorer", "bundle_plan", "check_tail", "gather_rows", "null_space",
-           "numpy_step", "optimize"]
+__all__ = ["Checkpoint", "HeadInputs", "HeadRowsResult", "HeadStopping", "Optimized", "Scorer", "bundle_plan",
+           "check_tail", "gather_rows", "null_space", "numpy_step", "optimize", "solve_rows"]
 
 Progress = Callable[[int, int], None]
 
@@ -179,3 +193,101 @@ def bundle_plan(model: str, model_sha: str, protocol_path, protocol_sha: str, du
     inputs += [InputRef(f"dump:{role}", path, sha) for role, path, sha in dumps]
     cfg = config.to_json()
     return inputs, cfg, edits, bundle_identity("head", inputs, cfg, edits)
+
+
+class HeadStopping(Protocol):
+    """The stopping rule a solve is handed (the protocol's, `evals.protocol.protocol.StoppingRule`,
+    fits): a checkpoint every `every` steps up to `max_steps`, gains on the `metric` token class, and
+    `choose(steps, train_gain, dev_gain)`, the step to ship or None (no edit)."""
+
+    every: int
+    max_steps: int
+    metric: str
+
+    def choose(self, steps: Sequence[int], train_gain: Sequence[float], dev_gain: Sequence[float]) -> int | None: ...
+
+
+@dataclass(frozen=True, eq=False)
+class HeadInputs:
+    """What a head solve reads, gathered by its driver: the tail, the row data of one full-vocab
+    pass over train, dev and each anchor trace (`gather_rows`), S, the token ids the terms and the
+    scores name, the head's rows of S (`ship.load_head_rows`) and the device the tracker runs on."""
+
+    tail: object                                # solvers.tail.model.Tail (its vocab size and n)
+    train: RowData
+    dev: RowData
+    anchors: tuple[tuple[str, RowData], ...]    # (trace name, row data) of each anchor trace
+    edit: EditSet
+    style: tuple[int, ...]
+    specials: tuple[int, ...]
+    turn_end: int
+    openers: tuple[int, ...]
+    closers: tuple[int, ...]
+    head: HeadRows
+    device: object = None                       # a jax.Device: DeviceTracker there; None: HostTracker
+
+
+@dataclass(frozen=True, eq=False)
+class HeadRowsResult:
+    """A head solve: the trajectory, the chosen step, the shipped edit (the zero edit when no step
+    qualifies) and what it does on every row set of the inputs."""
+
+    trajectory: tuple[Checkpoint, ...]
+    losses: tuple[float, ...]         # J per Adam step (before the round trip)
+    n_params: int
+    seconds_per_step: float           # one Adam step (the first, which compiles, not counted)
+    seconds: float                    # batch, null space, tracker and the Adam steps
+    term_rows: dict                   # rows of each term of J
+    anchor_energy_kept: float
+    chosen_step: int | None
+    shipped: Shipped
+    edit_norm_ratio: float            # ||dW shipped|| / ||W_S||
+    splits: tuple[SplitReport, ...]   # train, dev
+    anchors: tuple[SplitReport, ...]  # each anchor trace
+    row_scores: tuple                 # solvers.tail.scores.RowScores of train, dev, each anchor trace
+    scorer: "Scorer"
+
+    @property
+    def has_edit(self) -> bool:
+        """A step qualified and its round trip changed some row's bytes."""
+        return self.chosen_step is not None and bool(self.shipped.changed.any())
+
+    def score_rows(self, name: str, rd: RowData):
+        """(SplitReport, RowScores) of the shipped edit on more rows (test, read by the caller)."""
+        eff = self.scorer.effect(rd, self.shipped.dw)
+        return self.scorer.report(name, rd, eff), rowdata.row_scores(rd, eff, self.scorer.specials)
+
+
+def solve_rows(inputs: HeadInputs, cfg: HeadSolveConfig, *, stopping: HeadStopping,
+               progress: Progress | None = None) -> HeadRowsResult:
+    """The head solve on gathered rows: the train batch, the anchors' null space, Adam with a scored
+    checkpoint every `stopping.every` steps, the step `stopping.choose` keeps, its edit shipped and
+    scored on train, dev and each anchor trace. `progress(step, max_steps)` follows the Adam steps."""
+    t0 = time.perf_counter()
+    i, head = inputs, inputs.head
+    ids, spec = i.edit.ids, i.tail.spec
+    batch, counts = build_batch(i.train, ids, i.specials, i.openers, i.closers, spec.vocab)
+    z_anchor = i.train.z[batch.anchor]
+    q = null_space(cfg, z_anchor, spec.n)
+    scorer = Scorer(ids, i.style, i.specials, i.turn_end)
+    tracking = (i.style, i.specials)
+    track = (HostTracker(batch, cfg.weights, i.train, i.dev, ids, *tracking) if i.device is None else
+             DeviceTracker(batch, cfg.weights, i.train, i.dev, ids, *tracking, i.device))
+    opt = optimize(cfg, batch, q, head, track, stopping, progress or (lambda done, total: None))
+    seconds = time.perf_counter() - t0
+
+    checkpoints, metric = opt.checkpoints, stopping.metric
+    chosen = stopping.choose([c.step for c in checkpoints], [c.train.of(metric) for c in checkpoints],
+                             [c.dev.of(metric) for c in checkpoints])
+    shipped = ship(head, opt.saved[chosen] if chosen is not None else np.zeros_like(head.view))
+    named = [("train", i.train), ("dev", i.dev), *i.anchors]
+    effects = [scorer.effect(rd, shipped.dw) for _, rd in named]
+    reports = [scorer.report(name, rd, eff) for (name, rd), eff in zip(named, effects)]
+    parts = [rowdata.row_scores(rd, eff, i.specials) for (_, rd), eff in zip(named, effects)]
+    w_norm = float(np.linalg.norm(head.view))
+    return HeadRowsResult(
+        trajectory=checkpoints, losses=opt.losses, n_params=opt.n_params, seconds_per_step=opt.seconds_per_step,
+        seconds=seconds, term_rows=counts,
+        anchor_energy_kept=anchor_energy_kept(z_anchor, q) if len(z_anchor) else 0.0, chosen_step=chosen,
+        shipped=shipped, edit_norm_ratio=float(np.linalg.norm(shipped.dw)) / w_norm if w_norm > 0 else 0.0,
+        splits=tuple(reports[:2]), anchors=tuple(reports[2:]), row_scores=tuple(parts), scorer=scorer)

@@ -2,6 +2,8 @@
 Qwen2.5-Coder-1.5B, 29 of SmolLM2-135M), one entry per edit kind:
 
     solve_dense(DenseInputs, WfldConfig) -> DenseResult     the dense edit of the FFN's down projection
+    gated.solve_gated(GatedInputs, WfldConfig) -> GatedResult   one unit of the FFN rewritten as a
+                                                   detector of the phrase's context (solvers/l47/gated)
 
 The WFLD anti-slop edit of the last layer's down projection (SPEC.md section 5): prefix-exact
 mining (`mining`), natural alternatives (`alternatives`), the vector-Jacobian products (`jacobian`),

@@ -29,7 +29,7 @@ BACKENDS = ("jax", "numpy")
 SHIP_MODES = ("auto", "feedback", "round")
 BACKGROUNDS = ("anchors", "anchors+train")
 HELDOUT_ROLES = ("dev", "test")
-KEYS = ("dense", "discriminative", "units")       # solvers.l47.key
+KEYS = ("dense", "discriminative", "units", "gated")   # solvers.l47.key; gated: solvers.l47.gated
 
 
 class WfldError(FieldError):

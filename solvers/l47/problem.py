@@ -201,13 +201,14 @@ class WfldProblem:
 
 def build_problem(cfg: WfldConfig, tail, ftpo: FtpoRows, mining: Mining, *, specials: Sequence[int],
                   phrases: Sequence[str], anchors: Named, held_from: Named, background_from: Named,
-                  raw0: np.ndarray, type_name: str, cols: int, device_head=None,
+                  raw0: np.ndarray, type_name: str, cols: int, device_head=None, key=None,
                   mark: Callable[[str], None] | None = None) -> WfldProblem:
     """The problem of `ftpo` (cfg's alternatives, margins, holds and metric). `anchors`: the anchor
     dumps (the special-token holds); `held_from`: the dumps whose legitimate uses of the words form
     the null space; `background_from`: the dumps of the background metric (less their slop
     contexts); `raw0`, `type_name`, `cols`: the edited tensor's bytes as stored. `device_head`
-    (solvers.tail.passes.device_pass.to_device) runs the target pass on a device. `mark(stage)` is
+    (solvers.tail.passes.device_pass.to_device) runs the target pass on a device; `key` a fixed key
+    space (the gated edit's one unit), else cfg's kind is built. `mark(stage)` is
     called once the conditions ("targets") and once the metric ("metric") are built."""
     mark = mark or (lambda stage: None)
     w0 = editable_weight(tail)
@@ -226,7 +227,7 @@ def build_problem(cfg: WfldConfig, tail, ftpo: FtpoRows, mining: Mining, *, spec
                           tb, [sense.get(phrases[p], frozenset()) for p in phr] if sense else None)
     a_blocks = anchor_rows(tail, [d for _, d in anchors], specials, cfg.special_rows)
     plaus = (plausible_rows(tail, held_from, mining, cfg.key_floor, tile_rows=cfg.tile_rows)
-             if cfg.key != "dense" or cfg.word_holds else None)
+             if (cfg.key != "dense" and key is None) or cfg.word_holds else None)
     h_blocks, h_word = [], []
     for wi, pl in enumerate(plaus if cfg.word_holds else ()):
         for d, r in pl.top(cfg.word_holds):
@@ -269,7 +270,7 @@ def build_problem(cfg: WfldConfig, tail, ftpo: FtpoRows, mining: Mining, *, spec
     groups = uses_by_word(held_from, mining)
     hh_bg = np.concatenate([background_rows(n, d, mining) for n, d in background_from])
     C = wfld.background_metric(hh_bg, cfg.ridge)
-    key = problem_key(cfg, tail, ftpo, mining, plaus)
+    key = key if key is not None else problem_key(cfg, tail, ftpo, mining, plaus)
     M, B = key_mod.key_metric(key, C, groups, null_rank=cfg.null_rank if key.Q is None else cfg.key_null_rank,
                               null_tol=cfg.null_tol)
     view = quant.runtime_view if tail.kind == "hc4" else quant.dequantize

@@ -21,12 +21,15 @@ Progress = Callable[[int, int], None]
 
 
 class ScoredTrace(NamedTuple):
-    """A trace to score: its dump, a name, and each document's split role (by document index)."""
+    """A trace to score: its dump, a name, and each document's split role (by document index);
+    `edited`: the dump as the edited model sees it, where an edit rewrites the hidden state itself
+    (the gated edit's unit: solvers.l47.gated.edit.GatedDump), else None (the same dump)."""
 
     name: str
     dump: object
     roles: tuple[str, ...]
     domain: str = ""
+    edited: object = None
 
 
 def _docs(t: ScoredTrace) -> tuple[DocMeta, ...]:
@@ -48,7 +51,7 @@ def rescore_traces(tail, tail_edit, traces: Sequence[ScoredTrace], specials: Seq
     `device_head` (the head on a JAX device, `device_pass.to_device`) the pass is `kl_pass_jax` in
     exact mode there (same fields as `kl_rows_numba`); without, the host `kl_rows_numba`."""
     mix_b = np.concatenate([tail_mix(tail, t.dump) for t in traces], axis=0)
-    mix_e = np.concatenate([tail_mix(tail_edit, t.dump) for t in traces], axis=0)
+    mix_e = np.concatenate([tail_mix(tail_edit, t.dump if t.edited is None else t.edited) for t in traces], axis=0)
     nxt = np.concatenate([np.asarray(t.dump.next, dtype=np.int64) for t in traces])
     if device_head is None:
         r = kl_rows_numba(mix_b, mix_e, tail.head, next_ids=nxt, softcap=tail.softcap, tile_rows=tile_rows,

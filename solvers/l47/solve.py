@@ -46,7 +46,7 @@ class DenseInputs:
     cols: int
     bar_d: object                   # solvers.l47.frontier.BarD
     device_head: object = None
-
+    key: object = None              # a fixed key (solvers.l47.key.Key); None: the config's kind
 
 @dataclass(frozen=True, eq=False)
 class DenseResult:
@@ -65,7 +65,7 @@ def solve_dense(inputs: DenseInputs, cfg: WfldConfig, *, mark: Callable[..., Non
     i = inputs
     problem = build_problem(cfg, i.tail, i.ftpo, i.mining, specials=i.specials, phrases=i.phrases, anchors=i.anchors,
                             held_from=i.held_from, background_from=i.background_from, raw0=i.raw0,
-                            type_name=i.type_name, cols=i.cols, device_head=i.device_head, mark=mark)
+                            type_name=i.type_name, cols=i.cols, device_head=i.device_head, key=i.key, mark=mark)
     strength = None
     if cfg.strength_grid:
         problem, strength = choose_strength(cfg, i.tail, problem, i.mining, i.dev, i.collateral, i.bar_d)

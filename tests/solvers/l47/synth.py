@@ -32,7 +32,8 @@ CHATML_TEMPLATE = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n'
                    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 N, H, D_LO = 256, 32, 32
 H_POST = 256        # hh width of the "post" tail (Q6_K rows are whole 256-wide super-blocks)
-TAILS = ("hc4", "post")
+TAILS = ("hc4", "post", "gated")
+PLANT = 6.0         # "gated" world: the FFN input's planted component at the phrases' slop contexts
 
 
 def _enc(text: str) -> str:
@@ -91,7 +92,8 @@ def build_model(path, tail: str = "hc4", softcap: float | None = None) -> Path:
         "gemma2.final_logit_softcapping": MetaValue(f32, softcap),
         "gemma2.attn_logit_softcapping": MetaValue(f32, 50.0)}     # upstream of the dump: no part of the tail
     shape = (dict(tail="hc4", h=H, d_lo=D_LO) if tail == "hc4" else
-             dict(tail="rmsnorm", h=H_POST, down_type="Q6_K", post_norm=True))
+             dict(tail="rmsnorm", h=H_POST, down_type="Q6_K", post_norm=True) if tail == "post" else
+             dict(tail="rmsnorm", h=H_POST, down_type="Q6_K", ffn_type="Q4_K"))
     synthetic_model(path, vocab=len(tokens), n=N, layers=2, seed=7, **shape,
                     metadata={"tokenizer.ggml.tokens": tokens,
                               "tokenizer.ggml.token_type": np.array(types, np.int32),
@@ -130,9 +132,32 @@ def write_trace(path, docs: list[tuple[str, list[int], tuple[str, ...]]], *, see
                   "yr": (0.5 * rng.standard_normal((T, N))).astype(np.float32),
                   "roles": np.concatenate(roles)}
         return write_dump(path, arch="hc4", layer=1, fields=fields, docs=infos)
-    fields = {"tokens": ids, "next": nxt, "R": rng.standard_normal((T, N)).astype(np.float32), "hh": hh,
-              "roles": np.concatenate(roles)}
+    R = rng.standard_normal((T, N)).astype(np.float32)
+    if tail == "gated":
+        # every row shares a common component (a real residual stream's, which lets a gate through the
+        # origin act as if it had a bias), and the slop contexts (the row reading a phrase's last prefix
+        # token) a planted direction on top
+        dirs = np.random.default_rng(99).standard_normal((1 + len(PHRASES), N))
+        dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
+        R += (3.0 * np.sqrt(N) * dirs[0]).astype(np.float32)
+        for p, rows in enumerate(_slop_rows(ids, nxt, strings)):        # one direction per phrase
+            R[rows] += (PLANT * np.sqrt(N) * dirs[1 + p]).astype(np.float32)
+    fields = {"tokens": ids, "next": nxt, "R": R, "hh": hh, "roles": np.concatenate(roles)}
     return write_dump(path, arch="rmsnorm", layer=1, fields=fields, docs=infos)
+
+
+def _slop_rows(ids, nxt, strings) -> list[np.ndarray]:
+    """Per phrase, the rows whose text so far ends with its prefix and whose next token is its last word."""
+    rows = [[] for _ in PHRASES]
+    for t in range(ids.size):
+        if nxt[t] < 0:
+            continue
+        text = "".join(strings[int(i)] for i in ids[max(0, t - 4):t + 1]).lower()
+        for p, phrase in enumerate(PHRASES):
+            head, last = phrase.rsplit(" ", 1)
+            if text.endswith(head) and strings[int(nxt[t])].strip().lower() == last:
+                rows[p].append(t)
+    return [np.asarray(r, dtype=np.int64) for r in rows]
 
 
 def quant_decode(token: str) -> str:

@@ -1,0 +1,189 @@
+"""The gated edit of the last FFN, one entry: `solve_gated(GatedInputs, WfldConfig) -> GatedResult`.
+
+Unit j of the last SwiGLU FFN computes a_j = silu(g_j . x) * (u_j . x), x = ffn_norm(R), and writes
+W_down[:, j] a_j into the residual. The gated edit repurposes one unit:
+1. the gate: g fitted through the origin of x to separate the train split's slop contexts (the
+   FTPO rows) from every other solve-side row (`gate.fit_gate`), and the unit designed from it
+   (`design.design_unit`: gate row alpha d, up row beta d, so a >= 0 everywhere, ~0 off the phrase);
+2. the unit: the one whose current contribution is the least (`removal.removal_candidates`: its
+   energy sum_t hh_tj^2 |W_down[:, j]|^2 over the solve-side rows), never one active on the slop
+   contexts; its old down column is set to the stored format's nearest-to-zero codes within the
+   tensor's own block scales (the removal), so the edit's base is the model without that unit;
+3. the new activation a_j on every row, as the engine computes it from the quantized gate and up
+   rows (`activation`, handed in: the caller's engine-faithful path), replaces column j of each
+   trace's hidden state (`GatedDump`);
+4. the down column: the dense solve (`solve.solve_dense`) restricted to the one unit's key, on the
+   rewritten traces and the removal's weights; the strengths are chosen on dev as for the dense edit.
+Three tensors change: row j of ffn_gate and of ffn_up, and ffn_down (shipped through its format
+like the dense edit). The removal's cost is part of the edit's (the bars score base = the model as
+it was against the three edits).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from exactedit.solvers.l47.gated.config import DesignConfig, GateConfig, GatedError
+from exactedit.solvers.l47.gated.design import GatedUnit, design_unit
+from exactedit.solvers.l47.gated.gate import Gate, fit_gate
+from exactedit.solvers.l47.gated.removal import col_norms, removal_candidates
+
+__all__ = ["GatedDump", "GatedInputs", "GatedResult", "gated_key", "solve_gated", "zero_column"]
+
+Named = Sequence[tuple[str, object]]
+
+
+class GatedDump:
+    """A dump as the edited model sees it: every field the dump's, but `hh` with column `unit`
+    replaced by the rewritten unit's activation `a` (float32 [T])."""
+
+    def __init__(self, dump, unit: int, a: np.ndarray):
+        hh = np.array(dump.hh, dtype=np.float32)
+        a = np.asarray(a, dtype=np.float32)
+        if a.shape != (hh.shape[0],):
+            raise GatedError("activation", "shape", f"expected [{hh.shape[0]}], got {list(a.shape)}")
+        hh[:, unit] = a
+        hh.setflags(write=False)
+        self._dump, self.hh, self.unit = dump, hh, int(unit)
+
+    def __getattr__(self, name):
+        return getattr(self._dump, name)
+
+
+def zero_column(raw: np.ndarray, type_name: str, cols: int, j: int) -> np.ndarray:
+    """`raw` (a tensor's rows as stored) with column j at the nearest-to-zero code of each row's own
+    block scales (Q8_0 and Q6_K: exactly 0); every other code and every scale byte kept."""
+    from exactedit.quant.rounding.grid import codes_of, grid_of, nearest, pack
+
+    if type_name not in ("Q8_0", "Q6_K"):
+        raise GatedError("ffn_down", "type", f"the gated edit removes a unit's column in Q8_0 or Q6_K, "
+                         f"not {type_name}")
+    grid = grid_of(raw, type_name, cols)
+    codes = np.array(codes_of(raw, type_name, cols))
+    zero = nearest(grid, np.zeros(grid.steps.shape, np.float32))
+    codes[:, j] = zero[:, j]
+    return pack(grid, codes)
+
+
+def gated_key(unit: int, h: int, word: int = 0):
+    """The key of a one-unit edit: Q = e_unit (the down column only)."""
+    from exactedit.solvers.l47.key import Key
+
+    Q = np.zeros((h, 1))
+    Q[unit, 0] = 1.0
+    return Key("gated", Q, np.array([word], np.int64), np.array([1.0]), np.array([unit], np.int64), (), ())
+
+
+@dataclass(frozen=True, eq=False)
+class GatedInputs:
+    """What the gated solve reads. `named`: role -> [(trace name, dump)] (train, null, anchors,
+    heldout, collateral); `held`: train trace -> its held-out FTPO mask; `x_of(dump)`: the FFN input
+    x = ffn_norm(R) per row, float32 [T, n]; `quantize_row(row) -> bytes` in the gate / up tensors'
+    type; `activation(x, gate_raw, up_raw, unit) -> a [T]`: the unit as the engine computes it from
+    those bytes. `raw0`, `type_name`, `cols`: ffn_down as stored."""
+
+    tail: object
+    mining: object
+    named: Mapping[str, Named]
+    held: Mapping[str, np.ndarray]
+    specials: tuple[int, ...]
+    phrases: Sequence[str]
+    background: tuple[str, ...]
+    raw0: np.ndarray
+    type_name: str
+    cols: int
+    bar_d: object
+    x_of: Callable[[object], np.ndarray]
+    quantize_row: Callable[[np.ndarray], np.ndarray]
+    activation: Callable[[np.ndarray, np.ndarray, np.ndarray, int], np.ndarray]
+    gate: GateConfig = GateConfig()
+    design: DesignConfig = DesignConfig()
+    candidates: int = 8
+    device_head: object = None
+
+
+@dataclass(frozen=True, eq=False)
+class GatedResult:
+    unit: int
+    gate: Gate
+    design: GatedUnit
+    gate_raw: np.ndarray            # uint8 [row_bytes] row `unit` of ffn_gate as shipped
+    up_raw: np.ndarray              # uint8 [row_bytes] row `unit` of ffn_up as shipped
+    named: Mapping[str, Named]      # the traces as the edited model sees them (GatedDump)
+    dense: object                   # solve.DenseResult: the down column's solve on the removal's weights
+    summary: dict                   # the report's section: unit, removal, gate, detector numbers
+
+
+def _labels(train: Named, mining, held) -> tuple[dict, dict]:
+    """Per train trace: a bool mask of its slop contexts (the FTPO rows not held out), and one of
+    the rows the gate's fit leaves out (the held-out FTPO rows: slop contexts kept for scoring)."""
+    pos, skip = {}, {}
+    for name, d in train:
+        tm = mining.trace(name)
+        rows = np.asarray(tm.rows, dtype=np.int64)
+        hold = np.asarray(held.get(name, np.zeros(rows.size, bool)), dtype=bool)
+        pos[name] = np.zeros(d.rows, dtype=bool)
+        pos[name][rows[~hold]] = True
+        skip[name] = np.zeros(d.rows, dtype=bool)
+        skip[name][rows[hold]] = True
+    return pos, skip
+
+
+def solve_gated(inputs: GatedInputs, cfg, *, mark: Callable[..., None] | None = None,
+                progress: Callable[[int, int], None] | None = None) -> GatedResult:
+    """Fit the gate, choose the unit, rewrite it, and solve its down column (module doc)."""
+    from exactedit.solvers.l47.jacobian import editable_weight, with_weights
+    from exactedit.solvers.l47.problem import ftpo_rows
+    from exactedit.solvers.l47.solve import DenseInputs, solve_dense
+
+    mark = mark or (lambda *a: None)
+    i = inputs
+    named = {r: list(v) for r, v in i.named.items()}
+    side = named["train"] + named.get("null", []) + named.get("anchors", [])
+    pos, skip = _labels(named["train"], i.mining, i.held)
+    x_side = {n: np.asarray(i.x_of(d), np.float32) for n, d in side}
+    fit = {n: ~skip.get(n, np.zeros(d.rows, bool)) for n, d in side}
+    X = np.concatenate([x_side[n][fit[n]] for n, _ in side])
+    Y = np.concatenate([pos.get(n, np.zeros(d.rows, bool))[fit[n]] for n, d in side])
+    if not Y.any():
+        raise GatedError("train", "slop contexts", "no FTPO row to fit the gate on")
+    gate = fit_gate(X, Y, i.gate)
+    unit = design_unit(gate, X, Y, i.design)
+    mark("gate")
+
+    w0 = editable_weight(i.tail)
+    HH = np.concatenate([np.asarray(d.hh, np.float32)[fit[n]] for n, d in side])
+    cand = removal_candidates(HH, col_norms(w0), Y, i.candidates)
+    if cand.units.size == 0:
+        raise GatedError("ffn_down", "units", "every unit is active on the slop contexts: none to repurpose")
+    j = int(cand.units[0])
+    del HH
+    g_raw = np.asarray(i.quantize_row(unit.g_row.astype(np.float32)), np.uint8).reshape(-1)
+    u_raw = np.asarray(i.quantize_row(unit.u_row.astype(np.float32)), np.uint8).reshape(-1)
+    rewritten = {}
+    for role, traces in named.items():
+        rewritten[role] = [(n, GatedDump(d, j, i.activation(
+            x_side[n] if n in x_side else np.asarray(i.x_of(d), np.float32), g_raw, u_raw, j))) for n, d in traces]
+    mark("unit")
+
+    raw_removed = zero_column(np.asarray(i.raw0), i.type_name, i.cols, j)
+    from exactedit import quant
+
+    view = quant.runtime_view if i.tail.kind == "hc4" else quant.dequantize
+    tail_removed = with_weights(i.tail, view(raw_removed, i.type_name, i.cols))
+    ftpo = ftpo_rows(rewritten["train"], i.mining, i.held)
+    dense = solve_dense(DenseInputs(
+        tail_removed, i.mining, ftpo, i.specials, i.phrases, anchors=rewritten.get("anchors", []),
+        held_from=rewritten["train"] + rewritten.get("null", []),
+        background_from=[x for r in i.background for x in rewritten.get(r, [])], dev=rewritten.get("heldout", []),
+        collateral=rewritten.get("collateral", []), raw0=raw_removed, type_name=i.type_name, cols=i.cols,
+        bar_d=i.bar_d, device_head=i.device_head, key=gated_key(j, w0.shape[1])), cfg, mark=mark, progress=progress)
+    a_side = np.concatenate([np.asarray(d.hh[:, j])[fit[n]] for n, d in rewritten["train"]])
+    y_train = np.concatenate([pos[n][fit[n]] for n, _ in named["train"]])
+    summary = {"unit": j, "removal": cand.summary(), "gate": gate.summary(), "design": unit.summary(),
+               "train_activation": {"pos_min": float(a_side[y_train].min()) if y_train.any() else None,
+                                    "neg_max_abs": float(np.abs(a_side[~y_train]).max()) if (~y_train).any()
+                                    else None}}
+    return GatedResult(j, gate, unit, g_raw, u_raw, rewritten, dense, summary)
