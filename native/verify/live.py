@@ -154,12 +154,16 @@ def predict_rmsnorm(g: gguf.GGUFFile, R: np.ndarray, hh: np.ndarray, match: Matc
     if head.name == "token_embd.weight" and head.name in raw:
         raise EngineError(g.path, "edits", "token_embd.weight is the tied head: an edit of it also moves "
                           "input embeddings, which a dump cannot predict; untie first")
-    unknown = sorted(set(raw) - {head.name, down.name})
+    units = {down.name.replace("ffn_down", part) for part in ("ffn_gate", "ffn_up")}
+    unknown = sorted(set(raw) - {head.name, down.name} - units)
     if unknown:
         raise EngineError(g.path, "edits", f"{unknown} are not in the tail (head {head.name}, "
-                          f"ffn_down {down.name}); their effect cannot be predicted from a dump")
+                          f"ffn_down {down.name}, the last FFN's gate and up rows); their effect cannot be "
+                          "predicted from a dump")
+    if units & set(raw):
+        hh = _rewritten_units(g, tail, R, hh, raw, match)
     W_out = raw.get(head.name)
-    if base is not None and down.name not in raw:
+    if base is not None and down.name not in raw and not units & set(raw):
         if W_out is None:
             return base.copy()
         changed = np.flatnonzero((W_out != g.read_raw(head.name)).any(1))
@@ -171,6 +175,29 @@ def predict_rmsnorm(g: gguf.GGUFFile, R: np.ndarray, hh: np.ndarray, match: Matc
     xn = _normed(g, tail, R, hh, match, raw.get(down.name))
     W_out = W_out if W_out is not None else g.read_raw(head.name)
     return _capped(engine_matmul(W_out, head.type_name, tail.n, xn, match), tail)
+
+
+def _rewritten_units(g, tail, R, hh, raw, match) -> np.ndarray:
+    """The dump's hh with the units whose gate or up row `raw` changes recomputed from R as the
+    engine computes them (solvers/tail/forward/ffn_hidden.py: ffn_norm, the rows' products in the
+    kernel each micro-batch takes, the fused swiglu)."""
+    from exactedit.solvers.tail.forward.ffn_hidden import ffn_hidden_engine
+
+    down = tail.tensor("ffn_down").name
+    gate, up = (down.replace("ffn_down", part) for part in ("ffn_gate", "ffn_up"))
+    info = g.tensor(gate)
+    if g.tensor(up).type_name != info.type_name:
+        raise EngineError(g.path, "edits", f"{gate} and {up} differ in type")
+    g_raw = raw[gate] if gate in raw else np.asarray(g.read_raw(gate))
+    u_raw = raw[up] if up in raw else np.asarray(g.read_raw(up))
+    changed = np.flatnonzero((g_raw != g.read_raw(gate)).any(1) | (u_raw != g.read_raw(up)).any(1))
+    if not changed.size:
+        return hh
+    norm = np.asarray(g.read_rows(down.replace("ffn_down", "ffn_norm")), np.float32).reshape(-1)
+    out = np.array(hh, dtype=np.float32)
+    out[:, changed] = ffn_hidden_engine(np.asarray(R, np.float32), norm, float(tail.rms_eps), g_raw, u_raw,
+                                        info.type_name, changed, ubatch_sizes=match.ubatch_sizes)
+    return out
 
 
 def _capped(logits: np.ndarray, tail) -> np.ndarray:

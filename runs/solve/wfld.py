@@ -308,8 +308,8 @@ def _solve_gated(cfg: WfldConfig, g, tail, mining: Mining, named: dict, held: di
     type and multiplied as llama.cpp does, the fused swiglu."""
     from exactedit import quant
     from exactedit.solvers.l47.gated.edit import GatedInputs, solve_gated
+    from exactedit.solvers.tail.forward.ffn_hidden import ffn_hidden_engine
     from exactedit.solvers.tail.forward.ffn_ops import ffn_norm_engine
-    from exactedit.solvers.tail.forward.ffn_unit import unit_activation_engine
 
     if tail.kind != "rmsnorm":
         raise WfldError("model", "tail", f"the gated edit rewrites a unit of an rmsnorm tail's FFN, not {tail.kind}")
@@ -321,13 +321,23 @@ def _solve_gated(cfg: WfldConfig, g, tail, mining: Mining, named: dict, held: di
     up_info = g.tensor(_ffn_name(tail, "ffn_up"))
     if gate_info.type_name != up_info.type_name:
         raise WfldError("model", "ffn_gate / ffn_up", f"types differ ({gate_info.type_name}, {up_info.type_name})")
-    qtype, cols, eps = gate_info.type_name, int(gate_info.cols), float(tail.spec.rms_eps)
+    qtype, eps = gate_info.type_name, float(tail.spec.rms_eps)
+    gate_raw = np.array(g.read_raw(_ffn_name(tail, "ffn_gate")))
+    up_raw = np.array(g.read_raw(_ffn_name(tail, "ffn_up")))
+
+    def activation(dump, g_row, u_row, j):
+        """Unit j with rows g_row, u_row, as llama.cpp computes it on the dump's rows (its micro-batches)."""
+        gr, ur = gate_raw.copy(), up_raw.copy()
+        gr[j], ur[j] = g_row, u_row
+        sizes = dump.manifest.meta.get("ubatch_sizes") if isinstance(dump.manifest.meta, dict) else None
+        return ffn_hidden_engine(np.asarray(dump.R, np.float32), norm_w, eps, gr, ur, qtype, [j],
+                                 ubatch_sizes=sizes)[:, 0]
     inputs = GatedInputs(
         tail, mining, named, held, tuple(specials), phrases, tuple(bg_roles), g.read_raw(down), info.type_name,
         int(info.cols), bar_d,
         x_of=lambda d: ffn_norm_engine(np.asarray(d.R, np.float32), norm_w, eps),
         quantize_row=lambda row: quant.quantize(row[None, :], qtype)[0],
-        activation=lambda x, gr, ur, j: unit_activation_engine(x, gr, ur, qtype, cols, unit=j, width=int(gate_info.rows)),
+        activation=activation,
         device_head=dhead)
     return solve_gated(inputs, cfg, mark=st.mark, progress=lambda i, n: st.mark("gauss_newton", 1))
 

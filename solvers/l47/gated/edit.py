@@ -9,8 +9,9 @@ W_down[:, j] a_j into the residual. The gated edit repurposes one unit:
    energy sum_t hh_tj^2 |W_down[:, j]|^2 over the solve-side rows), never one active on the slop
    contexts; its old down column is set to the stored format's nearest-to-zero codes within the
    tensor's own block scales (the removal), so the edit's base is the model without that unit;
-3. the new activation a_j on every row, as the engine computes it from the quantized gate and up
-   rows (`activation`, handed in: the caller's engine-faithful path), replaces column j of each
+3. the new activation a_j on every row, as the engine computes it from the dump's R and the
+   quantized gate and up rows (`activation`, handed in: the caller's engine-faithful path,
+   solvers/tail/forward/ffn_hidden.py), replaces column j of each
    trace's hidden state (`GatedDump`);
 4. the down column: the dense solve (`solve.solve_dense`) restricted to the one unit's key, on the
    rewritten traces and the removal's weights; the strengths are chosen on dev as for the dense edit.
@@ -81,8 +82,8 @@ class GatedInputs:
     """What the gated solve reads. `named`: role -> [(trace name, dump)] (train, null, anchors,
     heldout, collateral); `held`: train trace -> its held-out FTPO mask; `x_of(dump)`: the FFN input
     x = ffn_norm(R) per row, float32 [T, n]; `quantize_row(row) -> bytes` in the gate / up tensors'
-    type; `activation(x, gate_raw, up_raw, unit) -> a [T]`: the unit as the engine computes it from
-    those bytes. `raw0`, `type_name`, `cols`: ffn_down as stored."""
+    type; `activation(dump, gate_raw, up_raw, unit) -> a [T]`: unit `unit` with those rows, at each
+    of the dump's rows, as the engine computes it (from the dump's R). `raw0`, `type_name`, `cols`: ffn_down as stored."""
 
     tail: object
     mining: object
@@ -97,7 +98,7 @@ class GatedInputs:
     bar_d: object
     x_of: Callable[[object], np.ndarray]
     quantize_row: Callable[[np.ndarray], np.ndarray]
-    activation: Callable[[np.ndarray, np.ndarray, np.ndarray, int], np.ndarray]
+    activation: Callable[[object, np.ndarray, np.ndarray, int], np.ndarray]
     gate: GateConfig = GateConfig()
     design: DesignConfig = DesignConfig()
     candidates: int = 8
@@ -164,8 +165,7 @@ def solve_gated(inputs: GatedInputs, cfg, *, mark: Callable[..., None] | None = 
     u_raw = np.asarray(i.quantize_row(unit.u_row.astype(np.float32)), np.uint8).reshape(-1)
     rewritten = {}
     for role, traces in named.items():
-        rewritten[role] = [(n, GatedDump(d, j, i.activation(
-            x_side[n] if n in x_side else np.asarray(i.x_of(d), np.float32), g_raw, u_raw, j))) for n, d in traces]
+        rewritten[role] = [(n, GatedDump(d, j, i.activation(d, g_raw, u_raw, j))) for n, d in traces]
     mark("unit")
 
     raw_removed = zero_column(np.asarray(i.raw0), i.type_name, i.cols, j)
