@@ -5,10 +5,12 @@ W_down[:, j] a_j into the residual. The gated edit repurposes one unit:
 1. the gate: g fitted through the origin of x to separate the train split's slop contexts (the
    FTPO rows) from every other solve-side row (`gate.fit_gate`), and the unit designed from it
    (`design.design_unit`: gate row alpha d, up row beta d, so a >= 0 everywhere, ~0 off the phrase);
-2. the unit: the one whose current contribution is the least (`removal.removal_candidates`: its
-   energy sum_t hh_tj^2 |W_down[:, j]|^2 over the solve-side rows), never one active on the slop
-   contexts; its old down column is set to the stored format's nearest-to-zero codes within the
-   tensor's own block scales (the removal), so the edit's base is the model without that unit;
+2. the unit: among the `candidates` whose current contribution is the least (`removal.
+   removal_candidates`: energy sum_t hh_tj^2 |W_down[:, j]|^2 over the solve-side rows), never one
+   active on the slop contexts, the one whose removal costs least, measured exactly (`removal_kl`:
+   KL over the full vocabulary on the anchors with its down column at zero); that column is set to
+   the stored format's nearest-to-zero codes within the tensor's own block scales (the removal), so
+   the edit's base is the model without that unit;
 3. the new activation a_j on every row, as the engine computes it from the dump's R and the
    quantized gate and up rows (`activation`, handed in: the caller's engine-faithful path,
    solvers/tail/forward/ffn_hidden.py), replaces column j of each
@@ -31,7 +33,7 @@ from exactedit.solvers.l47.gated.design import GatedUnit, design_unit
 from exactedit.solvers.l47.gated.gate import Gate, fit_gate
 from exactedit.solvers.l47.gated.removal import col_norms, removal_candidates
 
-__all__ = ["GatedDump", "GatedInputs", "GatedResult", "gated_key", "solve_gated", "zero_column"]
+__all__ = ["GatedDump", "GatedInputs", "GatedResult", "gated_key", "removal_kl", "solve_gated", "zero_column"]
 
 Named = Sequence[tuple[str, object]]
 
@@ -101,7 +103,7 @@ class GatedInputs:
     activation: Callable[[object, np.ndarray, np.ndarray, int], np.ndarray]
     gate: GateConfig = GateConfig()
     design: DesignConfig = DesignConfig()
-    candidates: int = 8
+    candidates: int = 4             # units whose removal is measured exactly (KL on the anchors)
     device_head: object = None
 
 
@@ -115,6 +117,29 @@ class GatedResult:
     named: Mapping[str, Named]      # the traces as the edited model sees them (GatedDump)
     dense: object                   # solve.DenseResult: the down column's solve on the removal's weights
     summary: dict                   # the report's section: unit, removal, gate, detector numbers
+
+
+def removal_kl(tail, raw0: np.ndarray, type_name: str, cols: int, units, traces: Named, *,
+               tile_rows: int = 8192) -> list[dict]:
+    """Per candidate unit, the exact cost of its removal on `traces` (the anchors): KL(model ||
+    model with the unit's down column at zero codes) per row over the full vocabulary, mean and max."""
+    from exactedit import quant
+    from exactedit.solvers.l47.jacobian import with_weights
+    from exactedit.solvers.tail.logits import tail_mix
+    from exactedit.solvers.tail.passes.kl_pass_numba import kl_rows_numba
+
+    dumps = [d for _, d in traces]
+    if not dumps:
+        return [{"unit": int(j), "kl_mean": None, "kl_max": None, "rows": 0} for j in units]
+    view = quant.runtime_view if tail.kind == "hc4" else quant.dequantize
+    mix_b = np.concatenate([tail_mix(tail, d) for d in dumps], axis=0)
+    out = []
+    for j in units:
+        t_j = with_weights(tail, view(zero_column(raw0, type_name, cols, int(j)), type_name, cols))
+        mix_e = np.concatenate([tail_mix(t_j, d) for d in dumps], axis=0)
+        kl = np.maximum(kl_rows_numba(mix_b, mix_e, tail.head, softcap=tail.softcap, tile_rows=tile_rows).kl, 0.0)
+        out.append({"unit": int(j), "kl_mean": float(kl.mean()), "kl_max": float(kl.max()), "rows": int(kl.size)})
+    return out
 
 
 def _labels(train: Named, mining, held) -> tuple[dict, dict]:
@@ -159,8 +184,12 @@ def solve_gated(inputs: GatedInputs, cfg, *, mark: Callable[..., None] | None = 
     cand = removal_candidates(HH, col_norms(w0), Y, i.candidates)
     if cand.units.size == 0:
         raise GatedError("ffn_down", "units", "every unit is active on the slop contexts: none to repurpose")
-    j = int(cand.units[0])
     del HH
+    costs = removal_kl(i.tail, np.asarray(i.raw0), i.type_name, i.cols, cand.units, named.get("anchors", []),
+                       tile_rows=getattr(cfg, "tile_rows", 8192))
+    best = min(costs, key=lambda c: (c["kl_mean"] if c["kl_mean"] is not None else 0.0, c["unit"]))
+    j = best["unit"]
+    mark("removal")
     g_raw = np.asarray(i.quantize_row(unit.g_row.astype(np.float32)), np.uint8).reshape(-1)
     u_raw = np.asarray(i.quantize_row(unit.u_row.astype(np.float32)), np.uint8).reshape(-1)
     rewritten = {}
@@ -182,7 +211,8 @@ def solve_gated(inputs: GatedInputs, cfg, *, mark: Callable[..., None] | None = 
         bar_d=i.bar_d, device_head=i.device_head, key=gated_key(j, w0.shape[1])), cfg, mark=mark, progress=progress)
     a_side = np.concatenate([np.asarray(d.hh[:, j])[fit[n]] for n, d in rewritten["train"]])
     y_train = np.concatenate([pos[n][fit[n]] for n, _ in named["train"]])
-    summary = {"unit": j, "removal": cand.summary(), "gate": gate.summary(), "design": unit.summary(),
+    summary = {"unit": j, "removal": {**cand.summary(), "measured": costs, "chosen": best},
+               "gate": gate.summary(), "design": unit.summary(),
                "train_activation": {"pos_min": float(a_side[y_train].min()) if y_train.any() else None,
                                     "neg_max_abs": float(np.abs(a_side[~y_train]).max()) if (~y_train).any()
                                     else None}}
