@@ -282,10 +282,11 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
         refs.append(InputRef("protocol", str(protocol.path), protocol.sha256))
     edits = [TensorEdit(tensor, "tensor", info.type_name, (int(info.rows), int(info.cols)), gn.raw)]
     if gated is not None:
+        order = np.argsort(gated.units)
         for name, raw in ((_ffn_name(tail, "ffn_gate"), gated.gate_raw), (_ffn_name(tail, "ffn_up"), gated.up_raw)):
             ti = g.tensor(name)
-            edits.append(TensorEdit(name, "rows", ti.type_name, (int(ti.rows), int(ti.cols)), raw[None, :],
-                                    np.array([gated.unit], dtype=np.int64)))
+            edits.append(TensorEdit(name, "rows", ti.type_name, (int(ti.rows), int(ti.cols)), raw[order],
+                                    np.asarray(gated.units, dtype=np.int64)[order]))
     record = {"marker": marker, "dw_rel": report["edit"]["dw_rel"], "verdict": report["verdict"],
               "iterations": report["iterations"], "conditions": report["conditions"]}
     bundle = write_bundle(out, solver="wfld", inputs=refs, config=cfg.to_json(), edits=edits,

@@ -23,6 +23,7 @@ it was against the three edits).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
@@ -70,13 +71,15 @@ def zero_column(raw: np.ndarray, type_name: str, cols: int, j: int) -> np.ndarra
     return pack(grid, codes)
 
 
-def gated_key(unit: int, h: int, word: int = 0):
-    """The key of a one-unit edit: Q = e_unit (the down column only)."""
+def gated_key(units, h: int):
+    """The key of the rewritten units: Q = [e_j ...] (their down columns only)."""
     from exactedit.solvers.l47.key import Key
 
-    Q = np.zeros((h, 1))
-    Q[unit, 0] = 1.0
-    return Key("gated", Q, np.array([word], np.int64), np.array([1.0]), np.array([unit], np.int64), (), ())
+    units = [int(j) for j in units]
+    Q = np.zeros((h, len(units)))
+    Q[units, np.arange(len(units))] = 1.0
+    return Key("gated", Q, np.arange(len(units), dtype=np.int64), np.ones(len(units)), np.array(units, np.int64),
+               (), ())
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,20 +106,21 @@ class GatedInputs:
     activation: Callable[[object, np.ndarray, np.ndarray, int], np.ndarray]
     gate: GateConfig = GateConfig()
     design: DesignConfig = DesignConfig()
+    design_target: float | None = None  # the units' median activation on their contexts; None: the data's scale
     candidates: int = 4             # units whose removal is measured exactly (KL on the anchors)
     device_head: object = None
 
 
 @dataclass(frozen=True, eq=False)
 class GatedResult:
-    unit: int
-    gate: Gate
-    design: GatedUnit
-    gate_raw: np.ndarray            # uint8 [row_bytes] row `unit` of ffn_gate as shipped
-    up_raw: np.ndarray              # uint8 [row_bytes] row `unit` of ffn_up as shipped
+    units: tuple[int, ...]          # per phrase with train contexts, its unit
+    gates: tuple[Gate, ...]
+    designs: tuple[GatedUnit, ...]
+    gate_raw: np.ndarray            # uint8 [units, row_bytes] those rows of ffn_gate as shipped
+    up_raw: np.ndarray              # uint8 [units, row_bytes] those rows of ffn_up as shipped
     named: Mapping[str, Named]      # the traces as the edited model sees them (GatedDump)
     dense: object                   # solve.DenseResult: the down column's solve on the removal's weights
-    summary: dict                   # the report's section: unit, removal, gate, detector numbers
+    summary: dict                   # the report's section: units, removal, per phrase its gate and detector
 
 
 def removal_kl(tail, raw0: np.ndarray, type_name: str, cols: int, units, traces: Named, *,
@@ -142,24 +146,33 @@ def removal_kl(tail, raw0: np.ndarray, type_name: str, cols: int, units, traces:
     return out
 
 
-def _labels(train: Named, mining, held) -> tuple[dict, dict]:
-    """Per train trace: a bool mask of its slop contexts (the FTPO rows not held out), and one of
-    the rows the gate's fit leaves out (the held-out FTPO rows: slop contexts kept for scoring)."""
+def _labels(train: Named, mining, held, phrases: int) -> tuple[dict, dict]:
+    """Per train trace: the phrase index of each row that is a slop context of the fit (an FTPO row
+    not held out; -1 elsewhere), and a mask of the rows the fit leaves out (the held-out FTPO rows:
+    slop contexts kept for scoring)."""
     pos, skip = {}, {}
     for name, d in train:
         tm = mining.trace(name)
         rows = np.asarray(tm.rows, dtype=np.int64)
         hold = np.asarray(held.get(name, np.zeros(rows.size, bool)), dtype=bool)
-        pos[name] = np.zeros(d.rows, dtype=bool)
-        pos[name][rows[~hold]] = True
+        pos[name] = np.full(d.rows, -1, dtype=np.int64)
+        pos[name][rows[~hold]] = np.asarray(tm.phrase, dtype=np.int64)[~hold]
         skip[name] = np.zeros(d.rows, dtype=bool)
         skip[name][rows[hold]] = True
     return pos, skip
 
 
+def _zero_columns(raw, type_name: str, cols: int, units) -> np.ndarray:
+    for j in units:
+        raw = zero_column(raw, type_name, cols, int(j))
+    return raw
+
+
 def solve_gated(inputs: GatedInputs, cfg, *, mark: Callable[..., None] | None = None,
                 progress: Callable[[int, int], None] | None = None) -> GatedResult:
-    """Fit the gate, choose the unit, rewrite it, and solve its down column (module doc)."""
+    """Per phrase a gate and a unit, the units chosen and rewritten, their down columns solved
+    jointly (module doc)."""
+    from exactedit import quant
     from exactedit.solvers.l47.jacobian import editable_weight, with_weights
     from exactedit.solvers.l47.problem import ftpo_rows
     from exactedit.solvers.l47.solve import DenseInputs, solve_dense
@@ -168,38 +181,49 @@ def solve_gated(inputs: GatedInputs, cfg, *, mark: Callable[..., None] | None = 
     i = inputs
     named = {r: list(v) for r, v in i.named.items()}
     side = named["train"] + named.get("null", []) + named.get("anchors", [])
-    pos, skip = _labels(named["train"], i.mining, i.held)
-    x_side = {n: np.asarray(i.x_of(d), np.float32) for n, d in side}
+    pos, skip = _labels(named["train"], i.mining, i.held, len(i.mining.phrases))
     fit = {n: ~skip.get(n, np.zeros(d.rows, bool)) for n, d in side}
-    X = np.concatenate([x_side[n][fit[n]] for n, _ in side])
-    Y = np.concatenate([pos.get(n, np.zeros(d.rows, bool))[fit[n]] for n, d in side])
-    if not Y.any():
-        raise GatedError("train", "slop contexts", "no FTPO row to fit the gate on")
-    gate = fit_gate(X, Y, i.gate)
-    unit = design_unit(gate, X, Y, i.design)
-    mark("gate")
-
+    X = np.concatenate([np.asarray(i.x_of(d), np.float32)[fit[n]] for n, d in side])
+    P = np.concatenate([pos.get(n, np.full(d.rows, -1, np.int64))[fit[n]] for n, d in side])
+    phrases = [p for p in range(len(i.mining.phrases)) if (P == p).any()]
+    if not phrases:
+        raise GatedError("train", "slop contexts", "no FTPO row to fit a gate on")
     w0 = editable_weight(i.tail)
     HH = np.concatenate([np.asarray(d.hh, np.float32)[fit[n]] for n, d in side])
-    cand = removal_candidates(HH, col_norms(w0), Y, i.candidates)
-    if cand.units.size == 0:
-        raise GatedError("ffn_down", "units", "every unit is active on the slop contexts: none to repurpose")
+    cand = removal_candidates(HH, col_norms(w0), P >= 0, i.candidates + len(phrases) - 1)
+    # the rewritten units fire at the model's own scale of activation (the 99.9th percentile of |hh|
+    # on the solve side), so their down columns need values of the tensor's own size, which its
+    # block scales hold
+    scale = float(np.percentile(np.abs(HH), 99.9)) if i.design_target is None else float(i.design_target)
     del HH
+    design = dataclasses.replace(i.design, target=max(scale, 1e-3))
+    gates, designs = [], []
+    for p in phrases:                   # one detector per phrase: every other row is a negative
+        gates.append(fit_gate(X, P == p, i.gate))
+        designs.append(design_unit(gates[-1], X, P == p, design))
+    del X
+    mark("gate")
+    if cand.units.size < len(phrases):
+        raise GatedError("ffn_down", "units", f"{cand.units.size} units inactive on the slop contexts, "
+                         f"{len(phrases)} needed (one per phrase)")
     costs = removal_kl(i.tail, np.asarray(i.raw0), i.type_name, i.cols, cand.units, named.get("anchors", []),
                        tile_rows=getattr(cfg, "tile_rows", 8192))
-    best = min(costs, key=lambda c: (c["kl_mean"] if c["kl_mean"] is not None else 0.0, c["unit"]))
-    j = best["unit"]
+    chosen = sorted(costs, key=lambda c: (c["kl_mean"] if c["kl_mean"] is not None else 0.0, c["unit"]))
+    units = [c["unit"] for c in chosen[:len(phrases)]]
     mark("removal")
-    g_raw = np.asarray(i.quantize_row(unit.g_row.astype(np.float32)), np.uint8).reshape(-1)
-    u_raw = np.asarray(i.quantize_row(unit.u_row.astype(np.float32)), np.uint8).reshape(-1)
+    g_raw = np.stack([np.asarray(i.quantize_row(u.g_row.astype(np.float32)), np.uint8).reshape(-1) for u in designs])
+    u_raw = np.stack([np.asarray(i.quantize_row(u.u_row.astype(np.float32)), np.uint8).reshape(-1) for u in designs])
     rewritten = {}
     for role, traces in named.items():
-        rewritten[role] = [(n, GatedDump(d, j, i.activation(d, g_raw, u_raw, j))) for n, d in traces]
+        out = []
+        for n, d in traces:
+            for k, j in enumerate(units):
+                d = GatedDump(d, j, i.activation(d, g_raw[k], u_raw[k], j))
+            out.append((n, d))
+        rewritten[role] = out
     mark("unit")
 
-    raw_removed = zero_column(np.asarray(i.raw0), i.type_name, i.cols, j)
-    from exactedit import quant
-
+    raw_removed = _zero_columns(np.asarray(i.raw0), i.type_name, i.cols, units)
     view = quant.runtime_view if i.tail.kind == "hc4" else quant.dequantize
     tail_removed = with_weights(i.tail, view(raw_removed, i.type_name, i.cols))
     ftpo = ftpo_rows(rewritten["train"], i.mining, i.held)
@@ -208,12 +232,16 @@ def solve_gated(inputs: GatedInputs, cfg, *, mark: Callable[..., None] | None = 
         held_from=rewritten["train"] + rewritten.get("null", []),
         background_from=[x for r in i.background for x in rewritten.get(r, [])], dev=rewritten.get("heldout", []),
         collateral=rewritten.get("collateral", []), raw0=raw_removed, type_name=i.type_name, cols=i.cols,
-        bar_d=i.bar_d, device_head=i.device_head, key=gated_key(j, w0.shape[1])), cfg, mark=mark, progress=progress)
-    a_side = np.concatenate([np.asarray(d.hh[:, j])[fit[n]] for n, d in rewritten["train"]])
-    y_train = np.concatenate([pos[n][fit[n]] for n, _ in named["train"]])
-    summary = {"unit": j, "removal": {**cand.summary(), "measured": costs, "chosen": best},
-               "gate": gate.summary(), "design": unit.summary(),
-               "train_activation": {"pos_min": float(a_side[y_train].min()) if y_train.any() else None,
-                                    "neg_max_abs": float(np.abs(a_side[~y_train]).max()) if (~y_train).any()
-                                    else None}}
-    return GatedResult(j, gate, unit, g_raw, u_raw, rewritten, dense, summary)
+        bar_d=i.bar_d, device_head=i.device_head, key=gated_key(units, w0.shape[1])), cfg, mark=mark,
+        progress=progress)
+    per_phrase = []
+    for k, (p, j) in enumerate(zip(phrases, units)):
+        a = np.concatenate([np.asarray(d.hh[:, j])[fit[n]] for n, d in rewritten["train"]])
+        y = np.concatenate([pos[n][fit[n]] == p for n, _ in named["train"]])
+        per_phrase.append({"phrase": i.mining.phrases[p], "unit": j, "gate": gates[k].summary(),
+                           "design": designs[k].summary(),
+                           "train_activation": {"pos_min": float(a[y].min()) if y.any() else None,
+                                                "neg_max_abs": float(np.abs(a[~y]).max()) if (~y).any() else None}})
+    summary = {"units": units, "activation_target": design.target, "removal": {**cand.summary(), "measured": costs, "chosen": chosen[:len(phrases)]},
+               "phrases": per_phrase}
+    return GatedResult(tuple(units), tuple(gates), tuple(designs), g_raw, u_raw, rewritten, dense, summary)
