@@ -349,7 +349,7 @@ def _loop_options(demo: bool):
         click.option("--corpus-tokens", type=click.IntRange(0), default=None,
                      help=h("prefill budget of the teacher-forced corpus windows (dataset corpus); 0: none"
                      + given("12,000; docs/real-model.md") + ".")),
-        click.option("--key", type=click.Choice(["dense", "discriminative", "units", "gated"]), default=None,
+        click.option("--key", type=click.Choice(["dense", "discriminative", "units", "gated", "auto"]), default=None,
                      help=h("solve wfld --key" + given("dense, chosen on dev") + ".")),
         click.option("--word-holds", type=click.IntRange(0), default=None,
                      help=h("solve wfld --word-holds" + given("2000, chosen on dev") + ".")),

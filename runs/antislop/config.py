@@ -10,6 +10,7 @@ from exactedit.errors import ExacteditError
 from exactedit.runs.loop.inputs import bundled_dir, bundled_file, bundled_template, lines, read_settings, text_files
 
 LOOP = "antislop"       # the bundled inputs' folder: runs/bundled/NAME/antislop/
+AUTO_KEY, AUTO_KEYS = "auto", ("dense", "gated")
 
 __all__ = ["AntislopConfig", "AntislopError", "LOOP", "model_defaults"]
 
@@ -42,7 +43,7 @@ class AntislopConfig:
     background: str = "anchors+train"   # solve wfld's background rows (docs/real-model.md: measured on dev)
     corpus_tokens: int = 12_000         # prefill budget of the teacher-forced corpus (dataset corpus); 0: none
     corpus_context: int = 32            # tokens of context before each use in a corpus window
-    key: str = "dense"                  # solve wfld --key (docs/real-model.md: chosen on dev)
+    key: str = "dense"                  # solve wfld --key, or "auto": dense and gated both solved, chosen on dev
     word_holds: int = 2000              # solve wfld --word-holds (every plausible row of the solve side)
     strength_grid: tuple[float, ...] = (1.0, 0.8, 0.6, 0.45, 0.3, 0.2)   # solve wfld --strength-grid (per phrase, on dev)
     chat_template: str | None = None    # a Jinja2 chat template file (default: the bundled chat_template.jinja, if any)
@@ -61,19 +62,28 @@ class AntislopConfig:
             raise AntislopError("corpus_tokens and word_holds must be >= 0")
         if not self.rules_bias > 0:
             raise AntislopError(f"rules_bias must be > 0, got {self.rules_bias!r}")
+        from exactedit.solvers.l47.config import KEYS
+
+        if self.key not in KEYS + (AUTO_KEY,):
+            raise AntislopError(f"key: expected one of {KEYS + (AUTO_KEY,)}, got {self.key!r}")
+
+    def keys(self) -> tuple[str, ...]:
+        """The edit kinds the solve stage solves: the key, or for "auto" the dense and the gated edit."""
+        return AUTO_KEYS if self.key == AUTO_KEY else (self.key,)
 
     @property
     def bundled(self) -> Path | None:
         """runs/bundled/NAME/antislop/ when `model` names a model with bundled inputs, else None."""
         return bundled_dir(self.model, LOOP)
 
-    def wfld_config(self):
-        """solve wfld's settings of the run."""
+    def wfld_config(self, key: str | None = None):
+        """solve wfld's settings of the run (with `key`: that edit kind's, for "auto")."""
         from exactedit.solvers.l47.config import WfldConfig
 
         try:
             return WfldConfig(ridge=self.ridge, background=self.background, same_sense=self.same_sense_words(),
-                              key=self.key, word_holds=self.word_holds, strength_grid=tuple(self.strength_grid))
+                              key=key or self.keys()[0], word_holds=self.word_holds,
+                              strength_grid=tuple(self.strength_grid))
         except ValueError as exc:
             raise AntislopError(str(exc)) from None
 

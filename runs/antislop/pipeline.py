@@ -179,9 +179,13 @@ def _solve(r: _Run, rec: dict) -> dict:
                             "data prompts: nothing to edit (pick phrases by measurement: `exactedit discover`, "
                             "`exactedit mine`)")
     parts = _parts(rec)
-    wcfg = c.wfld_config()
+    keys = c.keys()
+    wcfgs = {k: c.wfld_config(k) for k in keys}
+    dest = {k: "wfld" if len(keys) == 1 else f"wfld-{k}" for k in keys}
 
     def solve():
+        import shutil
+
         with gguf.open(r.model) as g:
             ms = model_specials(g, r.template)
         protocol = write_run_protocol(out / "protocol.toml", out / "data", f"antislop-{Path(str(r.model)).stem}",
@@ -198,17 +202,46 @@ def _solve(r: _Run, rec: dict) -> dict:
                             anchors=(str(out / "data" / "anchors"),),
                             null=tuple(p for k, p in parts.items() if k == "solve"), protocol=str(protocol))
         t0 = time.perf_counter()
-        wf = solve_wfld(wcfg, inputs, out / "wfld", workspace=ws, command=cmd, progress=r.tick("solve wfld"))
+        solved = {k: solve_wfld(wcfgs[k], inputs, out / dest[k], workspace=ws, command=cmd,
+                                progress=r.tick(f"solve wfld --key {k}")) for k in keys}
         solve_s = time.perf_counter() - t0
-        dev = workflow.score(protocol, ws, r.model, out / "dev", cmd, bundle=wf.bundle,
+        choice = choose_key({k: wf.report for k, wf in solved.items()}) if len(keys) > 1 else None
+        key = keys[0] if choice is None else choice["chosen"]
+        if choice is not None:
+            shutil.copytree(out / dest[key], out / "wfld")
+        wf = solved[key]
+        dev = workflow.score(protocol, ws, r.model, out / "dev", cmd, bundle=out / "wfld",
                              config=ScoreConfig(heldout_role="dev", bars="anti-slop"), progress=r.tick("eval score"))
-        return {"protocol": str(protocol), "bundle": str(wf.bundle), "verdict": wf.verdict, "report": wf.report,
-                "solve_seconds": round(solve_s, 2), "dev_verdict": dev.report.verdict,
-                "dev_report": str(dev.files.paths["json"])}
+        return {"protocol": str(protocol), "bundle": str(out / "wfld"), "verdict": wf.verdict, "report": wf.report,
+                "key": key, "key_choice": choice, "solve_seconds": round(solve_s, 2),
+                "dev_verdict": dev.report.verdict, "dev_report": str(dev.files.paths["json"])}
 
+    outputs = ["protocol.toml", "ws", "wfld", "dev"] + ([dest[k] for k in keys] if len(keys) > 1 else [])
     return r.run("solve", {"data": r.stages.outputs("data"), "corpus": r.stages.outputs("corpus") if parts else None,
-                           "phrases": list(r.phrases), "wfld": dataclasses.asdict(wcfg)},
-                 ["protocol.toml", "ws", "wfld", "dev"], solve)
+                           "phrases": list(r.phrases), "wfld": {k: dataclasses.asdict(w) for k, w in wcfgs.items()}
+                           if len(keys) > 1 else dataclasses.asdict(wcfgs[keys[0]])},
+                 outputs, solve)
+
+
+def choose_key(reports: dict) -> dict:
+    """Between edit kinds solved on the same data (key -> solve wfld's report), the one to ship,
+    chosen on dev only: the kinds whose chosen strength passes bar (d) on the dev uses first, then
+    the larger mean dev cut at that strength (its frontier point's `cut_all`); a tie keeps the
+    first kind (dense). Where none passes, the larger cut, flagged. Returns each kind's numbers, the
+    choice and why."""
+    rows = {}
+    for k, rep in reports.items():
+        st = rep.get("strength") or {}
+        chosen = st.get("chosen") or {}
+        point = next((p for p in st.get("frontier") or () if p.get("strength") == chosen), None)
+        rows[k] = {"passed_d": bool(st.get("passed_d")), "strength": chosen,
+                   "dev_cut": None if point is None else point.get("cut_all"),
+                   "dev_collateral": None if point is None else point.get("collateral")}
+    order = sorted(rows, key=lambda k: (not rows[k]["passed_d"], -(rows[k]["dev_cut"] or 0.0), list(rows).index(k)))
+    best = order[0]
+    why = (f"{best}: passes (d) on dev with the larger mean dev cut" if rows[best]["passed_d"] else
+           f"{best}: no kind passes (d) on dev; the larger mean dev cut, flagged")
+    return {"kinds": rows, "chosen": best, "why": why, "passed_d": rows[best]["passed_d"]}
 
 
 def _rules(r: _Run) -> dict:

@@ -170,6 +170,19 @@ def report_text(obj: dict, rec: dict) -> str:
     lines += ["", f"## solve wfld: {rec['solve']['verdict']} (key {key.get('kind', 'dense')}, "
               f"{wf['conditions'].get('word@plausible', 0)} word holds, {len(obj['solved'])} phrases, "
               f"{rec['solve']['solve_seconds']:.0f} s)", ""]
+    choice = rec["solve"].get("key_choice")
+    if choice:
+        lines.append(f"edit kind chosen on dev: {choice['why']}")
+        lines += [f"  {k:<6} (d) on dev {'pass' if v['passed_d'] else 'FAIL'}, mean dev cut "
+                  f"{'n/a' if v['dev_cut'] is None else round(v['dev_cut'], 3)} at {v['strength']}"
+                  for k, v in choice["kinds"].items()]
+    gated = wf.get("gated")
+    if gated:
+        lines += [f"  gated unit {p['unit']} for {p['phrase']!r}: gate AUC {p['gate']['fit']['auc']:.3f}, "
+                  f"train activation min on the contexts {p['train_activation']['pos_min']:.3g}, max |a| elsewhere "
+                  f"{p['train_activation']['neg_max_abs']:.3g}" for p in gated["phrases"]]
+        lines += [f"  removal of unit {c['unit']}: KL on the anchors mean {c['kl_mean']:.3g}, max {c['kl_max']:.3g}"
+                  for c in gated["removal"]["chosen"] if c["kl_mean"] is not None]
     lines += strength_lines(wf.get("strength"))
     lines += [f"  {b['bar']:<4} {b.get('label', b['name'])[:60]:<60} "
               f"{b['value'] if b['value'] is None else round(b['value'], 5)!s:>10}"
@@ -260,7 +273,8 @@ def write_reports(out: Path, model: str, rec: dict, seconds: dict, *, ran: Seque
            "shipped": {"edited.gguf": rec["apply"]["sha256"], "rules.json": rec["rules"]["out_sha256"]},
            "preflight": rec["preflight"], "protocol": rec["solve"]["protocol"],
            "dataset": {k: v for k, v in rec["data"].items() if k != "tuples"}, "corpus": rec["corpus"],
-           "key": wf.get("key"), "strength": wf.get("strength"), "wfld_bundle": rec["solve"]["bundle"],
+           "key": wf.get("key"), "key_choice": rec["solve"].get("key_choice"), "gated": wf.get("gated"),
+           "strength": wf.get("strength"), "wfld_bundle": rec["solve"]["bundle"],
            "wfld_verdict": rec["solve"]["verdict"], "bars": bars, "collateral": wf.get("collateral"),
            "shipping": wf.get("shipping"), "alternatives": wf.get("alternatives"),
            "edited": rec["apply"]["edited"], "edited_sha256": rec["apply"]["sha256"], "verify": rec["verify"],

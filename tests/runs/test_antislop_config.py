@@ -164,3 +164,25 @@ def test_texts_given_as_a_directory_stand_for_its_txt_files(tmp_path):
     assert got == (tmp_path / "texts" / "a.txt", tmp_path / "texts" / "b.txt", tmp_path / "c.txt")
     assert AntislopConfig(model="/m.gguf", texts=(str(tmp_path / "texts"),)).text_files() == got[:2]
     assert text_files(None, None) == ()
+
+
+def test_the_edit_kind_is_chosen_on_dev():
+    """choose_key reads only the dev frontier: (d) passing first, then the larger mean dev cut at
+    the chosen strength; a tie keeps dense; none passing: the larger cut, flagged."""
+    from exactedit.runs.antislop.pipeline import choose_key
+
+    def rep(passed, cut, s=1.0):
+        chosen = {"Here's an": s}
+        return {"strength": {"chosen": chosen, "passed_d": passed,
+                             "frontier": [{"strength": {"Here's an": 0.2}, "cut_all": 0.01},
+                                          {"strength": chosen, "cut_all": cut, "collateral": {}}]}}
+
+    c = choose_key({"dense": rep(True, 0.05), "gated": rep(True, 0.8)})
+    assert c["chosen"] == "gated" and c["passed_d"] and c["kinds"]["gated"]["dev_cut"] == 0.8
+    assert choose_key({"dense": rep(True, 0.05), "gated": rep(False, 0.9)})["chosen"] == "dense"
+    assert choose_key({"dense": rep(True, 0.3), "gated": rep(True, 0.3)})["chosen"] == "dense"
+    none = choose_key({"dense": rep(False, 0.1), "gated": rep(False, 0.4)})
+    assert none["chosen"] == "gated" and not none["passed_d"] and "flagged" in none["why"]
+    assert AntislopConfig(key="auto").keys() == ("dense", "gated")
+    with pytest.raises(AntislopError, match="key"):
+        AntislopConfig(key="sideways")
