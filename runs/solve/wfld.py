@@ -410,8 +410,24 @@ def wfld_solve_report(r: WfldResult) -> tuple[dict, str]:
     from exactedit.solvers.l47.report import format_report
 
     return ({**r.report, "bundle": {"path": str(r.bundle), "sha256": r.bundle_sha256}},
-            format_report(r.report) + _collateral_text(r.report)
+            format_report(r.report) + _gated_text(r.report) + _collateral_text(r.report)
             + f"\nbundle {r.bundle} (sha256 {r.bundle_sha256})")
+
+
+def _gated_text(report: dict) -> str:
+    """The gated edit's units: per phrase its unit, the gate's fit and the detector on train, and
+    each unit's removal cost (exact KL on the anchors)."""
+    g = report.get("gated")
+    if not g:
+        return ""
+    lines = [f"gated edit: units {g['units']} (activation target {g['activation_target']:.3g})"]
+    for p in g["phrases"]:
+        fit, act = p["gate"]["fit"], p["train_activation"]
+        lines.append(f"  {p['phrase']!r}: unit {p['unit']}, gate AUC {fit['auc']:.3f}, gap {fit['gap']:.3g}; "
+                     f"activation on its contexts >= {act['pos_min']:.3g}, elsewhere |a| <= {act['neg_max_abs']:.3g}")
+    lines += [f"  removal of unit {c['unit']}: KL on the anchors mean {c['kl_mean']:.3g}, max {c['kl_max']:.3g}"
+              for c in g["removal"]["chosen"] if c["kl_mean"] is not None]
+    return "\n" + "\n".join(lines)
 
 
 def _collateral_text(report: dict) -> str:
