@@ -1,5 +1,6 @@
 """`exactedit bench generate`: batched sampling (native/llamacpp/batched.py) against the one-at-a-time
-loop (native/llamacpp/generate.py), the same replies of a real model, in the same run; or, with
+loop (native/llamacpp/generate.py), both through generation's door (native/llamacpp/sample.py,
+`sequential` picking the one-at-a-time loop), the same replies of a real model, in the same run; or, with
 `against="plain"`, batched sampling with the shaping rules live against the same batched sampling
 without them (what the rules cost).
 
@@ -13,7 +14,7 @@ Answer:" text when the GGUF has none). The bench also
 reports how many replies came out token for token the same: all of them up to 3 slots (ggml's
 one-row kernels), fewer beyond (its batched kernels round differently; native/llamacpp/batched.py).
 
-`against="plain"`: both sides are `generate_batched` with the same jobs, slots, stop tokens (the
+`against="plain"`: both sides are the batched loop with the same jobs, slots, stop tokens (the
 rules' turn end) and prompts (the rules' template); the baseline's chain has no samplers of ours
 in front, the other side's has the rules' (`shape`, `probe`), so the ratio is the whole live cost
 of the rules: the shaper's trigger state and phrase matching, and the copies of each step's
@@ -33,8 +34,8 @@ from typing import Callable
 
 import numpy as np
 
-from exactedit.native.llamacpp.batched import DEFAULT_SLOTS
 from exactedit.native.llamacpp.engine import EngineError
+from exactedit.native.llamacpp.sample import DEFAULT_SLOTS
 
 Progress = Callable[[int, int], None]
 
@@ -157,10 +158,10 @@ def run_generate_bench(cfg: GenerateBenchConfig, progress: Progress | None = Non
 
 
 def _run(cfg: GenerateBenchConfig, rules_path, compile_s: float, progress: Progress | None):
-    from exactedit.native.llamacpp.batched import generate_batched
     from exactedit.native.llamacpp.chat import model_chat
     from exactedit.native.llamacpp.engine import LlamaEngine
-    from exactedit.native.llamacpp.generate import Sampling, generate
+    from exactedit.native.llamacpp.generate import Sampling
+    from exactedit.native.llamacpp.sample import sample_replies
     from exactedit.native.llamacpp.chat import prompt_tokens, render_prompt
     from exactedit.native.shaping.live import open_rules, shaper_for
 
@@ -181,11 +182,10 @@ def _run(cfg: GenerateBenchConfig, rules_path, compile_s: float, progress: Progr
             progress(done[0], total)
 
     def one_side(engine, side, jobs):
-        if side == "one":
-            return [generate(engine, p, c, shaper_for(compiled) if compiled is not None else None, stop_ids=stop)
-                    for p, c in jobs]
-        return generate_batched(engine, [p for p, _ in jobs], [c for _, c in jobs], stop_ids=stop, slots=cfg.slots,
-                                shapers=None if side == "plain" else shapers)
+        # "one": the one-at-a-time loop (one shaper, reset per reply); else the batched loop, the
+        # rules' samplers in each chain or (the plain baseline) none
+        return sample_replies(engine, jobs, stop_ids=stop, slots=cfg.slots, sequential=side == "one",
+                              shapers=None if side == "plain" else shapers)
 
     with LlamaEngine(path) as engine:
         if tpl is not None:
@@ -196,7 +196,8 @@ def _run(cfg: GenerateBenchConfig, rules_path, compile_s: float, progress: Progr
             ptoks = [engine.tokenize(f"Question: {p}\nAnswer:") for p in PROMPTS[:cfg.prompts]]
         jobs = [(p, Sampling(cfg.max_new, cfg.temperature, cfg.top_k, seed))
                 for p in ptoks for seed in range(cfg.seeds)]
-        generate(engine, jobs[0][0], Sampling(1, cfg.temperature, cfg.top_k, 0))   # warm the weights' pages
+        sample_replies(engine, [(jobs[0][0], Sampling(1, cfg.temperature, cfg.top_k, 0))],
+                       sequential=True)                                           # warm the weights' pages
         runs: dict[str, list[float]] = {side: [] for side in names}
         out = {}
         for rep in range(cfg.repeats):

@@ -1,8 +1,8 @@
 """llama.cpp through llama-cpp-python's ctypes API: the engine (`engine`), dumps captured off its graph
 (`capture`), the model's own chat (`chat`), labelled documents (`documents`), llama-perplexity's
 chunks (`perplexity_chunks`), the real public models of the `live` extra (`models`), and generation:
-one loop with a per-step logits hook (`generate`), its batched form (`batched`) and seeded sampling
-of many replies over either (`sample`).
+one door, `sample_replies` (`sample`), in front of two engines, the one-at-a-time loop with a per-step
+logits hook (`generate`) and its batched form (`batched`); every reply is a `Generation`.
 
 The names below are imported on first use (their modules pull in numba / JAX).
 """
@@ -12,15 +12,15 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "DumpInputs": "documents",
     "EngineError": "engine",
     "EngineSettings": "engine",
+    "Generation": "generate",
     "Sampling": "generate",
     "LlamaEngine": "engine",
     "dump_documents": "documents",
     "dump_text_chunks": "perplexity_chunks",
-    "generate": "generate",
-    "generate_batched": "batched",
     "import_dump": "documents",
     "locate": "models",
     "render_chunk_dump": "perplexity_chunks",
     "render_documents": "documents",
     "render_import": "documents",
+    "sample_replies": "sample",
 })

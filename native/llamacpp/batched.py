@@ -1,10 +1,12 @@
-"""Batched sampling: many replies decoded together, one `llama_decode` per step for all of them.
+"""Batched sampling: many replies decoded together, one `llama_decode` per step for all of them
+(`_generate_batched`, the engine `native.llamacpp.sample.sample_replies` runs unless a reply asks
+for the one-at-a-time loop of native/llamacpp/generate.py).
 
 On a CPU a one-token decode is bound by reading the weights; decoding the next token of `slots`
 replies in one batch reads them once, so replies come faster than one at a time (`exactedit bench
 generate`, Qwen on 2 cores: 24.1 against 12.3 tokens/s with 16 slots, docs/performance.md). Each reply keeps
 its own llama.cpp sampler chain (top-k, temperature, seeded `dist`: the chain of
-`native.llamacpp.generate.generate`, with the rules' samplers first when `shapers` is given) and its own
+the one-at-a-time loop, with the rules' samplers first when `shapers` is given) and its own
 KV stream (a sequence id per slot, `kv_unified` off), so what one reply attends to is its own
 history only. When a reply stops (a stop token, kept, or `max_new` tokens) its slot is cleared and
 the next (prompt, seed) job starts there.
@@ -27,9 +29,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from exactedit.native.llamacpp.engine import EngineError, LlamaEngine, sampler_chain
-from exactedit.native.llamacpp.generate import Sampling, Generation, StepShaping
+from exactedit.native.llamacpp.generate import Sampling, Generation, StepShaping, stop_kind
 
-__all__ = ["DEFAULT_SLOTS", "generate_batched"]
+__all__ = ["DEFAULT_SLOTS"]
 
 # 16 on 2 cores: Qwen2.5-Coder-1.5B 1.96x the one-at-a-time loop, 8 slots 1.71x (docs/performance.md)
 DEFAULT_SLOTS = 16
@@ -48,24 +50,19 @@ class _Slot:
     stopped: bool = False
 
 
-def generate_batched(engine: LlamaEngine, prompts: Sequence[np.ndarray], configs: Sequence[Sampling], *,
-                     stop_ids: Sequence[int] | None = None, slots: int = DEFAULT_SLOTS,
-                     shapers: Callable[[], object] | None = None,
-                     progress: Callable[[int, int], None] | None = None) -> list[Generation]:
-    """One `Generation` per (prompt, config) job, in job order; `slots` replies decode at once.
-    `shapers`: makes a shaper (solvers.shaping.rules.Shaper) for each slot, reset for each of its jobs;
-    the rules then run live in every reply as in `native.llamacpp.generate.generate` (its `shape` and
-    `probe` samplers first in the reply's chain, the same per-step record)."""
+def _generate_batched(engine: LlamaEngine, jobs: Sequence[tuple[np.ndarray, Sampling]], *,
+                      stop_ids: frozenset | None = None, turn_end: frozenset = frozenset(), slots: int = DEFAULT_SLOTS,
+                      shapers: Callable[[], object] | None = None,
+                      progress: Callable[[int, int], None] | None = None) -> list[Generation]:
+    """The batched engine behind `sample.sample_replies` (which checks the jobs' prompts, int32
+    [1..n_ctx - max_new], and `slots`): one `Generation` per (prompt, config) job, in job order;
+    `slots` replies decode at once. `shapers`: makes a shaper (solvers.shaping.rules.Shaper) for each
+    slot, reset for each of its jobs; the rules then run live in every reply as in the one-at-a-time
+    loop (its `shape` and `probe` samplers first in the reply's chain, the same per-step record)."""
     lib, s, V = engine._lib, engine.settings, engine.n_vocab
-    jobs = [(np.asarray(p, dtype=np.int32), c) for p, c in zip(prompts, configs, strict=True)]
     if not jobs:
         return []
-    if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
-        raise EngineError("generate_batched", "slots", f"expected an integer >= 1, got {slots!r}")
-    for k, (p, c) in enumerate(jobs):
-        if p.ndim != 1 or p.size == 0 or p.size + c.max_new > s.n_ctx:
-            raise EngineError(engine.path, f"prompt[{k}]", f"needs 1..{s.n_ctx - c.max_new} tokens, got {p.size}")
-    stops = None if stop_ids is None else frozenset(int(t) for t in stop_ids)
+    stops = stop_ids
     n_slots = min(slots, len(jobs))
     per_seq = max(p.size + c.max_new for p, c in jobs)
     per_seq = -(-per_seq // 256) * 256                      # whole 256-cell pages per stream
@@ -101,11 +98,12 @@ def generate_batched(engine: LlamaEngine, prompts: Sequence[np.ndarray], configs
         st = active.pop(slot)
         free(st)
         n = len(st.out)
+        stop = stop_kind(st.out, st.stopped, turn_end)
         if st.steps is not None:
-            results[st.job] = st.steps.generation(st.prompt, st.out, st.stopped)
+            results[st.job] = st.steps.generation(st.prompt, st.out, st.config.seed, stop)
         else:
-            results[st.job] = Generation(st.prompt, np.array(st.out, dtype=np.int32), np.zeros((n, 0), bool),
-                                         np.zeros(n, np.float64), not st.stopped)
+            results[st.job] = Generation(st.prompt, np.array(st.out, dtype=np.int32), int(st.config.seed), stop,
+                                         np.zeros((n, 0), bool), np.zeros(n, np.float64))
         done += 1
         if progress is not None:
             progress(done, len(jobs))

@@ -9,13 +9,15 @@ llama.cpp's `llama_sampler_i` interface:
 The shaper is pushed every token of the history (the rendered prompt, then each sampled token),
 so its trigger state is the one `solvers.shaping.triggers` computes offline for the same tokens.
 
-`generate(engine, prompt_tokens, config, shaper)` (any object with `rules`, `reset()`,
-`push(token)` and `shape(logits) -> (logits, fired)`; native/llamacpp/sample.py adapts a plain logits
-processor to it) returns a `Generation`: the new tokens, which
-rules fired at each step, the KL(unshaped || shaped) of each step's distribution (temperature 1,
-full vocabulary, float64), and with `record=True` the raw logits, the logits the chain received,
-and the engine's own `llama_get_logits_ith` row, per step (float32 [steps, V]). Without a shaper
-the same loop and chain run (the base arms of a comparison), so arms differ only by the rules.
+Generation has one door, `native.llamacpp.sample.sample_replies` (native/llamacpp/sample.py): this
+module holds what it returns and its one-at-a-time engine, `_generate(engine, prompt, config,
+shaper)` (any object with `rules`, `reset()`, `push(token)` and `shape(logits) -> (logits, fired)`;
+sample.py adapts a plain logits processor to it). A reply is a `Generation`: the new tokens, its
+seed and why it stopped, which rules fired at each step, the KL(unshaped || shaped) of each step's
+distribution (temperature 1, full vocabulary, float64), and with `record` the raw logits, the logits
+the chain received, and the engine's own `llama_get_logits_ith` row, per step (float32 [steps, V]).
+Without a shaper the same loop and chain run (the base arms of a comparison), so arms differ only
+by the rules.
 """
 from __future__ import annotations
 
@@ -31,8 +33,8 @@ _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 
 @dataclass(frozen=True)
 class Sampling:
-    """How replies are sampled: the one config of every generation here (this loop, the batched
-    loop, `sample.sample_all`, and the commands built on them); `seed` seeds llama.cpp's `dist`."""
+    """How replies are sampled: the one config of every generation here (`sample.sample_replies`
+    and the commands built on it); `seed` seeds llama.cpp's `dist`."""
 
     max_new: int = 64
     temperature: float = 0.8
@@ -46,19 +48,35 @@ class Sampling:
 
 @dataclass(frozen=True, eq=False)
 class Generation:
+    """One reply of `sample.sample_replies`, whichever loop sampled it."""
+
     prompt: np.ndarray            # int32 [P] the rendered prompt's tokens
     tokens: np.ndarray            # int32 [steps] sampled tokens (the stop token included when one came)
+    seed: int                     # the seed of its Sampling (llama.cpp's `dist`)
+    stop: str                     # "turn_end", "end_of_generation" (another stop token) or "max_new" (cut)
     fired: np.ndarray             # bool [steps, rules]
     kl: np.ndarray                # float64 [steps] KL(unshaped || shaped) at T = 1 (0 without rules)
-    truncated: bool               # cut at max_new, no stop token
     raw: np.ndarray | None = None        # float32 [steps, V] what llama.cpp handed the chain
     received: np.ndarray | None = None   # float32 [steps, V] what the chain after the rules received
     engine_rows: np.ndarray | None = None  # float32 [steps, V] llama_get_logits_ith(ctx, -1)
     kl_rules: np.ndarray | None = None     # float64 [steps, rules] KL of each fired rule applied alone
 
     @property
+    def truncated(self) -> bool:
+        """Cut at max_new, no stop token."""
+        return self.stop == "max_new"
+
+    @property
     def sequence(self) -> np.ndarray:
         return np.concatenate([self.prompt, self.tokens]).astype(np.int32)
+
+
+def stop_kind(out, stopped: bool, turn_end: frozenset) -> str:
+    """Why a reply ended: "max_new" (no stop token), "turn_end" (its last token is one of
+    `turn_end`) or "end_of_generation" (another stop token)."""
+    if not stopped:
+        return "max_new"
+    return "turn_end" if int(out[-1]) in turn_end else "end_of_generation"
 
 
 def step_kl(raw: np.ndarray, shaped: np.ndarray) -> float:
@@ -164,26 +182,24 @@ class StepShaping:
         for _ in self.samplers:
             self.lib.llama_sampler_chain_remove(chain, 0)
 
-    def generation(self, prompt: np.ndarray, out: list, stopped: bool) -> Generation:
+    def generation(self, prompt: np.ndarray, out: list, seed: int, stop: str) -> Generation:
         st, V, n = self.steps, self.V, len(out)
         fired = np.array(st["fired"], dtype=bool).reshape(n, self.n_rules)
         stack = (lambda k: np.stack(st[k]) if st[k] else np.zeros((0, V), np.float32)) if self.record \
             else (lambda k: None)
         kl_rules = np.array(st["kl_rules"], dtype=np.float64).reshape(n, self.n_rules) if self.alone else None
-        return Generation(prompt, np.array(out, dtype=np.int32), fired, np.array(st["kl"], dtype=np.float64),
-                          not stopped, stack("raw"), stack("received"), stack("engine"), kl_rules)
+        return Generation(prompt, np.array(out, dtype=np.int32), int(seed), stop, fired,
+                          np.array(st["kl"], dtype=np.float64), stack("raw"), stack("received"), stack("engine"),
+                          kl_rules)
 
 
-def generate(engine: LlamaEngine, prompt, config: Sampling, shaper=None, *, record: bool = False,
-             stop_ids=None) -> Generation:
-    """Sample up to `config.max_new` tokens after `prompt`, `shaper` (solvers.shaping.rules.Shaper, or
-    None) applied at every step; stops after a token of `stop_ids` (default: the vocabulary's
-    end-of-generation tokens), which is kept."""
+def _generate(engine: LlamaEngine, toks: np.ndarray, config: Sampling, shaper=None, *, record: bool = False,
+              stop_ids: frozenset | None = None, turn_end: frozenset = frozenset()) -> Generation:
+    """The one-at-a-time engine behind `sample.sample_replies` (which checks the prompt, int32
+    [1..n_ctx - max_new]): up to `config.max_new` tokens after `toks`, `shaper` (or None) applied at
+    every step; stops after a token of `stop_ids` (None: the vocabulary's end-of-generation
+    tokens), which is kept."""
     lib, s, V = engine._lib, engine.settings, engine.n_vocab
-    toks = np.asarray(prompt, dtype=np.int32)
-    if toks.ndim != 1 or toks.size == 0 or toks.size + config.max_new > s.n_ctx:
-        raise EngineError(engine.path, "prompt", f"needs 1..{s.n_ctx - config.max_new} tokens, got {toks.size}")
-    stop_ids = None if stop_ids is None else frozenset(int(t) for t in stop_ids)
     steps = StepShaping(lib, V, shaper, record=record)
     steps.start(toks)
     ctx = engine._context(None)
@@ -221,4 +237,4 @@ def generate(engine: LlamaEngine, prompt, config: Sampling, shaper=None, *, reco
         lib.llama_batch_free(batch)
         lib.llama_sampler_free(chain)
         lib.llama_free(ctx)
-    return steps.generation(toks, out, stopped)
+    return steps.generation(toks, out, config.seed, stop_kind(out, stopped, turn_end))

@@ -1,25 +1,36 @@
-"""Seeded sampling of replies for `exactedit mine` and `dataset build`, with a logits hook.
+"""Generation's one door: `sample_replies(engine, jobs, ...)`, every reply of every command.
 
-`sample_all(engine, prompt_tokens, cfg, seeds, stop_ids=..., turn_end=..., processor=...)`
-samples one reply per prompt and seed, up to a stop token (kept) or `cfg.max_new` tokens (then
-the reply is truncated), with llama.cpp's own sampler chain (top-k, temperature, seeded dist).
-Without a processor the replies decode several at a time (native/llamacpp/batched.py); with one, each
-reply runs through the live loop of native/llamacpp/generate.py, one at a time. A `LogitsProcessor` is
-either a callable `(history, logits) -> logits` (history: the prompt and the tokens sampled so
-far, int32; logits: the raw float32 row; it returns the row the sampler chain receives) or an
-object with the live shaper's interface (`rules`, `reset()`, `push(token)`,
+`sample_replies(engine, [(prompt_tokens, Sampling), ...], stop_ids=..., turn_end=..., shapers=...,
+processor=..., slots=..., record=..., sequential=..., progress=...)` samples one reply per job, in
+job order, up to a stop token (kept) or the job's `max_new` tokens (then the reply is truncated),
+with llama.cpp's own sampler chain (top-k, temperature, seeded dist), and returns one
+`Generation` per job (native/llamacpp/generate.py): its tokens, its seed, why it stopped
+("turn_end" when its last token is one of `turn_end`, "end_of_generation" for another stop token,
+"max_new"), which rules fired and each step's KL.
+
+Two engines run behind it, token for token the same up to 3 slots:
+- the batched loop (native/llamacpp/batched.py): `slots` replies decode together, each with its own
+  chain and KV stream; `shapers` (a factory) gives each slot its own shaper, reset for each of its
+  jobs. It runs unless a reply asks for the other;
+- the one-at-a-time loop (native/llamacpp/generate.py), one reply after the other, when there is a
+  `processor` (its state is one history), `record` (each step's raw, received and engine rows, for
+  the bitwise shaping check) or `sequential`; `shapers` then makes the one shaper, reset per job.
+A `LogitsProcessor` is either a callable `(history, logits) -> logits` (history: the prompt and the
+tokens sampled so far, int32; logits: the raw float32 row; it returns the row the sampler chain
+receives) or an object with the live shaper's interface (`rules`, `reset()`, `push(token)`,
 `shape(logits) -> (logits, fired)`, solvers.shaping.rules.Shaper).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Callable, Protocol, Sequence, Union
+from typing import Callable, Iterable, Protocol, Sequence, Union
 
 import numpy as np
 
+from exactedit.native.llamacpp.batched import DEFAULT_SLOTS, _generate_batched
 from exactedit.native.llamacpp.engine import EngineError, LlamaEngine
-from exactedit.native.llamacpp.batched import DEFAULT_SLOTS, generate_batched
-from exactedit.native.llamacpp.generate import Sampling, generate
+from exactedit.native.llamacpp.generate import Generation, Sampling, _generate
+
+__all__ = ["DEFAULT_SLOTS", "LogitsProcessor", "sample_replies"]
 
 
 class _Shaper(Protocol):
@@ -33,23 +44,6 @@ class _Shaper(Protocol):
 
 
 LogitsProcessor = Union[Callable[[np.ndarray, np.ndarray], np.ndarray], _Shaper]
-
-
-@dataclass(frozen=True, eq=False)
-class Sample:
-    prompt: np.ndarray     # int32 rendered prompt tokens
-    tokens: np.ndarray     # int32 sampled tokens, the stop token included when one came
-    seed: int
-    stop: str              # "turn_end", "end_of_generation" or "max_new"
-    fired: np.ndarray | None = None   # bool [steps, rules] when the processor is a shaper
-
-    @property
-    def truncated(self) -> bool:
-        return self.stop == "max_new"
-
-    @property
-    def sequence(self) -> np.ndarray:
-        return np.concatenate([self.prompt, self.tokens]).astype(np.int32)
 
 
 class _Callable:
@@ -81,40 +75,45 @@ def _as_shaper(processor):
     return _Callable(processor)
 
 
-def _sample(g, seed: int, turn_end: int | None, fired) -> Sample:
-    last = int(g.tokens[-1]) if g.tokens.size else -1
-    stop = "max_new" if g.truncated else "turn_end" if last == turn_end else "end_of_generation"
-    return Sample(g.prompt, g.tokens, int(seed), stop, fired)
+def _token_set(ids: int | Iterable[int] | None) -> frozenset:
+    if ids is None:
+        return frozenset()
+    if isinstance(ids, (int, np.integer)):
+        return frozenset((int(ids),))
+    return frozenset(int(t) for t in ids)
 
 
-def sample_all(engine: LlamaEngine, prompt_tokens: Sequence[np.ndarray], cfg: Sampling, seeds: Sequence[int], *,
-               stop_ids: Sequence[int], turn_end: int | None = None, processor: LogitsProcessor | None = None,
-               sequential: bool = False, slots: int = DEFAULT_SLOTS,
-               progress: Callable[[int, int], None] | None = None) -> list[list[Sample]]:
-    """Per prompt, one `Sample` per seed (same seeds for every prompt; `cfg.seed` is replaced by
-    each of `seeds`). Without a processor the
-    replies decode `slots` at a time (native/llamacpp/batched.py); with one, or `sequential`, one at a time
-    through the live loop (a processor's state is one history)."""
-    stops = tuple(int(t) for t in stop_ids)
-    if not stops:
-        raise EngineError(engine.path, "stop_ids", "no stop token: a reply could only end at max_new")
-    shaper = _as_shaper(processor)
-    if shaper is None and not sequential:
-        jobs = [(p, seed) for p in prompt_tokens for seed in seeds]
-        gens = generate_batched(engine, [p for p, _ in jobs],
-                                [replace(cfg, seed=int(seed)) for _, seed in jobs],
-                                stop_ids=stops, slots=slots, progress=progress)
-        samples = [_sample(g, seed, turn_end, None) for g, (_, seed) in zip(gens, jobs)]
-        return [samples[i:i + len(seeds)] for i in range(0, len(samples), len(seeds))]
-    out, done, total = [], 0, len(prompt_tokens) * len(seeds)
-    for ptoks in prompt_tokens:
-        row = []
-        for seed in seeds:
-            g = generate(engine, ptoks, replace(cfg, seed=int(seed)), shaper,
-                         stop_ids=stops)
-            row.append(_sample(g, seed, turn_end, g.fired))
-            done += 1
-            if progress is not None:
-                progress(done, total)
-        out.append(row)
+def sample_replies(engine: LlamaEngine, jobs: Sequence[tuple[np.ndarray, Sampling]], *,
+                   stop_ids: Iterable[int] | None = None, turn_end: int | Iterable[int] | None = None,
+                   shapers: Callable[[], object] | None = None, processor: LogitsProcessor | None = None,
+                   slots: int = DEFAULT_SLOTS, record: bool = False, sequential: bool = False,
+                   progress: Callable[[int, int], None] | None = None) -> list[Generation]:
+    """One `Generation` per (prompt tokens, Sampling) job, in job order (module doc).
+    `stop_ids`: the tokens a reply stops after (None: the vocabulary's end-of-generation tokens,
+    `engine.is_eog`; empty: none, every reply runs to max_new); `turn_end`: the token(s) whose stop
+    is "turn_end". `shapers`: a factory of shapers (solvers.shaping.rules.Shaper), one per slot;
+    `processor`: one logits processor or shaper for every reply (one at a time); not both.
+    `progress(done, total)` after each reply."""
+    s = engine.settings
+    todo = [(np.asarray(p, dtype=np.int32), c) for p, c in jobs]
+    if not todo:
+        return []
+    if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
+        raise EngineError("sample_replies", "slots", f"expected an integer >= 1, got {slots!r}")
+    for k, (p, c) in enumerate(todo):
+        if p.ndim != 1 or p.size == 0 or p.size + c.max_new > s.n_ctx:
+            raise EngineError(engine.path, f"prompt[{k}]", f"needs 1..{s.n_ctx - c.max_new} tokens, got {p.size}")
+    if shapers is not None and processor is not None:
+        raise EngineError("sample_replies", "shapers", "give a shaper factory or a processor, not both")
+    stops = None if stop_ids is None else frozenset(int(t) for t in stop_ids)
+    ends = _token_set(turn_end)
+    if processor is None and not record and not sequential:
+        return _generate_batched(engine, todo, stop_ids=stops, turn_end=ends, slots=slots, shapers=shapers,
+                                 progress=progress)
+    shaper = _as_shaper(processor) if shapers is None else shapers()
+    out = []
+    for p, c in todo:
+        out.append(_generate(engine, p, c, shaper, record=record, stop_ids=stops, turn_end=ends))
+        if progress is not None:
+            progress(len(out), len(todo))
     return out

@@ -1,6 +1,6 @@
 """The shaping rules live: compiled rules opened for one model (refused for another file), the
 live `Shaper` and its offline twin, `mine`'s processors, and `exactedit generate` (one reply with the
-rules in the generation loop of native/llamacpp/generate.py)."""
+rules in the one-at-a-time generation loop, through native/llamacpp/sample.py's door)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,7 +9,8 @@ import numpy as np
 
 from exactedit.native.llamacpp.chat import given_template, prompt_tokens, render_prompt
 from exactedit.native.llamacpp.engine import EngineError, LlamaEngine
-from exactedit.native.llamacpp.generate import Sampling, generate
+from exactedit.native.llamacpp.generate import Sampling
+from exactedit.native.llamacpp.sample import sample_replies
 
 
 def open_rules(model, rules_path, g=None):
@@ -109,8 +110,9 @@ def generate_text(model, prompt: str, config: Sampling, rules_path=None, setting
                      else (None, ct.template_of(g, given)))
     shaper = shaper_for(compiled, persona=persona) if compiled is not None else None
     with LlamaEngine(model, settings) as engine:
-        gen = generate(engine, prompt_tokens(engine, render_prompt(tpl, prompt), engine.bos_if_added()), config, shaper,
-                       stop_ids=compiled.vocab.turn_end if compiled is not None else None)
+        ptoks = prompt_tokens(engine, render_prompt(tpl, prompt), engine.bos_if_added())
+        gen, = sample_replies(engine, [(ptoks, config)], processor=shaper, sequential=True,
+                              stop_ids=compiled.vocab.turn_end if compiled is not None else None)
         text = b"".join(engine.piece(int(t)) for t in gen.tokens).decode("utf-8", "replace")
     names = [r.name for r in compiled.rules] if compiled is not None else []
     fired = {n: [int(i) for i in np.flatnonzero(gen.fired[:, j])] for j, n in enumerate(names)}

@@ -1,7 +1,7 @@
 """`exactedit shape rates`: weights only, rules only, both, against the base, in free generation.
 
 Four arms answer the same prompts with the same seeds and the same sampler chain
-(native/llamacpp/generate.py): `base` (the model), `rules` (the model with the compiled rules live),
+(native/llamacpp/sample.py's door, batched): `base` (the model), `rules` (the model with the compiled rules live),
 and with an edited GGUF `weights` (the edited model) and `both` (the edited model with the
 rules). The phrase rates of each arm against `base` come from evals/rates/phrase_rates.py (replies with
 the phrase, per 1,000 tokens, continuation at its prefix, bootstrap intervals over prompts). For
@@ -17,9 +17,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from exactedit.native.llamacpp.batched import DEFAULT_SLOTS, generate_batched
 from exactedit.native.llamacpp.engine import EngineError, EngineSettings, LlamaEngine
 from exactedit.native.llamacpp.generate import Sampling
+from exactedit.native.llamacpp.sample import DEFAULT_SLOTS, sample_replies
 from exactedit.native.llamacpp.chat import prompt_tokens, render_prompt
 from exactedit.native.shaping.live import open_rules, same_tokenizer, shaper_for
 
@@ -28,11 +28,13 @@ ARMS = ("base", "rules", "weights", "both")
 
 @dataclass(frozen=True)
 class ArmRun:
-    """One arm's replies (evals.rates.phrase_rates.Reply) and, with rules, its KL and firing counts."""
+    """One arm's replies (evals.rates.phrase_rates.Reply), why each stopped (the `Generation`'s
+    stop: "turn_end" or "max_new"), and with rules its KL and firing counts."""
 
     name: str
     model: str
     replies: tuple
+    stops: tuple = ()
     kl: dict = field(default_factory=dict)
     fired: dict = field(default_factory=dict)
 
@@ -73,19 +75,21 @@ def _run_arm(name, path, ptoks, seeds, cfg, compiled, settings, slots, progress)
 
     shapers = (lambda: shaper_for(compiled)) if name in ("rules", "both") else None
     jobs = [(i, int(seed)) for i in range(len(ptoks)) for seed in seeds]
+    turn_end = tuple(compiled.vocab.turn_end)
     with LlamaEngine(path, settings) as engine:
-        gens = generate_batched(engine, [ptoks[i] for i, _ in jobs],
-                                [Sampling(cfg.max_new, cfg.temperature, cfg.top_k, seed) for _, seed in jobs],
-                                stop_ids=tuple(compiled.vocab.turn_end), slots=slots, shapers=shapers,
-                                progress=None if progress is None else lambda *_: progress())
-    replies = tuple(Reply(i, seed, g.prompt, g.tokens, g.truncated) for g, (i, seed) in zip(gens, jobs))
+        gens = sample_replies(engine, [(ptoks[i], Sampling(cfg.max_new, cfg.temperature, cfg.top_k, seed))
+                                       for i, seed in jobs],
+                              stop_ids=turn_end, turn_end=turn_end, slots=slots, shapers=shapers,
+                              progress=None if progress is None else lambda *_: progress())
+    replies = tuple(Reply(i, g.seed, g.prompt, g.tokens, g.truncated) for g, (i, _) in zip(gens, jobs))
+    stops = tuple(g.stop for g in gens)
     if shapers is None:
-        return ArmRun(name, str(path), replies)
+        return ArmRun(name, str(path), replies, stops)
     names = [r.name for r in compiled.rules]
     fired_all = np.concatenate([g.fired for g in gens])
     kl_all = np.concatenate([g.kl for g in gens])
     kl_alone = np.concatenate([g.kl_rules for g in gens])
-    return ArmRun(name, str(path), replies, kl_summary(names, fired_all, kl_all, kl_alone),
+    return ArmRun(name, str(path), replies, stops, kl_summary(names, fired_all, kl_all, kl_alone),
                   {n: int(fired_all[:, j].sum()) for j, n in enumerate(names)})
 
 
@@ -95,7 +99,8 @@ def shape_rates(model, rules_path, prompts: Sequence[str], phrases: Sequence[str
                 slots: int = DEFAULT_SLOTS, progress: Callable[[int, int], None] | None = None) -> ShapeRates:
     """Generate every arm and compare each with `base`. `phrases`: the rates' phrases (default:
     the compiled prefix penalty's). Every arm decodes `slots` replies at a time through the same
-    loop (native/llamacpp/batched.py; 1: one at a time, the loop of `exactedit generate`)."""
+    loop (native/llamacpp/sample.py's door, batched; 1: one at a time, token for token the loop of
+    `exactedit generate`)."""
     from exactedit.evals.rates.phrase_rates import phrase_rates
     from exactedit.quant import gguf
     from exactedit.solvers.phrases import PhraseMatcher, TokenBytes, parse_phrases

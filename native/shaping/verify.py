@@ -1,7 +1,8 @@
 """`exactedit verify shaping`: the rules the sampler ran are the rules scored offline, bitwise.
 
 For each prompt (rendered with the chat template the rules were compiled with) and seed, llama.cpp
-generates with the compiled rules live (native/llamacpp/generate.py) and records, per step, the raw
+generates with the compiled rules live (native/llamacpp/sample.py's door, `record`: the one-at-a-time
+loop of native/llamacpp/generate.py) and records, per step, the raw
 logits llama.cpp handed the sampler chain, the engine's own logits row, and the logits the chain
 received after the rules. Then, offline, from the finished token sequence alone:
 - the trigger state is recomputed over the whole sequence (`solvers.shaping.triggers.trigger_state`) and
@@ -19,7 +20,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from exactedit.native.llamacpp.engine import EngineSettings, LlamaEngine
-from exactedit.native.llamacpp.generate import Sampling, generate
+from exactedit.native.llamacpp.generate import Sampling
+from exactedit.native.llamacpp.sample import sample_replies
 from exactedit.native.llamacpp.chat import prompt_tokens, render_prompt
 from exactedit.native.shaping.live import offline_rules, open_rules, shaper_for
 
@@ -108,7 +110,7 @@ def verify_shaping(model, rules_path, prompts: Sequence[str], *, config: Samplin
             ptoks = prompt_tokens(engine, render_prompt(tpl, p))
             for seed in seeds:
                 c = Sampling(cfg.max_new, cfg.temperature, cfg.top_k, int(seed))
-                gen = generate(engine, ptoks, c, shaper, record=True)
+                gen, = sample_replies(engine, [(ptoks, c)], processor=shaper, record=True)
                 res = check_generation(gen, compiled, act, cfg.top_k)
                 text = b"".join(engine.piece(int(t)) for t in gen.tokens).decode("utf-8", "replace")
                 fired = {n: int(gen.fired[:, j].sum()) for j, n in enumerate(names)}

@@ -18,12 +18,6 @@ ARM_LABELS = {"base": "base", "rules": "rules only", "weights": "edited weights"
 __all__ = ["ARM_LABELS", "arms_png", "rate_arms"]
 
 
-def _stop(reply, turn_end: Sequence[int]) -> str:
-    if reply.truncated:
-        return "max_new"
-    return "turn_end" if reply.tokens.size and int(reply.tokens[-1]) in set(turn_end) else "end_of_generation"
-
-
 def rate_arms(model, rules, edited, prompts: Sequence[str], phrases: Sequence[str], seeds: Sequence[int], *,
               max_new: int, n_boot: int, out, progress: Callable[[int, int], None] | None = None) -> dict:
     """Generate the four arms, write out/rates.json, out/replies.json, out/phrase-rates.png (base
@@ -48,12 +42,12 @@ def rate_arms(model, rules, edited, prompts: Sequence[str], phrases: Sequence[st
     records, texts = [], {}
     for arm, run in sr.arms.items():
         texts[arm] = []
-        for x in run.replies:
+        for x, stop in zip(run.replies, run.stops, strict=True):
             body = [int(t) for t in x.tokens if int(t) not in turn_end]
             text = table.decode(body)
             texts[arm].append(text)
             records.append({"side": arm, "name": reply_name(prompts[x.prompt], x.seed), "prompt": prompts[x.prompt],
-                            "seed": int(x.seed), "tokens": int(x.tokens.size), "stop": _stop(x, turn_end),
+                            "seed": int(x.seed), "tokens": int(x.tokens.size), "stop": stop,
                             "text": text})
     atomic_write_text(out / "replies.json", json.dumps(records, indent=1, ensure_ascii=False) + "\n")
     obj = sr.to_dict()

@@ -4,7 +4,8 @@ From prompts, banned phrases and a few plain texts:
 1. the prompts are split by prompt (never by reply or row) into train / held-out / collateral /
    anchor groups: a seeded order of their hashes, cut by the configured shares (largest
    remainder, each group at least one prompt when there are enough);
-2. the model samples `samples` replies per prompt to its own turn end (runs/data/mine.py: its chat
+2. the model samples `samples` replies per prompt to its own turn end (generation's door,
+   native/llamacpp/sample.py, batched, with runs/data/mine.py's jobs and stop tokens: its chat
    template, its specials, the shared phrase matcher);
 3. the plain texts are cut into documents of at most `chunk` tokens (one character per chunk);
    chunks holding a legitimate use of a banned word go in turn to collateral (scored by bar (d)),
@@ -41,7 +42,8 @@ from exactedit.native.llamacpp.chat import model_chat, prompt_tokens, reply_name
 from exactedit.native.llamacpp.documents import labelled
 from exactedit.native.llamacpp.engine import EngineError, EngineSettings, LlamaEngine
 from exactedit.native.llamacpp.generate import Sampling
-from exactedit.runs.data.mine import MineConfig, generate_replies, reply_infos, reply_record
+from exactedit.native.llamacpp.sample import sample_replies
+from exactedit.runs.data.mine import MineConfig, by_prompt, reply_infos, reply_jobs, reply_record, reply_stops
 from exactedit.files import atomic_write_text
 from exactedit.solvers.l47.mining import mine as mine_dumps
 from exactedit.solvers.phrases import parse_phrases
@@ -214,7 +216,10 @@ def build_dataset(model, prompts: Sequence[str], phrases: Sequence[str], out, *,
     with LlamaEngine(model, settings) as engine:
         ptoks = [prompt_tokens(engine, chat.prompt(p), engine.bos_if_added()) for p in prompts]
         text_docs = chunk_texts([Path(t) for t in texts], engine, chat, cfg.chunk)
-    samples = generate_replies(model, ptoks, chat, cfg.mine, settings, None, progress)
+    with LlamaEngine(model, settings) as engine:
+        gens = sample_replies(engine, reply_jobs(ptoks, cfg.mine), stop_ids=reply_stops(chat, engine),
+                              turn_end=chat.specials.turn_end, progress=progress)
+    samples = by_prompt(gens, cfg.mine.samples)
     replies: dict[int, list[CaptureDoc]] = {}
     for i, (p, row) in enumerate(zip(prompts, samples)):
         replies[i] = [labelled(chat, reply_name(p, s.seed), s.sequence, source="dataset", character=f"p-{short_hash(p)}",

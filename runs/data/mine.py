@@ -4,7 +4,7 @@ For each prompt the model's own chat template (from its GGUF, or the Jinja2 file
 `chat_template`; rendered in Jinja2's sandbox) writes one user turn and the generation prompt
 (the BOS prepended when the vocabulary adds one and the template did not write it); the engine samples `samples` replies (seeds
 `seed`, `seed + 1`, ...) up to the model's turn end (or another end-of-generation token) or
-`max_new` tokens (native/llamacpp/sample.py; a reply cut at the cap is truncated and counted). Banned phrases are found by the toolkit's one
+`max_new` tokens (generation's door, native/llamacpp/sample.py; a reply cut at the cap is truncated and counted). Banned phrases are found by the toolkit's one
 phrase matcher (solvers/phrases.py, the one `solve wfld` mines with): a *context* is a row
 whose tokens end with a phrase's prefix, prefix-exact, and whose next token is its final token.
 
@@ -20,11 +20,12 @@ prefix, with bootstrap intervals over prompts, what follows the prefix, the toke
 moved most), and style rates (kaomoji, lowercase starts, slop starters, empty turns).
 
 The generation loop takes a logits processor per side (`processors={"base": f, "edited": g}`,
-native/llamacpp/sample.py): the hook sampler-side shaping plugs into.
+native/llamacpp/sample.py): the hook sampler-side shaping plugs into. `reply_jobs` and `reply_stops`
+are the door's jobs and stop tokens of `mine`, `dataset build` and `persona`'s sampling.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -34,8 +35,8 @@ from exactedit.evals.rates.style import KAOMOJI
 from exactedit.native.llamacpp.capture import capture_dump
 from exactedit.native.llamacpp.chat import ModelChat, model_chat, prompt_tokens, reply_name, short_hash
 from exactedit.native.llamacpp.documents import labelled
-from exactedit.native.llamacpp.generate import Sampling
-from exactedit.native.llamacpp.sample import LogitsProcessor, Sample, sample_all
+from exactedit.native.llamacpp.generate import Generation, Sampling
+from exactedit.native.llamacpp.sample import LogitsProcessor, sample_replies
 from exactedit.native.llamacpp.engine import EngineError, EngineSettings, LlamaEngine
 from exactedit.solvers.phrases import PhraseMatcher, Span, TokenBytes, parse_phrases
 
@@ -126,18 +127,36 @@ def style_rates(texts: Sequence[str], first_tokens_eog: Sequence[bool], starters
                       sum(bool(e) for e in first_tokens_eog) / n)
 
 
-def generate_replies(model, prompt_tokens: Sequence[np.ndarray], chat: ModelChat, cfg: MineConfig,
-             settings: EngineSettings, processor: LogitsProcessor | None = None,
-             progress: Progress | None = None, sequential: bool = False) -> list[list[Sample]]:
-    """Per prompt, one reply per seed, on `model`, to its turn end (the hook: `processor`);
-    batched unless there is a processor or `sequential` (native/llamacpp/sample.py)."""
+def reply_jobs(prompt_tokens: Sequence[np.ndarray], cfg: MineConfig) -> list[tuple[np.ndarray, Sampling]]:
+    """The door's jobs (native/llamacpp/sample.py): per prompt, one per seed (`cfg.seeds()`), the
+    prompt's in a row; `by_prompt` groups the replies back."""
+    return [(p, replace(cfg.sampling, seed=int(seed))) for p in prompt_tokens for seed in cfg.seeds()]
+
+
+def reply_stops(chat: ModelChat, engine: LlamaEngine) -> tuple[int, ...]:
+    """The tokens a reply stops after: the model's own ends of generation, and any special
+    llama.cpp also ends generation on; refused when there is none (a reply could only end at max_new)."""
     sp = chat.specials
+    stops = tuple(sorted(set(sp.end_of_generation) | {t for t in sp.specials if engine.is_eog(t)}))
+    if not stops:
+        raise EngineError(engine.path, "stop_ids", "no stop token: a reply could only end at max_new")
+    return stops
+
+
+def by_prompt(gens: Sequence[Generation], samples: int) -> list[list[Generation]]:
+    """The replies of `reply_jobs`' jobs, per prompt (one per seed)."""
+    return [list(gens[i:i + samples]) for i in range(0, len(gens), samples)]
+
+
+def _sample(model, ptoks, chat: ModelChat, cfg: MineConfig, settings: EngineSettings,
+            processor: LogitsProcessor | None, progress: Progress | None, sequential: bool) -> list[list[Generation]]:
+    """Per prompt, one reply per seed on `model`, to its turn end (the hook: `processor`); batched
+    unless there is a processor or `sequential` (native/llamacpp/sample.py)."""
     with LlamaEngine(model, settings) as engine:
-        # the model's own ends of generation, and any special llama.cpp also ends generation on
-        stops = sorted(set(sp.end_of_generation) | {t for t in sp.specials
-                                                    if engine.is_eog(t)})
-        return sample_all(engine, prompt_tokens, cfg.sampling, cfg.seeds(), stop_ids=stops,
-                          turn_end=sp.turn_end, processor=processor, sequential=sequential, progress=progress)
+        gens = sample_replies(engine, reply_jobs(ptoks, cfg), stop_ids=reply_stops(chat, engine),
+                              turn_end=chat.specials.turn_end, processor=processor, sequential=sequential,
+                              progress=progress)
+    return by_prompt(gens, cfg.samples)
 
 
 def reply_infos(prompts, samples, chat: ModelChat) -> tuple[ReplyInfo, ...]:
@@ -174,7 +193,7 @@ def run_mine(model, prompts: Sequence[str], phrases: Sequence[str], out=None, *,
     tick = None if progress is None else (lambda d, _t: progress(d, total))
     # every side through the same loop: with a processor on one side, all run one reply at a time
     one_by_one = any(f is not None for f in processors.values())
-    base = generate_replies(model, ptoks, chat, cfg, settings, processors.get("base"), tick, one_by_one)
+    base = _sample(model, ptoks, chat, cfg, settings, processors.get("base"), tick, one_by_one)
     infos = reply_infos(prompts, base, chat)
     rates = {"base": _style(base, infos, chat, cfg.starters)}
     matcher = PhraseMatcher(phrases, TokenBytes(chat.table), cfg.capitalized)
@@ -182,7 +201,7 @@ def run_mine(model, prompts: Sequence[str], phrases: Sequence[str], out=None, *,
     if edited is not None:
         off = len(prompts) * cfg.samples
         tick2 = None if progress is None else (lambda d, _t: progress(off + d, total))
-        ed = generate_replies(edited, ptoks, chat, cfg, settings, processors.get("edited"), tick2, one_by_one)
+        ed = _sample(edited, ptoks, chat, cfg, settings, processors.get("edited"), tick2, one_by_one)
         ed_infos = reply_infos(prompts, ed, chat)
         rates["edited"] = _style(ed, ed_infos, chat, cfg.starters)
     pr = phrase_rates(matcher, _replies(base), None if ed is None else _replies(ed), capitalized=cfg.capitalized,

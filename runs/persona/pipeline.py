@@ -116,11 +116,13 @@ def run_persona(cfg: PersonaConfig, out, *, progress: Progress | None = None, co
 
 
 def _generate(r: _Run, model, prompts: Sequence[str], system: str | None, seeds: Sequence[int], label: str):
-    """Per prompt, one sample per seed (batched, the model's own turn end; runs/data/mine.generate_replies)."""
+    """Per prompt, one sample per seed (generation's door, batched, to the model's own turn end;
+    runs/data/mine.py's jobs and stop tokens)."""
     from exactedit.native.llamacpp.chat import prompt_tokens
     from exactedit.native.llamacpp.engine import EngineSettings, LlamaEngine
     from exactedit.native.llamacpp.generate import Sampling
-    from exactedit.runs.data.mine import MineConfig, generate_replies
+    from exactedit.native.llamacpp.sample import sample_replies
+    from exactedit.runs.data.mine import MineConfig, by_prompt, reply_jobs, reply_stops
 
     chat = r.chat()
     with LlamaEngine(model, EngineSettings()) as engine:
@@ -128,7 +130,10 @@ def _generate(r: _Run, model, prompts: Sequence[str], system: str | None, seeds:
         ptoks = [prompt_tokens(engine, chat.prompt(p, system), bos) for p in prompts]
     mc = MineConfig(sampling=Sampling(max_new=r.cfg.max_new, seed=int(seeds[0])), samples=len(seeds), n_boot=0,
                     chat_template=r.tpl_path)
-    return chat, generate_replies(model, ptoks, chat, mc, EngineSettings(), progress=r.tick(label))
+    with LlamaEngine(model, EngineSettings()) as engine:
+        gens = sample_replies(engine, reply_jobs(ptoks, mc), stop_ids=reply_stops(chat, engine),
+                              turn_end=chat.specials.turn_end, progress=r.tick(label))
+    return chat, by_prompt(gens, mc.samples)
 
 
 def reply_records(side: str, chat, prompts: Sequence[str], samples, style, split_of=None) -> list[dict]:

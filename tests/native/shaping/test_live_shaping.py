@@ -128,7 +128,8 @@ def test_qwen_verify_shaping_passes_bitwise(qwen, work):
 def test_qwen_c_reference_on_recorded_steps_and_a_changed_rule_fails(qwen, dll):
     from exactedit.solvers.shaping.rules import Step0Guard
     from exactedit.native.llamacpp.engine import LlamaEngine
-    from exactedit.native.llamacpp.generate import Sampling, generate
+    from exactedit.native.llamacpp.generate import Sampling
+    from exactedit.native.llamacpp.sample import sample_replies
     from exactedit.native.llamacpp.chat import prompt_tokens, render_prompt
     from exactedit.native.shaping.live import open_rules, shaper_for
     from exactedit.native.shaping.verify import check_generation, verify_shaping
@@ -136,8 +137,8 @@ def test_qwen_c_reference_on_recorded_steps_and_a_changed_rule_fails(qwen, dll):
     path, rules, _ = qwen
     c, tpl = open_rules(path, rules)
     with LlamaEngine(path) as e:
-        g = generate(e, prompt_tokens(e, render_prompt(tpl, PROMPTS[0])), Sampling(max_new=12, seed=3),
-                     shaper_for(c), record=True)
+        (g,) = sample_replies(e, [(prompt_tokens(e, render_prompt(tpl, PROMPTS[0])), Sampling(max_new=12, seed=3))],
+                              processor=shaper_for(c), record=True)
     assert check_generation(g, c, c.persona, 40)["logits_bitwise"]
     cr = CRules(dll, c.to_dict())
     seq = g.sequence
@@ -194,7 +195,8 @@ def test_qwen_rates_three_arms(qwen, work):
 
 def test_gemma_own_specials_verify_and_c_reference(gemma, work, dll):
     from exactedit.native.llamacpp.engine import LlamaEngine
-    from exactedit.native.llamacpp.generate import Sampling, generate
+    from exactedit.native.llamacpp.generate import Sampling
+    from exactedit.native.llamacpp.sample import sample_replies
     from exactedit.native.llamacpp.chat import prompt_tokens, render_prompt
     from exactedit.native.shaping.live import open_rules, shaper_for
     from exactedit.native.shaping.verify import verify_shaping
@@ -206,8 +208,8 @@ def test_gemma_own_specials_verify_and_c_reference(gemma, work, dll):
         assert c.vocab.turn_start == (sot,) and eot in c.vocab.turn_end
         assert c.vocab.role == tuple(int(t) for t in e.tokenize("model"))
         assert c.chat["template_from"] == "rules" and c.vocab.tool_open is None
-        g = generate(e, prompt_tokens(e, render_prompt(tpl, PROMPTS[0])), Sampling(max_new=16), shaper_for(c),
-                     record=True)
+        (g,) = sample_replies(e, [(prompt_tokens(e, render_prompt(tpl, PROMPTS[0])), Sampling(max_new=16))],
+                              processor=shaper_for(c), record=True)
     assert g.prompt[0] == int(np.asarray(c.vocab.turn_start)[0]) or g.prompt.size > 1
     cr = CRules(dll, c.to_dict())
     for k in range(g.tokens.size):
@@ -233,9 +235,9 @@ def test_qwen_mine_with_shape(qwen, work):
 def test_gemma_rules_in_batched_replies_are_the_live_loops(gemma):
     """The rules live in batched sampling (shape rates' loop): with up to 3 slots, every reply, each
     rule's firing steps and each step's KL are those of the one-at-a-time loop with the same rules."""
-    from exactedit.native.llamacpp.batched import generate_batched
     from exactedit.native.llamacpp.engine import LlamaEngine
-    from exactedit.native.llamacpp.generate import Sampling, generate
+    from exactedit.native.llamacpp.generate import Sampling
+    from exactedit.native.llamacpp.sample import sample_replies
     from exactedit.native.llamacpp.chat import prompt_tokens, render_prompt
     from exactedit.native.shaping.live import open_rules, shaper_for
 
@@ -250,10 +252,9 @@ def test_gemma_rules_in_batched_replies_are_the_live_loops(gemma):
     with LlamaEngine(path) as e:
         ptoks = [prompt_tokens(e, render_prompt(tpl, p)) for p in PROMPTS]
         jobs = [(p, Sampling(12, 0.8, 40, seed)) for p in ptoks for seed in (0, 1)]
-        got = generate_batched(e, [p for p, _ in jobs], [g for _, g in jobs], stop_ids=c.vocab.turn_end, slots=3,
-                               shapers=shapers)
-        want = [generate(e, p, g, shaper_for(c), stop_ids=c.vocab.turn_end) for p, g in jobs]
-        plain = generate_batched(e, [p for p, _ in jobs], [g for _, g in jobs], stop_ids=c.vocab.turn_end, slots=3)
+        got = sample_replies(e, jobs, stop_ids=c.vocab.turn_end, slots=3, shapers=shapers)
+        want = [sample_replies(e, [job], processor=shaper_for(c), stop_ids=c.vocab.turn_end)[0] for job in jobs]
+        plain = sample_replies(e, jobs, stop_ids=c.vocab.turn_end, slots=3)
     assert len(made) == 3                               # one shaper per slot, reset for each of its jobs
     for x, y, z in zip(got, want, plain):
         np.testing.assert_array_equal(x.tokens, y.tokens)
