@@ -55,7 +55,7 @@ from exactedit.quant.formats import q8_k
 from exactedit.quant.formats.f16 import FP16_TO_FP32
 from exactedit.quant.kquants import q4_k
 
-__all__ = ["KMASK1", "KMASK2", "KMASK3", "q4_k_blocks", "q4_k_matmul", "q4_k_matmul_ref",
+__all__ = ["KMASK1", "KMASK2", "KMASK3", "q4_k_blocks", "q4_k_matmul", "q4_k_matmul_ref", "unpack_scales_mins",
            "scales_mins_ref"]
 
 QK_K = q4_k.QK_K
@@ -147,6 +147,18 @@ def q4_k_matmul_ref(raw_rows: np.ndarray, x: np.ndarray, chunk: int = 256) -> np
     return out
 
 
+@numba.njit(cache=True)
+def unpack_scales_mins(scales12, sc, mn):
+    """ggml's get_scale_min_k4 of one super-block's 12 scale bytes: the 8 sub-block scales into
+    sc[0:8] and the 8 mins into mn[0:8] (int32), for the numba kernels."""
+    for j in range(4):
+        lo, mid, hi = np.int32(scales12[j]), np.int32(scales12[4 + j]), np.int32(scales12[8 + j])
+        sc[j] = lo & 63
+        mn[j] = mid & 63
+        sc[j + 4] = (hi & 0xF) | ((lo >> 6) << 4)
+        mn[j + 4] = (hi >> 4) | ((mid >> 6) << 4)
+
+
 @numba.njit(parallel=True, error_model="numpy", cache=True)
 def _q4_k_matmul_kernel(wqs, wsc, wd, wdm, qL, bsums, dx, lane_flat, out):
     """wqs [rows, nb, 128] packed nibbles, wsc [rows, nb, 12] scale bytes, wd / wdm [rows, nb]
@@ -160,12 +172,7 @@ def _q4_k_matmul_kernel(wqs, wsc, wd, wdm, qL, bsums, dx, lane_flat, out):
         w = np.empty(QK_K, np.int16)
         wl = np.empty((nb, QK_K), np.int16)
         for b in range(nb):
-            for j in range(4):                                    # get_scale_min_k4
-                lo, mid, hi = np.int32(wsc[r, b, j]), np.int32(wsc[r, b, 4 + j]), np.int32(wsc[r, b, 8 + j])
-                sc[b, j] = lo & 63
-                mn[b, j] = mid & 63
-                sc[b, j + 4] = (hi & 0xF) | ((lo >> 6) << 4)
-                mn[b, j + 4] = (hi >> 4) | ((mid >> 6) << 4)
+            unpack_scales_mins(wsc[r, b], sc[b], mn[b])
             for g in range(4):
                 for l in range(32):
                     c = np.int32(wqs[r, b, 32 * g + l])

@@ -48,7 +48,7 @@ from numba import prange
 
 from exactedit.errors import QuantError
 from exactedit.quant.dots.fma32 import fma32 as _fma32, fma32_ref
-from exactedit.quant.dots.q4_k_dot import q4_k_blocks, scales_mins_ref
+from exactedit.quant.dots.q4_k_dot import q4_k_blocks, scales_mins_ref, unpack_scales_mins
 from exactedit.quant.formats import q8_k
 from exactedit.quant.formats.f16 import FP16_TO_FP32
 from exactedit.quant.kquants import q4_k
@@ -139,12 +139,7 @@ def _q4_k_repack_kernel(wqs, wsc, wd, wdm, qs, bsums, dx, gemm, out):
         mn = np.empty((nb, 8), np.int32)
         w = np.empty((nb, QK_K), np.int32)
         for b in range(nb):
-            for j in range(4):                                    # get_scale_min_k4
-                lo, mid, hi = np.int32(wsc[r, b, j]), np.int32(wsc[r, b, 4 + j]), np.int32(wsc[r, b, 8 + j])
-                sc[b, j] = lo & 63
-                mn[b, j] = mid & 63
-                sc[b, j + 4] = (hi & 0xF) | ((lo >> 6) << 4)
-                mn[b, j + 4] = (hi >> 4) | ((mid >> 6) << 4)
+            unpack_scales_mins(wsc[r, b], sc[b], mn[b])
             for g in range(4):
                 for l in range(32):
                     c = np.int32(wqs[r, b, 32 * g + l])
