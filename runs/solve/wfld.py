@@ -328,11 +328,14 @@ def _solve_gated(cfg: WfldConfig, g, tail, mining: Mining, named: dict, held: di
 
     def activation(dump, g_row, u_row, j):
         """Unit j with rows g_row, u_row, as llama.cpp computes it on the dump's rows (its micro-batches)."""
-        gr, ur = gate_raw.copy(), up_raw.copy()
-        gr[j], ur[j] = g_row, u_row
-        sizes = dump.manifest.meta.get("ubatch_sizes") if isinstance(dump.manifest.meta, dict) else None
-        return ffn_hidden_engine(np.asarray(dump.R, np.float32), norm_w, eps, gr, ur, qtype, [j],
-                                 ubatch_sizes=sizes)[:, 0]
+        old = gate_raw[j].copy(), up_raw[j].copy()
+        gate_raw[j], up_raw[j] = g_row, u_row          # the tensors with row j rewritten, then restored
+        try:
+            sizes = dump.manifest.meta.get("ubatch_sizes") if isinstance(dump.manifest.meta, dict) else None
+            return ffn_hidden_engine(np.asarray(dump.R, np.float32), norm_w, eps, gate_raw, up_raw, qtype, [j],
+                                     ubatch_sizes=sizes)[:, 0]
+        finally:
+            gate_raw[j], up_raw[j] = old
     inputs = GatedInputs(
         tail, mining, named, held, tuple(specials), phrases, tuple(bg_roles), g.read_raw(down), info.type_name,
         int(info.cols), bar_d,
