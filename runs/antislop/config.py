@@ -46,6 +46,9 @@ class AntislopConfig:
     key: str = "dense"                  # solve wfld --key, or "auto": dense and gated both solved, chosen on dev
     word_holds: int = 2000              # solve wfld --word-holds (every plausible row of the solve side)
     strength_grid: tuple[float, ...] = (1.0, 0.8, 0.6, 0.45, 0.3, 0.2)   # solve wfld --strength-grid (per phrase, on dev)
+    # the gated edit's grid: it acts only where its unit fires, so (d) leaves room above the
+    # targets' own strength (on Qwen's "Here's an": dev collateral mean -1e-5 at 1.0)
+    gated_strength_grid: tuple[float, ...] = (4.0, 3.0, 2.0, 1.5, 1.0, 0.6)
     chat_template: str | None = None    # a Jinja2 chat template file (default: the bundled chat_template.jinja, if any)
     rules_bias: float = 6.0             # the shipped rules' prefix penalty (shape compile --bias), nats
 
@@ -83,7 +86,8 @@ class AntislopConfig:
         try:
             return WfldConfig(ridge=self.ridge, background=self.background, same_sense=self.same_sense_words(),
                               key=key or self.keys()[0], word_holds=self.word_holds,
-                              strength_grid=tuple(self.strength_grid))
+                              strength_grid=tuple(self.gated_strength_grid if (key or self.keys()[0]) == "gated"
+                                                  else self.strength_grid))
         except ValueError as exc:
             raise AntislopError(str(exc)) from None
 
@@ -128,7 +132,7 @@ class AntislopConfig:
 
 
 DEFAULTS_FILE = "defaults.toml"
-_TUPLES = {"strength_grid": float, "texts": str}
+_TUPLES = {"strength_grid": float, "gated_strength_grid": float, "texts": str}
 
 
 def model_defaults(model: str) -> dict:

@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 from exactedit.evals.scoring.collateral import collateral_lines
 from exactedit.runs.antislop.arms import ARM_LABELS
 from exactedit.files import atomic_write_text, write_png
-from exactedit.solvers.l47.report import strength_lines
+from exactedit.solvers.l47.report import gated_lines, strength_lines
 
 NEW_SLOP_TOP = 15
 CONTINUATION_CUT = 0.70      # the target: continuation at the prefix down >= 70% per solved phrase
@@ -176,13 +176,7 @@ def report_text(obj: dict, rec: dict) -> str:
         lines += [f"  {k:<6} (d) on dev {'pass' if v['passed_d'] else 'FAIL'}, mean dev cut "
                   f"{'n/a' if v['dev_cut'] is None else round(v['dev_cut'], 3)} at {v['strength']}"
                   for k, v in choice["kinds"].items()]
-    gated = wf.get("gated")
-    if gated:
-        lines += [f"  gated unit {p['unit']} for {p['phrase']!r}: gate AUC {p['gate']['fit']['auc']:.3f}, "
-                  f"train activation min on the contexts {p['train_activation']['pos_min']:.3g}, max |a| elsewhere "
-                  f"{p['train_activation']['neg_max_abs']:.3g}" for p in gated["phrases"]]
-        lines += [f"  removal of unit {c['unit']}: KL on the anchors mean {c['kl_mean']:.3g}, max {c['kl_max']:.3g}"
-                  for c in gated["removal"]["chosen"] if c["kl_mean"] is not None]
+    lines += ["  " + x for x in gated_lines(wf.get("gated"))]
     lines += strength_lines(wf.get("strength"))
     lines += [f"  {b['bar']:<4} {b.get('label', b['name'])[:60]:<60} "
               f"{b['value'] if b['value'] is None else round(b['value'], 5)!s:>10}"

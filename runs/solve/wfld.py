@@ -40,7 +40,7 @@ from exactedit.solvers.phrases import load_phrases
 from exactedit.solvers.l47.mining import Mining, mine
 from exactedit.solvers.l47.frontier import BarD
 from exactedit.solvers.l47.problem import ftpo_rows, uses_by_word
-from exactedit.solvers.l47.report import build_report
+from exactedit.solvers.l47.report import build_report, gated_lines
 from exactedit.solvers.l47.rescore import ScoredTrace, rescore_traces
 from exactedit.solvers.l47.solve import DenseInputs, solve_dense, summaries
 from exactedit.solvers.tail.model import load_tail
@@ -341,7 +341,7 @@ def _solve_gated(cfg: WfldConfig, g, tail, mining: Mining, named: dict, held: di
         int(info.cols), bar_d,
         x_of=lambda d: ffn_norm_engine(np.asarray(d.R, np.float32), norm_w, eps),
         quantize_row=lambda row: quant.quantize(row[None, :], qtype)[0],
-        activation=activation,
+        activation=activation, headroom=cfg.gated_headroom,
         device_head=dhead)
     return solve_gated(inputs, cfg, mark=st.mark, progress=lambda i, n: st.mark("gauss_newton", 1))
 
@@ -418,19 +418,8 @@ def wfld_solve_report(r: WfldResult) -> tuple[dict, str]:
 
 
 def _gated_text(report: dict) -> str:
-    """The gated edit's units: per phrase its unit, the gate's fit and the detector on train, and
-    each unit's removal cost (exact KL on the anchors)."""
-    g = report.get("gated")
-    if not g:
-        return ""
-    lines = [f"gated edit: units {g['units']} (activation target {g['activation_target']:.3g})"]
-    for p in g["phrases"]:
-        fit, act = p["gate"]["fit"], p["train_activation"]
-        lines.append(f"  {p['phrase']!r}: unit {p['unit']}, gate AUC {fit['auc']:.3f}, gap {fit['gap']:.3g}; "
-                     f"activation on its contexts >= {act['pos_min']:.3g}, elsewhere |a| <= {act['neg_max_abs']:.3g}")
-    lines += [f"  removal of unit {c['unit']}: KL on the anchors mean {c['kl_mean']:.3g}, max {c['kl_max']:.3g}"
-              for c in g["removal"]["chosen"] if c["kl_mean"] is not None]
-    return "\n" + "\n".join(lines)
+    lines = gated_lines(report.get("gated"))
+    return "\n" + "\n".join(lines) if lines else ""
 
 
 def _collateral_text(report: dict) -> str:

@@ -80,6 +80,7 @@ class WfldConfig:
     word_hold_eps: float = 1e-4          # relative Tikhonov weight of those holds (soft: a slop-like row may give)
     strength: float = 1.0                # every FTPO target scaled by this (the edit's strength)
     strength_grid: tuple[float, ...] = ()  # non-empty: the strength chosen on dev among these
+    gated_headroom: float = 4.0          # gated: the units fire at this many times the 99.9th pct of |hh| (solvers.l47.gated.edit)
     null_tol: float = 1e-6
     ridge: float = 1e-2
     background: str = "anchors"          # rows of the metric C: "anchors", or "anchors+train" (less their slop contexts)
@@ -133,6 +134,8 @@ class WfldConfig:
                 isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and 0.0 < x <= 4.0
                 for x in self.strength_grid):
             raise ValueError(f"WfldConfig.strength_grid must be a tuple of strengths in (0, 4], got {self.strength_grid!r}")
+        if not 0.0 < self.gated_headroom <= 64.0:
+            raise ValueError(f"WfldConfig.gated_headroom must be in (0, 64], got {self.gated_headroom}")
         if self.background not in BACKGROUNDS:
             raise ValueError(f"WfldConfig.background must be one of {BACKGROUNDS}, got {self.background!r}")
         if self.ship not in SHIP_MODES:

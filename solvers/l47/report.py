@@ -164,6 +164,30 @@ def strength_lines(strength: dict | None) -> list[str]:
     return lines
 
 
+def gated_lines(gated: dict | None) -> list[str]:
+    """The gated edit's section of a report (solvers.l47.gated.edit's summary) as text: per phrase
+    its unit, the gate's fit, the unit's activation on the contexts of the fit and of the held-out
+    traces against every other row; each unit's removal cost (exact KL on the anchors)."""
+    if not gated:
+        return []
+
+    def act(a):
+        if not a or a.get("pos_min") is None:
+            return "no contexts"
+        return (f"{a['n_pos']} contexts >= {a['pos_min']:.3g} (median {a['pos_median']:.3g}), elsewhere "
+                f"|a| <= {_fmt(a['neg_max_abs'], 3)}")
+
+    lines = [f"gated edit: units {gated['units']} (activation target {gated['activation_target']:.3g})"]
+    for p in gated["phrases"]:
+        fit = p["gate"]["fit"]
+        lines.append(f"  {p['phrase']!r}: unit {p['unit']}, gate AUC {fit['auc']:.3f}, gap {fit['gap']:.3g}")
+        lines.append(f"    activation, fit: {act(p.get('fit_activation'))}")
+        lines.append(f"    activation, held-out: {act(p.get('heldout_activation'))}")
+    lines += [f"  removal of unit {c['unit']}: KL on the anchors mean {c['kl_mean']:.3g}, max {c['kl_max']:.3g}"
+              for c in gated["removal"]["chosen"] if c["kl_mean"] is not None]
+    return lines
+
+
 def _shared_lines(rows, label: str) -> list[str]:
     """One strength shared by every phrase (solvers.l47.frontier, many phrases): the frontier once,
     with the mean cut over the phrases measured at each strength."""

@@ -144,29 +144,40 @@ def concat(parts: Sequence[RowScores], *, chunks: bool) -> RowScores:
         docs=tuple(docs))
 
 
-def slop_positions(scores: RowScores, phrases: Sequence[Sequence[int]]) -> np.ndarray:
-    """Per row, the index of the banned phrase whose prefix the row's tokens end with (within its
-    document) and whose final token is the actual next token; -1 elsewhere. Where two phrases
+def prefix_positions(tokens, doc, phrases: Sequence[Sequence[int]], nxt=None) -> np.ndarray:
+    """Per row, the index of the phrase whose prefix (all its tokens but the last) the row's tokens
+    end with, within the row's document (`doc`: a document index per row); with `nxt` (the next
+    token per row) only where that is the phrase's final token. -1 elsewhere; where two phrases
     match, the longer prefix wins."""
-    out = np.full(scores.rows, -1, dtype=np.int64)
-    best = np.zeros(scores.rows, dtype=np.int64)
+    tokens = np.asarray(tokens, dtype=np.int64)
+    doc = np.asarray(doc)
+    rows = tokens.size
+    out = np.full(rows, -1, dtype=np.int64)
+    best = np.zeros(rows, dtype=np.int64)
     for pi, phrase in enumerate(phrases):
         prefix, final = list(phrase[:-1]), phrase[-1]
         k = len(prefix)
-        hit = scores.next == final
+        hit = np.ones(rows, dtype=bool) if nxt is None else np.asarray(nxt) == final
         for j, tok in enumerate(reversed(prefix)):
-            shifted = np.full(scores.rows, -1, dtype=np.int64)
-            same_doc = np.zeros(scores.rows, dtype=bool)
+            shifted = np.full(rows, -1, dtype=np.int64)
+            same_doc = np.zeros(rows, dtype=bool)
             if j:
-                shifted[j:] = scores.tokens[:-j]
-                same_doc[j:] = scores.doc[j:] == scores.doc[:-j]
+                shifted[j:] = tokens[:-j]
+                same_doc[j:] = doc[j:] == doc[:-j]
             else:
-                shifted[:] = scores.tokens
+                shifted[:] = tokens
                 same_doc[:] = True
             hit &= (shifted == tok) & same_doc
         take = hit & (k > best)
         out[take], best[take] = pi, k
     return out
+
+
+def slop_positions(scores: RowScores, phrases: Sequence[Sequence[int]]) -> np.ndarray:
+    """Per row, the index of the banned phrase whose prefix the row's tokens end with (within its
+    document) and whose final token is the actual next token; -1 elsewhere. Where two phrases
+    match, the longer prefix wins."""
+    return prefix_positions(scores.tokens, scores.doc, phrases, scores.next)
 
 
 def word_positions(scores: RowScores, words: Sequence[int], slop: np.ndarray) -> np.ndarray:

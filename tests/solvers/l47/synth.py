@@ -135,27 +135,24 @@ def write_trace(path, docs: list[tuple[str, list[int], tuple[str, ...]]], *, see
     R = rng.standard_normal((T, N)).astype(np.float32)
     if tail == "gated":
         # every row shares a common component (a real residual stream's, which lets a gate through the
-        # origin act as if it had a bias), and the slop contexts (the row reading a phrase's last prefix
-        # token) a planted direction on top
+        # origin act as if it had a bias), and a phrase's contexts (the rows reading its prefix's last
+        # token, whatever comes next: R is causal, it has not seen the next token) a planted direction on top
         dirs = np.random.default_rng(99).standard_normal((1 + len(PHRASES), N))
         dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
         R += (3.0 * np.sqrt(N) * dirs[0]).astype(np.float32)
-        for p, rows in enumerate(_slop_rows(ids, nxt, strings)):        # one direction per phrase
+        for p, rows in enumerate(_prefix_rows(ids, strings)):        # one direction per phrase
             R[rows] += (PLANT * np.sqrt(N) * dirs[1 + p]).astype(np.float32)
     fields = {"tokens": ids, "next": nxt, "R": R, "hh": hh, "roles": np.concatenate(roles)}
     return write_dump(path, arch="rmsnorm", layer=1, fields=fields, docs=infos)
 
 
-def _slop_rows(ids, nxt, strings) -> list[np.ndarray]:
-    """Per phrase, the rows whose text so far ends with its prefix and whose next token is its last word."""
+def _prefix_rows(ids, strings) -> list[np.ndarray]:
+    """Per phrase, the rows whose text so far ends with its prefix (all its words but the last)."""
     rows = [[] for _ in PHRASES]
     for t in range(ids.size):
-        if nxt[t] < 0:
-            continue
         text = "".join(strings[int(i)] for i in ids[max(0, t - 4):t + 1]).lower()
         for p, phrase in enumerate(PHRASES):
-            head, last = phrase.rsplit(" ", 1)
-            if text.endswith(head) and strings[int(nxt[t])].strip().lower() == last:
+            if text.endswith(phrase.rsplit(" ", 1)[0]):
                 rows[p].append(t)
     return [np.asarray(r, dtype=np.int64) for r in rows]
 
