@@ -243,8 +243,10 @@ def _tolerance_of(kl_mean, kl_max, top1, max_abs_rel):
 
 
 def _lines(path) -> list[str]:
-    with open(path, encoding="utf-8") as fh:
-        return [line.strip() for line in fh if line.strip() and not line.lstrip().startswith("#")]
+    """A one-per-line file (prompts): bounded, a regular file, UTF-8 (runs.loop.inputs.lines)."""
+    from exactedit.runs import read_lines
+
+    return list(read_lines(path))
 
 
 def _phrases(path, top: int | None = None) -> list[str]:
@@ -343,7 +345,10 @@ def _loop_options(demo: bool):
                      help=h("replies per held-out rate prompt" + given("the model's, 2") + ".")),
         click.option("--max-new", default=None, type=click.IntRange(1),
                      help=h("reply cap in tokens" + given("the model's, 160") + ".")),
-        click.option("--seed", default=0, show_default=True, type=int, help=h("sampling seed.")),
+        click.option("--seed", default=0, show_default=True, type=int,
+                     help=h("sampling seed, >= 0: reply i of a data prompt has seed + i, of a rate prompt "
+                     "seed + 10000 + i, each a seed of llama.cpp's 32-bit sampler (at most 4294967294; -1, its "
+                     "'random', is refused: a run reproduces).")),
         click.option("--ridge", default=None, type=float,
                      help=h("solve wfld's background ridge" + given("0.01, chosen on dev: docs/real-model.md") + ".")),
         click.option("--corpus-tokens", type=click.IntRange(0), default=None,
@@ -356,8 +361,9 @@ def _loop_options(demo: bool):
         click.option("--strength-grid", default=None, metavar="S,S,...",
                      help=h("solve wfld --strength-grid ('' for a fixed strength 1)" + given("1,0.8,0.6,0.45,0.3,0.2")
                      + ".")),
-        click.option("--rules-bias", default=None, type=click.FloatRange(min=0, min_open=True),
-                     help=h("the shipped rules' prefix penalty in nats (shape compile --bias)" + given("6") + ".")),
+        click.option("--rules-bias", default=None, type=float,
+                     help=h("the shipped rules' prefix penalty in nats (shape compile --bias), > 0 and a number "
+                     "float32 holds exactly, e.g. 6 or 6.5" + given("6") + ".")),
     ]
 
     def wrap(f):
@@ -477,7 +483,9 @@ def _read_bounded_text(path, flag: str) -> str:
 @click.option("--samples", default=None, type=click.IntRange(1), help="Replies per data prompt and side (default 1).")
 @click.option("--rate-samples", default=None, type=click.IntRange(1), help="Replies per rate prompt and side (default 2).")
 @click.option("--max-new", default=None, type=click.IntRange(1), help="Reply cap in tokens (default 128).")
-@click.option("--seed", default=None, type=int, help="Sampling and split seed (default 0).")
+@click.option("--seed", default=None, type=int,
+              help="Sampling and split seed (default 0): reply i has seed + i (rate replies seed + 10000 + i), each "
+                   "within llama.cpp's 32-bit seeds (-1, its 'random', is refused).")
 @click.option("--edit-count", default=None, type=click.IntRange(1),
               help="|S|: the train split's most frequent initiation tokens (default 1).")
 @click.option("--rank", default=None, type=click.IntRange(1), help="solve head --rank (default 1).")
@@ -1043,9 +1051,7 @@ def dataset_build(model, prompts, phrases, top, texts, out, overwrite, as_json, 
                   flash_attn, **flags) -> None:
     """Sample the model's replies and write the train / heldout / collateral / anchors dumps
     (tags, roles, split by prompt) with a summary of slop contexts and legitimate uses per set."""
-    from pathlib import Path
-
-    from exactedit.runs import DatasetConfig, build_dataset, render_dataset
+    from exactedit.runs import DatasetConfig, build_dataset, render_dataset, text_files
 
     _refuse_clobber({"--out": out}, {"--model": model, "--prompts": prompts, "--phrases": phrases, "--texts": texts,
                                      "--chat-template": flags.get("chat_template")})
@@ -1057,7 +1063,7 @@ def dataset_build(model, prompts, phrases, top, texts, out, overwrite, as_json, 
                       capitalized=flags.pop("capitalized"), chat_fallback=flags.pop("chat_fallback"),
                       chat_template=flags.pop("chat_template"))
     cfg = DatasetConfig(mine=mine, **flags)
-    files = sorted(Path(texts).glob("*.txt")) if texts else []
+    files = list(text_files([texts], None)) if texts else []
     res = with_progress("sampling", build_dataset, model, _lines(prompts), _phrases(phrases, top), out, texts=files,
                         config=cfg, settings=_settings(n_ctx, n_batch, n_ubatch, n_threads, flash_attn),
                         overwrite=overwrite)
@@ -1563,6 +1569,9 @@ def solve_head_cmd(model, train, dev, test, protocol, out, workspace, overwrite,
 @click.option("--strength-grid", "strength_grid", default="", metavar="S,S,...",
               help="Choose the strength on dev among these: the largest whose held-out (dev) traces' "
                    "legitimate uses pass bar (d); the solve runs at --strength, then at the chosen one.")
+@click.option("--unmeasured-strength", default=0.3, show_default=True, type=float,
+              help="With --strength-grid: the most a phrase gets whose word has too few legitimate uses on dev "
+                   "for bar (d) to measure (the protocol's collateral_min_uses); the report names the word.")
 @click.option("--background", type=click.Choice(["anchors", "anchors+train"]), default="anchors", show_default=True,
               help="Rows of the background metric: the anchors, or the anchors and the train dumps (less "
                    "every slop context).")

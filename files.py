@@ -18,6 +18,18 @@
     refuse_clobber(outputs, inputs, ...)              an output that is, holds or lies inside an input
                                                       is refused (ClobberError), whatever --overwrite says
 
+Untrusted inputs (a user's texts, prompts, phrase lists, transcripts; MAX_TEXT_BYTES: a plain text's cap):
+    open_regular(path, limit, error, field)           context: a binary file of a regular file of at most
+                                                      `limit` bytes (None: any), opened without blocking (a FIFO,
+                                                      device, socket or directory, a symlink loop, an
+                                                      unreadable or oversized file: `error(path, field,
+                                                      why)`, a FieldError class)
+    read_regular(path, limit, error, field) -> bytes  the same, read whole (still at most `limit`)
+    check_regular(path, limit, error, field) -> int   the same checks by stat (for a path read later), its size
+    decode_utf8(data, path, error, field) -> str      UTF-8 (a leading BOM dropped), else `error` naming the byte
+    lone_surrogate(text) -> int | None                where a lone surrogate (valid JSON "\\ud800", not
+                                                      encodable) sits in `text`, if anywhere
+
 Errors are the plain OSErrors of the underlying calls (the CLI reports them as `PATH: reason`);
 callers wrap them where they know the field. `ClobberError` and `OutputBusyError` are FieldErrors.
 """
@@ -27,6 +39,8 @@ import contextlib
 import errno
 import hashlib
 import os
+import re
+import stat
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
@@ -276,3 +290,90 @@ def refuse_clobber(outputs, inputs, *, holds_inputs: bool = False) -> None:
             if _same(out, other):
                 raise ClobberError(out, role, f"is also the {role2} output {other}; refusing to write "
                                                "both to one path")
+
+
+# ---- untrusted inputs ---------------------------------------------------------------------------
+
+MAX_TEXT_BYTES = 16_000_000     # a user's plain text file (--texts), read whole and tokenized
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _regular(path, st: os.stat_result, limit: int | None, error: type[FieldError], field: str) -> int:
+    """st's size, after refusing (`error`) anything but a regular file of at most `limit` bytes."""
+    if not stat.S_ISREG(st.st_mode):
+        kind = next((name for test, name in _KINDS if test(st.st_mode)), "a special file")
+        raise error(path, field, f"not a regular file ({kind}); give a plain file")
+    if limit is not None and st.st_size > limit:
+        raise error(path, field, f"{st.st_size} bytes, over the limit of {limit}")
+    return st.st_size
+
+
+def _cannot(path, exc: OSError, error: type[FieldError], field: str) -> FieldError:
+    return error(path, field, f"cannot read ({exc.strerror or exc})")
+
+
+def check_regular(path, limit: int | None = None, error: type[FieldError] = FieldError, field: str = "file") -> int:
+    """The size of the regular file `path` (symlinks followed): a FIFO, device, socket or directory,
+    a symlink loop, a missing file or one over `limit` bytes raise `error(path, field, why)`. For a
+    path that is read later (hashed, tokenized): the reader still opens it with `open_regular`."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise _cannot(path, exc, error, field) from None
+    return _regular(path, st, limit, error, field)
+
+
+@contextlib.contextmanager
+def open_regular(path, limit: int | None, error: type[FieldError] = FieldError, field: str = "file") -> Iterator:
+    """A binary file object of the regular file `path`, of at most `limit` bytes when opened (None:
+    any size, for a reader that reads only so much itself). It is
+    opened non-blocking, so a FIFO is refused at once rather than waited on; a FIFO, device, socket
+    or directory, a symlink loop, an unreadable file or one over `limit` bytes raise
+    `error(path, field, why)` before a byte is read. A reader reading in pieces stops at `limit`
+    itself (the file may grow while it is read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise _cannot(path, exc, error, field) from None
+    try:
+        _regular(path, os.fstat(fd), limit, error, field)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    with open(fd, "rb") as fh:
+        yield fh
+
+
+def read_regular(path, limit: int, error: type[FieldError] = FieldError, field: str = "file") -> bytes:
+    """The bytes of the regular file `path`, at most `limit` of them (see `open_regular`)."""
+    with open_regular(path, limit, error, field) as fh:
+        try:
+            want = os.fstat(fh.fileno()).st_size + 1        # not limit + 1: read() allocates what it is asked
+            data = fh.read(want)
+            if len(data) == want:                           # it grew since: read on, to one past the limit
+                data += fh.read(limit + 1 - want)
+        except OSError as exc:
+            raise error(path, field, f"cannot read ({exc.strerror or exc})") from None
+    if len(data) > limit:
+        raise error(path, field, f"more than {limit} bytes (it grew while read)")
+    return data
+
+
+def decode_utf8(data: bytes, path, error: type[FieldError] = FieldError, field: str = "text") -> str:
+    """`data` as UTF-8 text (a leading byte-order mark is no text); else `error` naming the byte."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise error(path, field, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def lone_surrogate(text: str) -> int | None:
+    """The index of the first lone surrogate in `text` (JSON's "\\ud800" parses to one; no UTF-8
+    encodes it, so every writer of the text would fail on it), or None."""
+    if text.isascii():
+        return None
+    m = _SURROGATE.search(text)
+    return None if m is None else m.start()

@@ -55,6 +55,9 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "run_mine": "data.mine",
     "write_replies": "data.mine",
     # loop/
+    "InputError": "loop.inputs",
+    "read_lines": "loop.inputs:lines",
+    "text_files": "loop.inputs",
     "PreflightError": "loop.preflight",
     "PreflightResult": "loop.preflight",
     "run_preflight": "loop.preflight:preflight",

@@ -35,6 +35,7 @@ from typing import Sequence
 import numpy as np
 
 from exactedit.errors import FieldError
+from exactedit.files import decode_utf8, read_regular
 
 
 class PhraseError(FieldError):
@@ -44,25 +45,35 @@ class PhraseError(FieldError):
 MAX_PHRASE_BYTES = 256
 MAX_PHRASES_FILE = 64 << 20   # a phrases file (text or discover's JSON) is read whole
 TOKEN_CONTROL = 3   # llama.cpp's token type of control tokens (chat scaffolding): no text
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")   # C0, DEL, C1 controls; surrogates
 
 
 def load_phrases(path, top: int | None = None) -> tuple[str, ...]:
     """Banned phrases from a text file (one per line; blank lines and lines starting with '#'
     skipped), or from `exactedit discover`'s JSON (a file whose text starts with '{'): its first
-    `top` usable entries (`discovered_phrases`)."""
+    `top` usable entries (`discovered_phrases`). A regular file of at most MAX_PHRASES_FILE bytes,
+    UTF-8 (a FIFO or a device is refused, not waited on)."""
     path = Path(path)
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_PHRASES_FILE + 1)
-        if len(data) > MAX_PHRASES_FILE:
-            raise PhraseError(path, "phrases", f"larger than {MAX_PHRASES_FILE >> 20} MiB")
-        text = data.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PhraseError(path, "phrases", f"cannot read as UTF-8 text ({exc})") from None
+    data = read_regular(path, MAX_PHRASES_FILE, PhraseError, "phrases")
+    text = decode_utf8(data, path, PhraseError, "phrases")
     if text.lstrip().startswith("{"):
         return discovered_phrases(text, path, top)
     phrases = parse_phrases(text.splitlines(), path)
     return phrases[:top] if top else phrases
+
+
+def phrase_problem(phrase: str) -> str | None:
+    """Why `phrase` (whitespace already collapsed) cannot be banned, or None: longer than
+    MAX_PHRASE_BYTES, or holding a control character (NUL, ESC, DEL: no text a model writes, and
+    what a terminal or a C reader of the rules would act on) or a lone surrogate (JSON's "\\ud800":
+    no UTF-8 encodes it)."""
+    bad = _UNPRINTABLE.search(phrase)
+    if bad is not None:
+        what = "a lone surrogate" if "\ud800" <= bad.group() <= "\udfff" else "a control character"
+        return f"phrase {ascii(phrase)[:80]} holds {what} ({ascii(bad.group())} at character {bad.start()})"
+    if len(phrase.encode("utf-8")) > MAX_PHRASE_BYTES:
+        return f"phrase longer than {MAX_PHRASE_BYTES} bytes"
+    return None
 
 
 def ban_text(phrase: str) -> str | None:
@@ -87,10 +98,12 @@ def discovered_phrases(text: str, where, top: int | None = None) -> tuple[str, .
         doc = json.loads(text)
     except ValueError as exc:
         raise PhraseError(where, "json", f"not valid JSON ({exc})") from None
+    except RecursionError:
+        raise PhraseError(where, "json", "not valid JSON (nested too deeply)") from None
     entries = doc.get("phrases") if isinstance(doc, dict) else None
     if not isinstance(entries, list):
         raise PhraseError(where, "phrases", "expected discover's JSON: an object with a list 'phrases'")
-    out: list[str] = []
+    out: dict[str, None] = {}          # insertion-ordered: duplicates found in O(1), the order kept
     for k, e in enumerate(entries):
         if not isinstance(e, dict) or not isinstance(e.get("phrase"), str):
             raise PhraseError(where, f"phrases[{k}].phrase", "expected an object with a string 'phrase'")
@@ -100,9 +113,10 @@ def discovered_phrases(text: str, where, top: int | None = None) -> tuple[str, .
         phrase = ban_text(" ".join((ban or e["phrase"]).split()))
         if phrase is None or phrase in out:
             continue
-        if len(phrase.encode("utf-8")) > MAX_PHRASE_BYTES:
-            raise PhraseError(where, f"phrases[{k}].phrase", f"phrase longer than {MAX_PHRASE_BYTES} bytes")
-        out.append(phrase)
+        problem = phrase_problem(phrase)
+        if problem is not None:
+            raise PhraseError(where, f"phrases[{k}].{'ban_phrase' if ban else 'phrase'}", problem)
+        out[phrase] = None
         if top and len(out) >= top:
             break
     if not out:
@@ -111,16 +125,20 @@ def discovered_phrases(text: str, where, top: int | None = None) -> tuple[str, .
 
 
 def parse_phrases(lines: Sequence[str], where="phrases") -> tuple[str, ...]:
-    out: list[str] = []
+    """One phrase per line (whitespace collapsed; blank lines and '#' lines skipped): a phrase
+    listed twice, too long or holding a control character is refused naming its line. Linear in
+    the lines (a dict finds the duplicates)."""
+    out: dict[str, int] = {}           # phrase -> its line, in order
     for no, line in enumerate(lines, 1):
         phrase = " ".join(line.split())
         if not phrase or phrase.startswith("#"):
             continue
-        if len(phrase.encode("utf-8")) > MAX_PHRASE_BYTES:
-            raise PhraseError(where, f"line {no}", f"phrase longer than {MAX_PHRASE_BYTES} bytes")
+        problem = phrase_problem(phrase)
+        if problem is not None:
+            raise PhraseError(where, f"line {no}", problem)
         if phrase in out:
-            raise PhraseError(where, f"line {no}", f"phrase {phrase!r} is listed twice")
-        out.append(phrase)
+            raise PhraseError(where, f"line {no}", f"phrase {phrase!r} is listed twice (first on line {out[phrase]})")
+        out[phrase] = no
     if not out:
         raise PhraseError(where, "phrases", "no phrases (expected one banned phrase per line)")
     return tuple(out)

@@ -100,3 +100,38 @@ def spread_floats(draw, shape, scale=None, decades=(-3, 3)) -> np.ndarray:
     x = rng.standard_normal(shape) * scale
     x[rng.random(shape) < 0.05] = 0.0
     return x.astype(np.float32)
+
+
+# ---- untrusted text inputs (discover's transcripts, phrase lists, one-per-line files) -----------
+#: pieces that reach the text parsers' corners: the harness's tags opened and closed, an
+#: interruption line, a lone surrogate (valid JSON "\ud800"), NUL / ESC / DEL, JSON's own characters
+TEXT_PIECES = ("<system-reminder>", "</system-reminder>", "<command-name>", "</command-name>", "<bash-stdout>",
+               "[Request interrupted by user]", "[Request interrupted by user for tool use]", "\n", "\r", " ", "\t",
+               "\ud800", "\udc00", "\x00", "\x1b", "\x7f", "\x85", "\u2028", "é", "{", "[", '"', "\\", "#", "a b",
+               "Here's an example", "you can use")
+#: the keys the transcript and phrase readers look at
+RECORD_KEYS = ("text", "side", "name", "prompt", "model", "provider", "role", "content", "type", "message",
+               "messages", "conversations", "from", "value", "isMeta", "phrase", "ban_phrase", "phrases")
+
+tricky_text = st.lists(st.sampled_from(TEXT_PIECES) | st.text(max_size=3), max_size=8).map("".join)
+#: any JSON value, its strings tricky, its objects keyed mostly by the readers' keys
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**63, 2**63) | st.floats() | tricky_text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(RECORD_KEYS) | tricky_text, inner,
+                                                               max_size=4),
+    max_leaves=12)
+#: a record shaped like one the readers know, its fields any JSON value
+records = st.one_of(
+    st.fixed_dictionaries({"text": json_values}, optional={"side": json_values, "prompt": json_values,
+                                                           "model": json_values}),
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system"]) | json_values,
+                           "content": json_values}),
+    st.fixed_dictionaries({"messages": st.lists(st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "assistant"]) | json_values, "content": json_values}), max_size=3)}),
+    st.fixed_dictionaries({"type": st.sampled_from(["user", "assistant", "summary"]) | json_values,
+                           "message": st.fixed_dictionaries({"content": json_values},
+                                                            optional={"model": json_values})},
+                          optional={"isMeta": json_values}),
+    st.fixed_dictionaries({"conversations": st.lists(st.fixed_dictionaries(
+        {"from": st.sampled_from(["human", "gpt"]) | json_values, "value": json_values}), max_size=3)}),
+    st.dictionaries(st.sampled_from(RECORD_KEYS) | tricky_text, json_values, max_size=4))

@@ -3,6 +3,7 @@
     model_texts(paths, *, sides=None, limits=LIMITS) -> list[Text]
     human_texts(paths, *, limits=LIMITS) -> list[Text]
     input_files(paths) -> list[Path]          directories walked for .txt .md .jsonl .json
+    strip_harness(text) -> str                Claude Code's harness tags removed (linear time)
 
 A path is a file or a directory (walked recursively, sorted, hidden entries skipped). Files:
 - .txt / .md: one text, the file's author's (model text given as --model-text, the user's given as
@@ -26,9 +27,14 @@ Each model text is tagged by its record's `model` (a Claude Code message's, a re
 `provider` field where present, else by the file's name, and ":SIDE" is added for a reply with a
 side. Human texts are tagged by file name.
 
-Inputs are untrusted and bounded (`Limits`): a file's size, a JSONL line's length, the characters of
-one side in all. A malformed line is a DiscoverError naming the file and the line; a file that yields
-no usable text is an error naming the file and what it held (never a silent zero).
+Inputs are untrusted and bounded in memory and time (`Limits`): a file's bytes, a JSONL line's bytes
+and a JSON record's characters, the records and the characters of one side in all (discover counts
+about a million characters a second: the character bound keeps a run near a minute). Only regular
+files are read (a FIFO, a device, a symlink loop is refused by name, never waited on); a .json list is
+parsed one record at a time, each from a bounded window, so a list of a million empty objects never
+stands in memory as objects. A malformed line or record is a DiscoverError naming the file and the
+line (record); so is a lone surrogate (valid JSON "\\ud800", which no writer can encode); a file that
+yields no usable text is an error naming the file and what it held (never a silent zero).
 """
 from __future__ import annotations
 
@@ -41,6 +47,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from exactedit.errors import FieldError
+from exactedit.files import check_regular, decode_utf8, lone_surrogate, open_regular, read_regular
 
 
 class DiscoverError(FieldError):
@@ -60,11 +67,13 @@ class Text:
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds on what is read: a file's bytes, a JSONL line's bytes, one side's characters in all."""
+    """Bounds on what is read: a file's bytes, a JSONL line's bytes (and a JSON record's characters),
+    and on one side in all: its records (JSONL lines, JSON records) and its characters."""
 
     file_bytes: int = 256 << 20
     line_bytes: int = 16 << 20
-    chars: int = 200_000_000
+    chars: int = 20_000_000
+    records: int = 1_000_000
 
 
 LIMITS = Limits()
@@ -72,10 +81,11 @@ SUFFIXES = (".txt", ".md", ".jsonl", ".json")
 ASSISTANT_ROLES = frozenset({"assistant", "model", "gpt", "bot", "ai"})
 USER_ROLES = frozenset({"user", "human"})
 TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
-_HARNESS = re.compile(r"<(system-reminder|command-name|command-message|command-args|local-command-stdout|"
-                      r"local-command-stderr|local-command-caveat|bash-input|bash-stdout|bash-stderr|"
-                      r"user-prompt-submit-hook)>.*?</\1>|^\[Request interrupted by user[^\]\n]*\]$",
-                      re.DOTALL | re.MULTILINE)
+HARNESS_TAGS = ("system-reminder", "command-name", "command-message", "command-args", "local-command-stdout",
+                "local-command-stderr", "local-command-caveat", "bash-input", "bash-stdout", "bash-stderr",
+                "user-prompt-submit-hook")
+_HARNESS_OPEN = re.compile(rf"<({'|'.join(HARNESS_TAGS)})>|^\[Request interrupted by user[^\]\n]*\]$", re.MULTILINE)
+_WS = re.compile(r"[ \t\n\r]*")
 
 
 def model_texts(paths, *, sides: Iterable[str] | None = None, limits: Limits = LIMITS) -> list[Text]:
@@ -90,7 +100,8 @@ def human_texts(paths, *, limits: Limits = LIMITS) -> list[Text]:
 
 def input_files(paths) -> list[Path]:
     """Files named, and the .txt / .md / .jsonl / .json files under directories named (sorted, hidden
-    entries skipped), each once."""
+    entries skipped), each once. Each must be a regular file (symlinks followed): a FIFO, a device,
+    a socket or a symlink loop is refused by name."""
     out: dict[Path, Path] = {}
     for p in map(Path, [paths] if isinstance(paths, (str, os.PathLike)) else paths):
         if p.is_dir():
@@ -102,8 +113,10 @@ def input_files(paths) -> list[Path]:
                 raise DiscoverError(p, "file", f"unsupported file type (expected {', '.join(SUFFIXES)})")
             found = [p]
         else:
+            check_regular(p, None, DiscoverError, "path")     # names what it is (a FIFO, a loop, missing)
             raise DiscoverError(p, "path", "not a file or directory")
         for f in found:
+            check_regular(f, None, DiscoverError, "file")
             out.setdefault(f.resolve(), f)
     return list(out.values())
 
@@ -117,34 +130,53 @@ def _walk(directory: Path) -> list[Path]:
     return sorted(found)
 
 
+@dataclass
+class _Tally:
+    """What one side has read so far, against its limits."""
+
+    side: str
+    limits: Limits
+    records: int = 0
+    chars: int = 0
+
+    def record(self, path: Path, field: str) -> None:
+        self.records += 1
+        if self.records > self.limits.records:
+            raise DiscoverError(path, field, f"the {self.side} texts pass {self.limits.records} records in all here "
+                                             "(the limit); pass fewer files")
+
+    def text(self, path: Path, n: int) -> None:
+        self.chars += n
+        if self.chars > self.limits.chars:
+            raise DiscoverError(path, "size", f"the {self.side} texts pass {self.limits.chars} characters in all here "
+                                              "(the limit); pass fewer files")
+
+
 def _read(paths, side: str, sides, limits: Limits) -> list[Text]:
     out: list[Text] = []
-    chars = 0
+    tally = _Tally(side, limits)
     for path in input_files(paths):
-        texts = _read_file(path, side, sides, limits)
-        chars += sum(len(t.text) for t in texts)
-        if chars > limits.chars:
-            raise DiscoverError(path, "size", f"the {side} texts pass {limits.chars} characters in all here "
-                                              "(the limit); pass fewer files")
-        out += texts
+        out += _read_file(path, side, sides, limits, tally)
     return out
 
 
-def _read_file(path: Path, side: str, sides, limits: Limits) -> list[Text]:
-    size = path.stat().st_size
+def _read_file(path: Path, side: str, sides, limits: Limits, tally: _Tally) -> list[Text]:
+    size = check_regular(path, None, DiscoverError, "file")
     if size > limits.file_bytes:
         raise DiscoverError(path, "size", f"{size} bytes, over the limit of {limits.file_bytes}")
     suffix = path.suffix.lower()
     if suffix in (".txt", ".md"):
-        text = _decode(path, path.read_bytes(), "text")
+        text = _decode(path, read_regular(path, limits.file_bytes, DiscoverError, "file"), "text")
         if not text.strip():
             raise DiscoverError(path, "text", "empty: no text to count")
+        tally.text(path, len(text))                  # (decoded UTF-8 holds no lone surrogate)
         return [Text(text, path.name, str(path))]
-    records = _jsonl(path, limits) if suffix == ".jsonl" else _json(path)
+    records = _jsonl(path, limits) if suffix == ".jsonl" else _json(path, limits)
     kinds: Counter = Counter()
     out = []
     last_user = None
-    for where, rec in records:
+    for where, field, rec in records:
+        tally.record(path, field)
         kind, turns = _turns(rec)
         kinds[kind] += 1
         for speaker, text, tag, rec_side in turns:
@@ -157,6 +189,9 @@ def _read_file(path: Path, side: str, sides, limits: Limits) -> list[Text]:
                 continue
             source = path.name if side == "human" else (tag or path.name) + (f":{rec_side}" if rec_side else "")
             prompt = _str(rec.get("prompt")) if speaker == "author" else last_user if speaker == "assistant" else None
+            for what, value in (("text", text), ("source", source), ("prompt", prompt)):
+                _unicode(path, field, what, value)
+            tally.text(path, len(text))
             out.append(Text(text, source, f"{path}{where}", prompt))
     if not out:
         held = ", ".join(f"{n} {k}" for k, n in kinds.most_common(6)) or "no records"
@@ -165,15 +200,20 @@ def _read_file(path: Path, side: str, sides, limits: Limits) -> list[Text]:
     return out
 
 
+def _unicode(path: Path, field: str, what: str, value: str | None) -> None:
+    """Refuse a lone surrogate (JSON's "\\ud800"): no UTF-8 writer of the report could encode it."""
+    at = None if value is None else lone_surrogate(value)
+    if at is not None:
+        raise DiscoverError(path, field, f"the {what} holds a lone surrogate ({value[at]!r} at character {at}): "
+                                         "not valid Unicode text")
+
+
 def _wanted(speaker: str, side: str) -> bool:
     return speaker == "author" or speaker == ("assistant" if side == "model" else "user")
 
 
 def _decode(path: Path, data: bytes, field: str) -> str:
-    try:
-        return data.decode("utf-8-sig")            # a leading byte-order mark is no text
-    except UnicodeDecodeError as exc:
-        raise DiscoverError(path, field, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    return decode_utf8(data, path, DiscoverError, field)
 
 
 def _loads(path: Path, text: str, field: str):
@@ -185,11 +225,14 @@ def _loads(path: Path, text: str, field: str):
         raise DiscoverError(path, field, "JSON nested too deeply") from None
 
 
-def _jsonl(path: Path, limits: Limits) -> Iterator[tuple[str, dict]]:
-    with open(path, "rb") as fh:
-        no = 0
+def _jsonl(path: Path, limits: Limits) -> Iterator[tuple[str, str, dict]]:
+    with open_regular(path, limits.file_bytes, DiscoverError, "file") as fh:
+        no = read = 0
         while line := fh.readline(limits.line_bytes + 1):
             no += 1
+            read += len(line)
+            if read > limits.file_bytes:
+                raise DiscoverError(path, "size", f"more than {limits.file_bytes} bytes (it grew while read)")
             if len(line) > limits.line_bytes:
                 raise DiscoverError(path, f"line {no}", f"longer than {limits.line_bytes} bytes (the limit)")
             text = _decode(path, line, f"line {no}").strip()
@@ -198,19 +241,73 @@ def _jsonl(path: Path, limits: Limits) -> Iterator[tuple[str, dict]]:
             rec = _loads(path, text, f"line {no}")
             if not isinstance(rec, dict):
                 raise DiscoverError(path, f"line {no}", f"expected a JSON object, got {type(rec).__name__}")
-            yield f":{no}", rec
+            yield f":{no}", f"line {no}", rec
 
 
-def _json(path: Path) -> list[tuple[str, dict]]:
-    data = _loads(path, _decode(path, path.read_bytes(), "text"), "json")
-    if isinstance(data, dict):
-        return [("", data)]
-    if not isinstance(data, list):
-        raise DiscoverError(path, "json", f"expected a list of records or one record, got {type(data).__name__}")
-    for i, rec in enumerate(data):
+class _Values:
+    """JSON values decoded from `text` one at a time, each from a window of at most 2 * `limit`
+    characters (copied once per `limit` characters read), so that a value longer than `limit` is
+    refused before it is built whole."""
+
+    def __init__(self, path: Path, text: str, limit: int):
+        self.path, self.text, self.limit = path, text, limit
+        self.start, self.window = 0, None
+        self.decoder = json.JSONDecoder()
+
+    def at(self, i: int, what: str):
+        """(the value starting at text[i], the index after it); `what` names it in errors."""
+        n = len(self.text)
+        if self.window is None or i < self.start or (self.start + len(self.window) < n
+                                                    and i + self.limit > self.start + len(self.window)):
+            self.start, self.window = i, self.text[i:i + 2 * self.limit]
+        whole = self.start + len(self.window) == n
+        try:
+            value, end = self.decoder.raw_decode(self.window, i - self.start)
+        except json.JSONDecodeError as exc:
+            why = (f"not valid JSON: {exc.msg} ({what}, at character {self.start + exc.pos})" if whole else
+                   f"not valid JSON within {self.limit} characters of {what} (the limit of one record): {exc.msg}")
+            raise DiscoverError(self.path, "json", why) from None
+        except RecursionError:
+            raise DiscoverError(self.path, "json", f"JSON nested too deeply ({what})") from None
+        if end - (i - self.start) > self.limit:
+            raise DiscoverError(self.path, what, f"longer than {self.limit} characters (the limit of one record)")
+        return value, self.start + end
+
+
+def _json(path: Path, limits: Limits) -> Iterator[tuple[str, str, dict]]:
+    """The records of a .json file: one record, or a list of them read one record at a time."""
+    text = _decode(path, read_regular(path, limits.file_bytes, DiscoverError, "file"), "text")
+    values = _Values(path, text, limits.line_bytes)
+    at = _WS.match(text).end()
+    if not text.startswith(("[", "{"), at):
+        value, _ = values.at(at, "the file")
+        raise DiscoverError(path, "json", f"expected a list of records or one record, got {type(value).__name__}")
+    if text.startswith("{", at):
+        rec, at = values.at(at, "the record")
+        _json_end(path, text, at)
+        yield "", "json", rec
+        return
+    at, k = _WS.match(text, at + 1).end(), 0
+    while not text.startswith("]", at):
+        rec, at = values.at(at, f"record [{k}]")
         if not isinstance(rec, dict):
-            raise DiscoverError(path, f"[{i}]", f"expected a JSON object, got {type(rec).__name__}")
-    return [(f"[{i}]", rec) for i, rec in enumerate(data)]
+            raise DiscoverError(path, f"[{k}]", f"expected a JSON object, got {type(rec).__name__}")
+        yield f"[{k}]", f"[{k}]", rec
+        at = _WS.match(text, at).end()
+        if text.startswith(",", at):
+            at = _WS.match(text, at + 1).end()
+            if text.startswith("]", at):
+                raise DiscoverError(path, "json", f"not valid JSON: a comma before ']' (at character {at})")
+        elif not text.startswith("]", at):
+            raise DiscoverError(path, "json", f"not valid JSON: expected ',' or ']' after record [{k}] "
+                                              f"(at character {at})")
+        k += 1
+    _json_end(path, text, at + 1)
+
+
+def _json_end(path: Path, text: str, at: int) -> None:
+    if _WS.match(text, at).end() != len(text):
+        raise DiscoverError(path, "json", f"not valid JSON: extra data after the value (at character {at})")
 
 
 def _str(x) -> str | None:
@@ -224,8 +321,32 @@ def content_text(content) -> str:
     if not isinstance(content, list):
         return ""
     parts = [p if isinstance(p, str) else p.get("text") for p in content
-             if isinstance(p, str) or (isinstance(p, dict) and p.get("type") in TEXT_PARTS)]
+             if isinstance(p, str) or (isinstance(p, dict) and isinstance(p.get("type"), str)
+                                       and p["type"] in TEXT_PARTS)]
     return "\n\n".join(p for p in parts if isinstance(p, str))
+
+
+def strip_harness(text: str) -> str:
+    """`text` without the Claude Code harness's blocks (<system-reminder>...</system-reminder> and the
+    other HARNESS_TAGS, each to the nearest close of the same tag) and "[Request interrupted by
+    user...]" lines. Linear time: an opening is matched to its close by one forward search, and a tag
+    found unclosed is never searched for again (a regex `<(tag)>.*?</\\1>` rescans to the end at every
+    opening: quadratic on a line of openings)."""
+    out, at, pos, unclosed = [], 0, 0, set()
+    while m := _HARNESS_OPEN.search(text, pos):
+        tag = m.group(1)
+        end = m.end()
+        if tag is not None:
+            close = -1 if tag in unclosed else text.find(f"</{tag}>", end)
+            if close < 0:
+                unclosed.add(tag)
+                pos = end
+                continue
+            end = close + len(tag) + 3
+        out.append(text[at:m.start()])
+        at = pos = end
+    out.append(text[at:])
+    return "".join(out)
 
 
 def _speaker(role) -> str | None:
@@ -247,7 +368,7 @@ def _turns(rec: dict) -> tuple[str, list[tuple[str, str, str | None, str | None]
             return "meta or synthetic lines", []
         text = content_text(msg.get("content"))
         if typ == "user":
-            text = _HARNESS.sub("", text)
+            text = strip_harness(text)
         return f"{typ} lines", [(typ, text, model or tag, None)]
     if isinstance(rec.get("messages"), list):
         turns = [(sp, content_text(m.get("content")), _str(m.get("model")) or tag, None)
@@ -259,7 +380,7 @@ def _turns(rec: dict) -> tuple[str, list[tuple[str, str, str | None, str | None]
         return "conversations", turns
     if "role" in rec and "content" in rec:
         sp = _speaker(rec["role"])
-        return f"{rec['role']!s:.20} messages", [(sp, content_text(rec["content"]), tag, None)] if sp else []
+        return f"{rec['role']!r:.20} messages", [(sp, content_text(rec["content"]), tag, None)] if sp else []
     if isinstance(rec.get("text"), str):
         return "reply records", [("author", rec["text"], tag, _str(rec.get("side")))]
     return (f"{typ!r} lines" if isinstance(typ, str) else "records of no known shape"), []

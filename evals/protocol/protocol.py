@@ -97,6 +97,7 @@ class Bars:
     collateral_min_mean: float = -0.05       # (d): each word's mean dlogp
     collateral_low: float = -0.10            # (d): an occurrence counts as low below this
     collateral_max_low_share: float = 0.10   # (d): each word's share of low occurrences
+    collateral_min_uses: int = 5             # (d): a word with fewer uses is not measured: the bar fails
     engine_max_kld: float = 0.01             # (e): mean KLD vs base per eval domain
     max_special_flips: int = 0               # (f): argmax flips to specials, non-terminal rows
     turn_end_min_dlogp: float = -0.05        # (f): mean dlogp of the turn end at real turn ends
@@ -116,6 +117,8 @@ class Bars:
             raise ValueError("bars.bootstrap must be >= 0 and bars.blind_factor >= 1")
         if self.new_argmax_max_special < 0 or self.max_special_flips < 0:
             raise ValueError("bars' flip counts must be >= 0")
+        if self.collateral_min_uses < 1:
+            raise ValueError(f"bars.collateral_min_uses must be >= 1, got {self.collateral_min_uses}")
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,16 @@ never passes silently. Scopes, by the split role of each row's document:
 - (a) train documents, slop positions not held out; (b) the held-out slop positions of train
   documents; (c) the documents of `heldout_role` (dev, test or blind);
 - (d) `collateral` documents, legitimate uses of each word (next token = the word, not a slop
-  position); (e) `anchors` documents, one row per domain;
+  position): a word with fewer than `collateral_min_uses` uses is not measured, and its (d) rows
+  fail saying so (never a pass on two uses, never a silent n/a); (e) `anchors` documents, one row
+  per domain;
 - (f), (g) and the persona bars: the chat documents of `heldout_role`.
 A slop position is prefix-exact: the row's tokens end with a banned phrase's prefix (within the
 document) and the actual next token is its final token (the rejected token).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -76,6 +79,14 @@ def _row(key, bar, label, number, threshold, op, n, ci=(math.nan, math.nan), bas
         passed = bool(number >= threshold) if op == ">=" else bool(number <= threshold)
     return BarRow(key, bar, label, float(number), float(threshold), op, passed, int(n),
                   tuple(float(c) for c in ci), float(base), float(edited), scope)
+
+
+def _measured(r: BarRow, label: str, min_uses: int) -> BarRow:
+    """A bar (d) row on fewer than `min_uses` uses measures nothing: it fails, its label saying
+    "`label` (n uses < min_uses)" (its number, where there is one, kept for the reader)."""
+    if r.n >= min_uses:
+        return r
+    return dataclasses.replace(r, label=f"{label} ({r.n} uses < {min_uses})", passed=False)
 
 
 def _docs_mask(s: RowScores, roles) -> np.ndarray:
@@ -190,10 +201,13 @@ def anti_slop_bars(s: RowScores, ctx: BarContext) -> tuple[BarRow, ...]:
     low = (s.dlogp < b.collateral_low).astype(float)
     for wi, w in enumerate(tk.collateral_words):
         m = coll & (words == wi)
-        rows.append(_mean_bar(s, ctx, f"d_mean:{w}", "(d)", f"{ctx.name(w)}: mean dlogp, legitimate uses",
-                              s.dlogp, m, b.collateral_min_mean, ">=", "collateral"))
-        rows.append(_mean_bar(s, ctx, f"d_low:{w}", "(d)", f"{ctx.name(w)}: share of uses below {b.collateral_low}",
-                              low, m, b.collateral_max_low_share, "<=", "collateral"))
+        rows.append(_measured(_mean_bar(s, ctx, f"d_mean:{w}", "(d)", f"{ctx.name(w)}: mean dlogp, legitimate uses",
+                                        s.dlogp, m, b.collateral_min_mean, ">=", "collateral"),
+                              f"{ctx.name(w)}: not measured", b.collateral_min_uses))
+        rows.append(_measured(_mean_bar(s, ctx, f"d_low:{w}", "(d)",
+                                        f"{ctx.name(w)}: share of uses below {b.collateral_low}",
+                                        low, m, b.collateral_max_low_share, "<=", "collateral"),
+                              f"{ctx.name(w)}: share below {b.collateral_low} not measured", b.collateral_min_uses))
     for domain, m in _domains(s):
         rows.append(_mean_bar(s, ctx, f"e_kld:{domain}", "(e)", f"mean KLD vs base, domain {domain}", s.kl, m,
                               b.engine_max_kld, "<=", "anchors"))

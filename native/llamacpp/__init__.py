@@ -14,6 +14,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "EngineSettings": "engine",
     "Generation": "generate",
     "Sampling": "generate",
+    "SEED_LIMIT": "generate",
     "LlamaEngine": "engine",
     "dump_documents": "documents",
     "dump_text_chunks": "perplexity_chunks",
@@ -23,4 +24,5 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "render_documents": "documents",
     "render_import": "documents",
     "sample_replies": "sample",
+    "seed_problem": "generate",
 })

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from exactedit.dumps.roles import infer_roles
+from exactedit.files import decode_utf8, lone_surrogate, read_regular
 from exactedit.native.llamacpp.engine import EngineError
 from exactedit.quant import gguf
 from exactedit.quant.model.chat_template import (CHATML, ChatFormat, ChatTemplate, ChatTemplateError, GivenTemplate,
@@ -193,14 +194,16 @@ def unique_names(names) -> list[str]:
     return out
 
 
+MAX_CHAT_BYTES = 64 << 20     # an `engine dump --chat` file, read whole
+
+
 def read_chat_jsonl(path) -> list[list[dict]]:
-    """Conversations, one JSON list of {"role", "content"} per line (blank lines skipped)."""
+    """Conversations, one JSON list of {"role", "content"} per line (blank lines skipped): a regular
+    file of at most MAX_CHAT_BYTES, UTF-8; a line nested too deeply or holding a lone surrogate
+    (JSON's "\\ud800": no UTF-8 encodes it, for the template or the tokenizer) is refused naming it."""
     path = Path(path)
     out = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise EngineError(path, "chat", f"cannot read as UTF-8 text ({exc})") from None
+    lines = decode_utf8(read_regular(path, MAX_CHAT_BYTES, EngineError, "chat"), path, EngineError, "chat").splitlines()
     for no, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -208,8 +211,16 @@ def read_chat_jsonl(path) -> list[list[dict]]:
             conv = json.loads(line)
         except json.JSONDecodeError as exc:
             raise EngineError(path, f"line {no}", f"not JSON ({exc.msg})") from None
+        except RecursionError:
+            raise EngineError(path, f"line {no}", "not JSON (nested too deeply)") from None
         if not isinstance(conv, list) or not conv:
             raise EngineError(path, f"line {no}", "expected a non-empty list of {\"role\", \"content\"} objects")
+        todo = [conv]
+        while todo:                                       # every string, keys too (no recursion to exhaust)
+            v = todo.pop()
+            if isinstance(v, str) and lone_surrogate(v) is not None:
+                raise EngineError(path, f"line {no}", f"a lone surrogate in {ascii(v)[:60]}: not valid Unicode text")
+            todo += v if isinstance(v, list) else [*v.keys(), *v.values()] if isinstance(v, dict) else []
         out.append(conv)
     if not out:
         raise EngineError(path, "chat", "no conversations (one JSON list per line)")

@@ -29,12 +29,27 @@ import numpy as np
 from exactedit.native.llamacpp.engine import EngineError, LlamaEngine, sampler_chain
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+# llama.cpp's `dist` takes a uint32_t seed and reads LLAMA_DEFAULT_SEED (0xFFFFFFFF) as "draw a
+# random one": through ctypes a larger seed wraps (2**32 + 7 samples as 7) and -1 becomes random.
+# The seeds a reply may have are those that reproduce it: 0 <= seed < SEED_LIMIT.
+SEED_LIMIT = 0xFFFFFFFF
+
+
+def seed_problem(seed, what: str = "seed") -> str | None:
+    """Why `seed` is not a seed llama.cpp reproduces (see SEED_LIMIT), or None when it is."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        return f"{what}: expected an integer, got {seed!r}"
+    if not 0 <= int(seed) < SEED_LIMIT:
+        return (f"{what}: {int(seed)} is outside llama.cpp's seeds, 0 to {SEED_LIMIT - 1} (its sampler takes 32 "
+                f"bits, so a larger seed wraps to another, and {SEED_LIMIT} or -1 means a random seed, which no "
+                "rerun reproduces)")
+    return None
 
 
 @dataclass(frozen=True)
 class Sampling:
     """How replies are sampled: the one config of every generation here (`sample.sample_replies`
-    and the commands built on it); `seed` seeds llama.cpp's `dist`."""
+    and the commands built on it); `seed` seeds llama.cpp's `dist` (0 <= seed < SEED_LIMIT)."""
 
     max_new: int = 64
     temperature: float = 0.8
@@ -44,6 +59,9 @@ class Sampling:
     def __post_init__(self):
         if self.max_new < 1 or self.top_k < 1 or not self.temperature > 0:
             raise EngineError("Sampling", "values", "max_new, top_k >= 1 and temperature > 0")
+        bad = seed_problem(self.seed)
+        if bad is not None:
+            raise EngineError("Sampling", "seed", bad.removeprefix("seed: "))
 
 
 @dataclass(frozen=True, eq=False)

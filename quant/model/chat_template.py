@@ -293,13 +293,16 @@ class GivenTemplate:
 def read_template(path, budget: TemplateBudget = TemplateBudget()) -> GivenTemplate:
     """A chat template file, read bounded: at most `budget.source_chars` characters of UTF-8 text
     (no more than 4 bytes a character is read), not empty. Errors name the file and `chat_template`."""
+    from exactedit.files import open_regular
+
     path = Path(path)
     limit = budget.source_chars
-    try:
-        with open(path, "rb") as fh:
+    with open_regular(path, None, ChatTemplateError, GIVEN_FIELD) as fh:      # a FIFO or device refused, not read
+        try:
             data = fh.read(4 * limit + 1)
-    except OSError as exc:
-        raise ChatTemplateError(path, GIVEN_FIELD, f"cannot read the template file ({exc.strerror or exc})") from None
+        except OSError as exc:
+            raise ChatTemplateError(path, GIVEN_FIELD,
+                                    f"cannot read the template file ({exc.strerror or exc})") from None
     try:
         source = data.decode("utf-8")
     except UnicodeDecodeError as exc:

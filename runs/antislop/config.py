@@ -3,16 +3,26 @@
 (runs/bundled/NAME/antislop/defaults.toml, chosen on dev data)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from exactedit.errors import ExacteditError
 from exactedit.runs.loop.inputs import bundled_dir, bundled_file, bundled_template, lines, read_settings, text_files
 
 LOOP = "antislop"       # the bundled inputs' folder: runs/bundled/NAME/antislop/
 AUTO_KEY, AUTO_KEYS = "auto", ("dense", "gated")
+RATE_SEED = 10_000        # the rate prompts' seeds start at seed + this: never a data reply's seed
+CORPUS_AFTER = 4          # tokens past each use in a corpus window (runs/data/corpus.py `after`)
+# the settings `exactedit antislop` (and `demo --model`) has a flag for; the others come from the
+# model's bundled defaults.toml or the class
+FLAGS = frozenset({"phrases", "top", "prompts", "rate_prompts", "watch", "texts", "same_sense", "chat_template",
+                   "samples", "rate_samples", "max_new", "seed", "ridge", "corpus_tokens", "key", "word_holds",
+                   "strength_grid", "rules_bias"})
 
-__all__ = ["AntislopConfig", "AntislopError", "LOOP", "model_defaults"]
+__all__ = ["AntislopConfig", "AntislopError", "LOOP", "RATE_SEED", "model_defaults"]
 
 
 class AntislopError(ExacteditError):
@@ -59,16 +69,59 @@ class AntislopConfig:
         return cls(model=model, **{**model_defaults(model), **{k: v for k, v in given.items() if v is not None}})
 
     def __post_init__(self):
-        if min(self.samples, self.rate_samples, self.max_new, self.verify_tokens) < 1:
-            raise AntislopError("samples, rate_samples, max_new and verify_tokens must be >= 1")
-        if self.corpus_tokens < 0 or self.word_holds < 0:
-            raise AntislopError("corpus_tokens and word_holds must be >= 0")
-        if not self.rules_bias > 0:
-            raise AntislopError(f"rules_bias must be > 0, got {self.rules_bias!r}")
-        from exactedit.solvers.l47.config import KEYS
+        problems = self.problems()
+        if problems:
+            from exactedit.runs.loop.settings import refusal
 
+            raise refusal(AntislopError, f"exactedit antislop --model {self.model}", problems)
+
+    def problems(self) -> list[str]:
+        """Every setting the run could not use, each naming the setting (and its flag): checked
+        here, before any file is read or anything generated (runs/loop/settings.py), with the
+        settings of the later stages built now from these (solve wfld's, each grid and the ridge
+        through WfldConfig; the rules' penalty as `shape compile` takes it) and the seeds of every
+        reply (data and rate replies) in llama.cpp's range. What needs a file read or the corpus
+        module (same-sense words, the corpus's settings) is preflight's (runs/antislop/checks.py)."""
+        from exactedit.runs.loop import settings as st
+        from exactedit.solvers.l47.config import KEYS, WfldConfig
+
+        out = st.integers(self, {"samples": 1, "rate_samples": 1, "max_new": 1, "verify_tokens": 1, "n_boot": 0,
+                                 "corpus_tokens": 0, "corpus_context": 1, "word_holds": 0}, FLAGS)
+        if self.top is not None:
+            out += st.integers(self, {"top": 1}, FLAGS)
+        out += st.seeds(self.seed, {"the data replies": (0, self.samples), "the rate replies":
+                                    (RATE_SEED, self.rate_samples)}, FLAGS)
         if self.key not in KEYS + (AUTO_KEY,):
-            raise AntislopError(f"key: expected one of {KEYS + (AUTO_KEY,)}, got {self.key!r}")
+            out.append(f"{st.flag('key', FLAGS)}: expected one of {KEYS + (AUTO_KEY,)}, got {self.key!r}")
+        for name, field in (("ridge", "ridge"), ("background", "background"), ("strength_grid", "strength_grid"),
+                            ("gated_strength_grid", "strength_grid")):
+            out += st.downstream(lambda: WfldConfig(**{field: getattr(self, name)}), [name], FLAGS)
+        out += self._rules_problems(st)
+        return out
+
+    def _rules_problems(self, st) -> list[str]:
+        """The shipped rules' prefix penalty: > 0 nats, and a number float32 holds exactly, the test
+        `shape compile` applies (solvers.shaping.rules.parse_shape): the rules hold it in float32,
+        and a bias that is not what the report says is refused, not rounded."""
+        from exactedit.solvers.shaping.rules import parse_shape
+
+        b, where = self.rules_bias, st.flag("rules_bias", FLAGS)
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b) or not b > 0:
+            return [f"{where}: expected a finite number of nats > 0, got {b!r}"]
+        try:
+            parse_shape(f"prefix-penalty={float(b)!r}")
+        except ValueError:
+            near = float(np.float32(b))
+            return [f"{where}: {b!r} is not a float32 number (the compiled rules hold the penalty in float32, "
+                    f"as {near!r}): give one float32 holds exactly, e.g. {_f32_near(b)}"]
+        return []
+
+    def corpus_config(self, chat_template=None):
+        """`dataset corpus`'s settings of the run (runs/data/corpus.py CorpusConfig)."""
+        from exactedit.runs.data.corpus import CorpusConfig
+
+        return CorpusConfig(max_tokens=self.corpus_tokens, context=self.corpus_context, after=CORPUS_AFTER,
+                            seed=self.seed, chat_template=chat_template)
 
     def keys(self) -> tuple[str, ...]:
         """The edit kinds the solve stage solves: the key, or for "auto" the dense and the gated edit."""
@@ -129,6 +182,12 @@ class AntislopConfig:
 
     def text_files(self) -> tuple[Path, ...]:
         return text_files(self.texts, self.bundled)
+
+
+def _f32_near(x: float) -> str:
+    """Numbers near `x` that float32 holds exactly (multiples of 1/8 and 1/2 around it)."""
+    picks = dict.fromkeys(v for v in (round(x * 8) / 8, round(x * 2) / 2, float(round(x))) if v > 0)
+    return " or ".join(f"{v:g}" for v in picks)
 
 
 DEFAULTS_FILE = "defaults.toml"

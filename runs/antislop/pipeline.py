@@ -3,8 +3,10 @@
 From the user's model (a path, or a public name), prompts, phrase list (a file, or discover's
 JSON) and held-out rate prompts, into DIR:
 0. preflight (runs/loop/preflight.py): what the run cannot do is refused before any generation
-   (the tail's architecture, the edited tensor's type, the chat template, a phrase whose final
-   word is several tokens);
+   (every setting, AntislopConfig.problems and runs/antislop/checks.py; the tail's architecture, the
+   edited tensor's type, the chat template, a phrase whose final word is several tokens), in one
+   error; and each banned word's ordinary uses in the texts and the corpus counted, the words bar
+   (d) will not measure named (runs/antislop/checks.py `word_uses`: the run goes on, and ships);
 1. `data`: the model's own replies (`dataset build`): train / held-out / collateral / anchor dumps,
    split by prompt -> DIR/data/;
 2. `corpus`: teacher-forced windows of plain text around the banned words' uses (`dataset
@@ -36,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from exactedit.runs.antislop.config import AntislopConfig, AntislopError
+from exactedit.runs.antislop.config import RATE_SEED, AntislopConfig, AntislopError
 from exactedit.runs.loop.inputs import lines as _lines
 from exactedit.runs.loop.stages import RunResult, StagedRun
 from exactedit.files import atomic_write_text
@@ -44,7 +46,6 @@ from exactedit.files import atomic_write_text
 Progress = Callable[[str, int, int], None]
 STAGES = ("data", "corpus", "solve", "apply", "verify", "rules", "rates", "cost")
 STATE = "antislop.json"      # the run's state file in DIR (runs/loop/stages.py)
-RATE_SEED = 10_000        # the rate prompts' seeds start here: never a data reply's seed
 
 __all__ = ["AntislopResult", "run_antislop", "write_run_protocol"]
 
@@ -99,28 +100,33 @@ class _Run(StagedRun):
 
 def run_antislop(cfg: AntislopConfig, out, *, progress: Progress | None = None, command: str = "") -> AntislopResult:
     """Run (or continue) the loop in `out`; see the module doc."""
+    from exactedit.runs.antislop.checks import file_problems, word_uses
     from exactedit.runs.antislop.report import write_reports
     from exactedit.runs.loop.preflight import preflight
 
     out = Path(out)
     r = _Run(cfg, out, progress, command or f"exactedit antislop --model {cfg.model} --out {out}")
-    pre = preflight(r.model, r.phrases, chat_template=r.tpl_path, phrases_from=str(cfg.file("phrases")))
-    atomic_write_text(out / "phrases.txt", f"# from {cfg.file('phrases')}" + (f", top {cfg.top}" if cfg.top else "")
-                      + "\n" + "".join(p + "\n" for p in r.phrases))
-    rec = {"preflight": pre.to_dict()}
-    rec["data"] = _data(r)
-    rec["corpus"] = _corpus(r)
-    rec["solve"] = _solve(r, rec)
-    rec["apply"] = r.apply_stage(rec["solve"]["bundle"])
-    rec["verify"] = r.verify_stage(rec["solve"]["bundle"], rec["apply"], r.out / "data" / "heldout", cfg.verify_tokens)
-    rec["rules"] = _rules(r)
-    rec["rates"] = _rates(r, rec)
-    rec["cost"] = _cost(r, rec)
-    seconds = r.stages.seconds()
-    seconds = {k: seconds[k] for k in STAGES if k in seconds}
-    files, report, text = write_reports(r.out, str(r.model), rec, seconds, ran=r.stages.ran,
-                                        resumed=r.stages.resumed, progress=r.tick("report"))
-    return AntislopResult(out, str(r.model), rec, report, text, files, tuple(r.stages.ran), tuple(r.stages.resumed))
+    with r:                     # the run holds DIR until it returns or raises
+        pre = preflight(r.model, r.phrases, chat_template=r.tpl_path, phrases_from=str(cfg.file("phrases")),
+                        settings=file_problems(cfg, r.phrases))
+        uses = word_uses(cfg, r.phrases)      # the words bar (d) will not measure, named before generation
+        atomic_write_text(out / "phrases.txt", f"# from {cfg.file('phrases')}" + (f", top {cfg.top}" if cfg.top else "")
+                          + "\n" + "".join(p + "\n" for p in r.phrases))
+        rec = {"preflight": {**pre.to_dict(), "uses": uses.to_dict()}}
+        rec["data"] = _data(r)
+        rec["corpus"] = _corpus(r)
+        rec["solve"] = _solve(r, rec)
+        rec["apply"] = r.apply_stage(rec["solve"]["bundle"])
+        rec["verify"] = r.verify_stage(rec["solve"]["bundle"], rec["apply"], r.out / "data" / "heldout",
+                                       cfg.verify_tokens)
+        rec["rules"] = _rules(r)
+        rec["rates"] = _rates(r, rec)
+        rec["cost"] = _cost(r, rec)
+        seconds = r.stages.seconds()
+        seconds = {k: seconds[k] for k in STAGES if k in seconds}
+        files, report, text = write_reports(r.out, str(r.model), rec, seconds, ran=r.stages.ran,
+                                            resumed=r.stages.resumed, progress=r.tick("report"))
+        return AntislopResult(out, str(r.model), rec, report, text, files, tuple(r.stages.ran), tuple(r.stages.resumed))
 
 
 def _data(r: _Run) -> dict:
@@ -146,12 +152,11 @@ def _corpus(r: _Run) -> dict | None:
     if not c.corpus_tokens:
         r.stages.skip("corpus")
         return None
-    from exactedit.runs.data.corpus import CorpusConfig, build_corpus
+    from exactedit.runs.data.corpus import build_corpus
 
     def build():
-        corpus = build_corpus(r.model, r.phrases, r.out / "corpus", config=CorpusConfig(
-            max_tokens=c.corpus_tokens, context=c.corpus_context, after=4, seed=c.seed, chat_template=r.tpl_path),
-            progress=r.tick("corpus"))
+        corpus = build_corpus(r.model, r.phrases, r.out / "corpus", config=c.corpus_config(r.tpl_path),
+                              progress=r.tick("corpus"))
         return corpus.to_dict()
 
     return r.run("corpus", {"phrases": list(r.phrases), "max_tokens": c.corpus_tokens, "context": c.corpus_context,
@@ -225,23 +230,35 @@ def _solve(r: _Run, rec: dict) -> dict:
 
 def choose_key(reports: dict) -> dict:
     """Between edit kinds solved on the same data (key -> solve wfld's report), the one to ship,
-    chosen on dev only: the kinds whose chosen strength passes bar (d) on the dev uses first, then
-    the larger mean dev cut at that strength (its frontier point's `cut_all`); a tie keeps the
-    first kind (dense). Where none passes, the larger cut, flagged. Returns each kind's numbers, the
-    choice and why."""
+    chosen on the solve side and dev only: first the kinds whose shipped edit passes bar (e) (the
+    exact KL on the anchors, solve-side rows: the frontier that chooses the strength is a
+    first-order estimate, the shipped bytes are not; on Qwen a gated edit whose Gauss-Newton
+    rounds diverged had a frontier cut of 1.0 and KL 12 on the anchors), then the kinds whose
+    chosen strength passes bar (d) on the dev uses, then the larger mean dev cut at that strength
+    (its frontier point's `cut_all`); a tie keeps the first kind (dense). Where none passes, the
+    larger cut, flagged. Returns each kind's numbers, the choice and why."""
     rows = {}
     for k, rep in reports.items():
         st = rep.get("strength") or {}
         chosen = st.get("chosen") or {}
         point = next((p for p in st.get("frontier") or () if p.get("strength") == chosen), None)
+        e = [b for b in rep.get("bars") or () if str(b.get("name", "")).startswith("e_")]
         rows[k] = {"passed_d": bool(st.get("passed_d")), "strength": chosen,
+                   "passed_e": all(b.get("pass") is True for b in e),
+                   "anchors_kl": max((b["value"] for b in e if b.get("value") is not None), default=None),
                    "dev_cut": None if point is None else point.get("cut_all"),
                    "dev_collateral": None if point is None else point.get("collateral")}
-    order = sorted(rows, key=lambda k: (not rows[k]["passed_d"], -(rows[k]["dev_cut"] or 0.0), list(rows).index(k)))
+    order = sorted(rows, key=lambda k: (not rows[k]["passed_e"], not rows[k]["passed_d"], -(rows[k]["dev_cut"] or 0.0),
+                                        list(rows).index(k)))
     best = order[0]
-    why = (f"{best}: passes (d) on dev with the larger mean dev cut" if rows[best]["passed_d"] else
-           f"{best}: no kind passes (d) on dev; the larger mean dev cut, flagged")
-    return {"kinds": rows, "chosen": best, "why": why, "passed_d": rows[best]["passed_d"]}
+    b = rows[best]
+    if not b["passed_e"]:
+        why = f"{best}: no kind's shipped edit passes (e) on the anchors; the first by (d) and dev cut, flagged"
+    elif b["passed_d"]:
+        why = f"{best}: its shipped edit passes (e) on the anchors, and (d) on dev with the larger mean dev cut"
+    else:
+        why = f"{best}: no kind passes (d) on dev; the larger mean dev cut among those passing (e), flagged"
+    return {"kinds": rows, "chosen": best, "why": why, "passed_d": b["passed_d"] and b["passed_e"]}
 
 
 def _rules(r: _Run) -> dict:

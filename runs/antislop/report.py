@@ -5,7 +5,9 @@ report.json: `model`, `shipped` (edited.gguf and rules.json with their sha256), 
 `verify`, `dev_verdict`, `phrase_rates` (base against the edited weights), `arms` (per phrase and
 arm: base, rules, weights, both, with bootstrap intervals over prompts), `rules`, `cost` (KL and
 perplexity on text the solve never fitted, MATTR per arm, token shifts), `artefacts`, `targets`,
-`new_slop` (discover on the edited weights' replies against base's), `seconds`, `stages`.
+`new_slop` (discover on the edited weights' replies against base's), `unmeasured` (the banned
+words bar (d) could not measure, the strength their phrases were held to and what text would
+measure them; report.md lists them under the shipped files), `seconds`, `stages`.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from exactedit.solvers.l47.report import gated_lines, strength_lines
 NEW_SLOP_TOP = 15
 CONTINUATION_CUT = 0.70      # the target: continuation at the prefix down >= 70% per solved phrase
 
-__all__ = ["CONTINUATION_CUT", "demo_targets", "frontier_png", "new_slop_of", "write_reports"]
+__all__ = ["CONTINUATION_CUT", "demo_targets", "frontier_png", "new_slop_of", "unmeasured_md", "unmeasured_words",
+           "write_reports"]
 
 
 def new_slop_of(edited: Sequence[str], base: Sequence[str]):
@@ -128,6 +131,55 @@ def demo_targets(vs_base: dict, solved: Sequence[str], bars: Sequence[dict], ver
     return out
 
 
+def unmeasured_words(wf: dict, preflight: dict | None = None) -> dict:
+    """The banned words bar (d) could not measure (fewer than the bars' minimum of legitimate uses):
+    per word (as the bars name it), its uses on dev (where the strength was chosen) and in the
+    collateral (where (d) is judged) when short, the strength its phrases were held to, what the
+    preflight count foresaw, and what text would measure it. {} when every word was measured."""
+    from exactedit.evals.protocol.protocol import Bars
+
+    st = wf.get("strength") or {}
+    need = st.get("min_uses") or Bars().collateral_min_uses
+    names = {str(w["id"]): w["word"] for w in wf.get("words", ())}
+    ends = {w["word"]: list(w.get("phrases", ())) for w in wf.get("words", ())}
+    out: dict = {}
+    for w, n in (st.get("unmeasured") or {}).items():
+        out.setdefault(repr(w), {})["dev_uses"] = n
+    for b in wf.get("bars", ()):
+        key, _, wid = b["name"].partition(":")
+        if key == "d_mean" and b["pass"] is False and b["n"] < need:
+            out.setdefault(names.get(wid, wid), {})["collateral_uses"] = b["n"]
+    foreseen = {repr(u["word"]): u for u in ((preflight or {}).get("uses") or {}).get("words", ())}
+    for word, row in out.items():
+        row["min_uses"] = need
+        row["limited_to"] = {p: s for p, s in (st.get("limited") or {}).items() if p in ends.get(word, ())} or None
+        if word in foreseen:
+            row["foreseen"] = {k: foreseen[word][k] for k in ("dev", "collateral", "texts")}
+        fixes = []
+        if "collateral_uses" in row:
+            fixes.append(f"--texts with ordinary uses of {word} (about {3 * need}: a third of the texts' uses "
+                         "reach the collateral)")
+        if "dev_uses" in row:
+            fixes.append(f"data prompts whose held-out replies use {word} ordinarily, or a larger --corpus-tokens "
+                         "where the corpus has it")
+        row["measure_with"] = " and ".join(fixes)
+    return out
+
+
+def unmeasured_md(words: dict) -> list[str]:
+    """report.md's lines on the words (d) did not measure (`unmeasured_words`)."""
+    if not words:
+        return []
+    lines = ["NOT MEASURED: bar (d) could not judge these banned words (too few ordinary uses); the edit and the "
+             "rules ship, with these words flagged:"]
+    for word, row in words.items():
+        where = ", ".join(f"{n} uses {k.split('_')[0]}" for k, n in row.items() if k in ("dev_uses", "collateral_uses"))
+        held = ", ".join(f"{p!r} at most {s:g}" for p, s in (row.get("limited_to") or {}).items())
+        lines.append(f"  {word}: {where} (fewer than {row['min_uses']})" + (f"; strength held: {held}" if held else "")
+                     + f"; to measure it, give {row['measure_with']}")
+    return lines
+
+
 def _arms_table(vs: dict) -> list[dict]:
     """Per phrase, every arm's rates (base from any comparison: all share base's replies)."""
     first = next(iter(vs.values()))["phrase_rates"]
@@ -156,7 +208,10 @@ def report_text(obj: dict, rec: dict) -> str:
     data = rec["data"]
     lines = [f"# exactedit antislop: {model}", "",
              f"shipped: `edited.gguf` (sha256 {obj['shipped']['edited.gguf'][:12]}) and `rules.json` (sha256 "
-             f"{obj['shipped']['rules.json'][:12]}), side by side", "",
+             f"{obj['shipped']['rules.json'][:12]}), side by side"]
+    found = unmeasured_md(obj.get("unmeasured") or {})
+    found += [f"preflight: {w}" for w in ((rec.get("preflight") or {}).get("uses") or {}).get("warnings", ())]
+    lines += ([""] + found if found else []) + ["",
              f"data: {sum(s['docs'] for s in data['sets'])} documents in {len(data['sets'])} sets "
              f"({', '.join(str(s['name']) + ' ' + str(s['docs']) for s in data['sets'])})"]
     lines += [f"warning: {w}" for w in data["warnings"]]
@@ -279,7 +334,8 @@ def write_reports(out: Path, model: str, rec: dict, seconds: dict, *, ran: Seque
            "artefacts": {"base": rec["rates"]["artefacts"].get("base", []),
                          "edited": rec["rates"]["artefacts"].get("weights", []),
                          **{a: x for a, x in rec["rates"]["artefacts"].items() if a not in ("base", "weights")}},
-           "targets": targets, "new_slop": ns.to_dict() if ns is not None else None,
+           "targets": targets, "unmeasured": unmeasured_words(wf, rec.get("preflight")),
+           "new_slop": ns.to_dict() if ns is not None else None,
            "seconds": {k: round(v, 2) for k, v in seconds.items()},
            "stages": {"ran": list(ran), "resumed": list(resumed)}}
     text = report_text(obj, rec)

@@ -39,7 +39,7 @@ from exactedit.native.llamacpp.capture import CaptureDoc, capture_dump
 from exactedit.native.llamacpp.chat import model_chat, short_hash
 from exactedit.native.llamacpp.documents import labelled
 from exactedit.native.llamacpp.engine import EngineError, EngineSettings, LlamaEngine
-from exactedit.files import atomic_write_text
+from exactedit.files import MAX_TEXT_BYTES, atomic_write_text, decode_utf8, read_regular
 from exactedit.solvers.phrases import PhraseMatcher, TokenBytes, parse_phrases
 from exactedit.solvers.l47.mining import mine
 
@@ -48,7 +48,7 @@ PARTS = ("solve", "dev", "collateral")
 SKIP_DIRS = frozenset({"test", "tests", "idlelib", "lib2to3", "site-packages", "__pycache__"})
 MAX_FILE_BYTES = 1_000_000      # a stdlib source file larger than this is skipped
 MAX_DOC_CHARS = 20_000          # one docstring is cut here
-MAX_TEXT_BYTES = 16_000_000     # a caller's text file larger than this is refused
+# MAX_TEXT_BYTES (exactedit.files): a caller's text file larger than this is refused
 
 
 @dataclass(frozen=True)
@@ -141,15 +141,10 @@ def stdlib_sources(root=None, *, max_file_bytes: int = MAX_FILE_BYTES) -> list[S
 
 
 def text_sources(paths: Sequence) -> list[Source]:
-    """One Source per text file, named by its file name (UTF-8, at most MAX_TEXT_BYTES)."""
+    """One Source per text file, named by its file name (a regular file of UTF-8, at most MAX_TEXT_BYTES)."""
     out, seen = [], set()
     for p in map(Path, paths):
-        try:
-            if p.stat().st_size > MAX_TEXT_BYTES:
-                raise EngineError(p, "text", f"larger than {MAX_TEXT_BYTES} bytes")
-            text = p.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise EngineError(p, "text", f"cannot read as UTF-8 text ({exc})") from None
+        text = decode_utf8(read_regular(p, MAX_TEXT_BYTES, EngineError, "text"), p, EngineError, "text")
         if p.name in seen:
             raise EngineError(p, "text", f"another text is also named {p.name!r} (the name is its identity in the split)")
         seen.add(p.name)

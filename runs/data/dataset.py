@@ -44,7 +44,7 @@ from exactedit.native.llamacpp.engine import EngineError, EngineSettings, LlamaE
 from exactedit.native.llamacpp.generate import Sampling
 from exactedit.native.llamacpp.sample import sample_replies
 from exactedit.runs.data.mine import MineConfig, by_prompt, reply_infos, reply_jobs, reply_record, reply_stops
-from exactedit.files import atomic_write_text
+from exactedit.files import MAX_TEXT_BYTES, atomic_write_text, decode_utf8, read_regular
 from exactedit.solvers.l47.mining import mine as mine_dumps
 from exactedit.solvers.phrases import parse_phrases
 
@@ -171,10 +171,7 @@ class _Mem:
 def chunk_texts(texts: Sequence[Path], engine: LlamaEngine, chat, chunk: int) -> list[CaptureDoc]:
     docs = []
     for p in texts:
-        try:
-            text = p.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise EngineError(p, "text", f"cannot read as UTF-8 text ({exc})") from None
+        text = decode_utf8(read_regular(p, MAX_TEXT_BYTES, EngineError, "text"), p, EngineError, "text")
         toks = engine.tokenize(text, parse_special=False)
         for k, a in enumerate(range(0, toks.size, chunk)):
             part = toks[a:a + chunk]

@@ -5,15 +5,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
-BUNDLED = Path(__file__).resolve().parent.parent / "bundled"
+from exactedit.errors import FieldError
+from exactedit.files import MAX_TEXT_BYTES, check_regular, decode_utf8, read_regular
 
-__all__ = ["BUNDLED", "bundled_dir", "bundled_file", "bundled_template", "lines", "read_settings", "text_files"]
+BUNDLED = Path(__file__).resolve().parent.parent / "bundled"
+MAX_LINES_BYTES = 16 << 20      # a one-per-line file (prompts, watch list, same-sense words), read whole
+
+__all__ = ["BUNDLED", "InputError", "MAX_LINES_BYTES", "bundled_dir", "bundled_file", "bundled_template", "lines",
+           "read_settings", "text_files"]
+
+
+class InputError(FieldError):
+    """A loop's input file cannot be used: not a regular file, too large, not UTF-8, a directory of
+    no texts (names the file, the field and why)."""
 
 
 def lines(path) -> tuple[str, ...]:
-    """A text file's lines, stripped, without blank lines and # comments."""
-    with open(path, encoding="utf-8") as fh:
-        return tuple(line.strip() for line in fh if line.strip() and not line.lstrip().startswith("#"))
+    """A text file's lines, stripped, without blank lines and # comments: a regular file (a FIFO or
+    a device is refused, not waited on) of at most MAX_LINES_BYTES, UTF-8, else InputError."""
+    text = decode_utf8(read_regular(path, MAX_LINES_BYTES, InputError, "lines"), path, InputError, "lines")
+    rows = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")      # the newlines open() reads
+    return tuple(line.strip() for line in rows if line.strip() and not line.lstrip().startswith("#"))
 
 
 def bundled_dir(model, loop: str, marker: str | None = None) -> Path | None:
@@ -48,16 +60,23 @@ def bundled_template(given, bundled: Path | None):
     return None if path is None else given_template(path)
 
 
-def text_files(given, bundled: Path | None) -> tuple[Path, ...]:
+def text_files(given, bundled: Path | None, flag: str = "--texts") -> tuple[Path, ...]:
     """The plain texts of a run: each given path, a directory standing for its *.txt files (sorted);
-    none given: the bundled model's texts/ folder (beside its loops' folders), if any."""
+    none given: the bundled model's texts/ folder (beside its loops' folders), if any. Each must be
+    a regular file of at most MAX_TEXT_BYTES (a FIFO, a device, a symlink loop refused), and a
+    directory given must hold a .txt file: else InputError naming the path and `flag`."""
     if given is None:
         folder = (bundled or BUNDLED / "-" / "-").parent / "texts"
         return tuple(sorted(folder.glob("*.txt"))) if folder.is_dir() else ()
     out: list[Path] = []
     for t in given:
         p = Path(t)
-        out += sorted(p.glob("*.txt")) if p.is_dir() else [p]
+        found = sorted(p.glob("*.txt")) if p.is_dir() else [p]
+        if not found:
+            raise InputError(p, flag, "a directory holding no .txt files: no texts")
+        for f in found:
+            check_regular(f, MAX_TEXT_BYTES, InputError, flag)
+        out += found
     return tuple(out)
 
 

@@ -5,8 +5,9 @@ projection and verifies the edited model live against llama.cpp: minutes to hour
 bad input would waste at its end. `preflight(model, phrases, chat_template=...)` reads only
 metadata, one row of each tail tensor and the tokenizer, collects every problem it finds and
 raises them together as one `PreflightError` (each naming its file and field), or returns a
-`PreflightResult` with what it learnt. The checks use the code the run itself uses, so they
-cannot drift from it:
+`PreflightResult` with what it learnt; the problems its caller found in the run's settings and
+their files (`settings`: runs/antislop/checks.py) come first in the same error. The checks use the
+code the run itself uses, so they cannot drift from it:
 
 (a) the tail: `quant.model.arch.detect_tail` recognizes it; it must be an rmsnorm tail, because the live
     check of the edit (native/verify/live.py, `predict_rmsnorm`) predicts llama.cpp's logits for
@@ -244,14 +245,16 @@ def _suggest(prefix: str, failed: dict[str, str]) -> str:
     return f"ban one word earlier instead, {prefix!r} (its last word {split[1]!r} is one token)"
 
 
-def preflight(model, phrases: Sequence[str], *, chat_template=None, phrases_from: str = "phrases") -> PreflightResult:
+def preflight(model, phrases: Sequence[str], *, chat_template=None, phrases_from: str = "phrases",
+              settings: Sequence[Problem] = ()) -> PreflightResult:
     """Check that `exactedit antislop` can run on the GGUF `model` with `phrases` (the phrase
     strings) and `chat_template` (a Jinja2 file's path, or None for the model's own template from
     its GGUF), before any generation: the checks (a)-(d) of the module doc, all of them run.
-    `phrases_from` names where the phrases came from (their file) in the problems about them.
-    Raises PreflightError listing every problem; else returns what was learnt."""
+    `phrases_from` names where the phrases came from (their file) in the problems about them;
+    `settings`: the problems the caller found in the run's settings and their files, listed first
+    in the same error. Raises PreflightError listing every problem; else returns what was learnt."""
     model = Path(model)
-    problems: list[Problem] = []            # the model's, in the order of the checks
+    problems: list[Problem] = list(settings)    # the settings', then the model's, in the order of the checks
     numbered: Numbered = []                 # the phrases', listed after them in phrase order
     listed = _phrase_list(phrases, phrases_from, numbered)
 

@@ -12,8 +12,13 @@ from exactedit.runs.loop.inputs import bundled_dir, bundled_file, bundled_templa
 LOOP = "persona"        # the bundled inputs' folder: runs/bundled/NAME/persona/
 PERSONA_FILE = "persona.toml"
 MAX_SYSTEM_CHARS = 4000         # a persona prompt longer than this is refused (it is read from a user's file)
+RATE_SEED = 10_000        # rate replies' seeds start at seed + this: never a data reply's seed
+DEVICES = ("auto", "cpu", "gpu")
+# the settings `exactedit persona` has a flag for; the others come from persona.toml or the class
+FLAGS = frozenset({"system", "style", "prompts", "rate_prompts", "texts", "chat_template", "samples", "rate_samples",
+                   "max_new", "seed", "edit_count", "rank", "lr", "max_steps", "device"})
 
-__all__ = ["PERSONA_FILE", "PersonaConfig", "PersonaError", "persona_defaults"]
+__all__ = ["PERSONA_FILE", "PersonaConfig", "PersonaError", "RATE_SEED", "persona_defaults"]
 
 
 class PersonaError(ExacteditError):
@@ -51,17 +56,50 @@ class PersonaConfig:
     chat_template: str | None = None
 
     def __post_init__(self):
-        if min(self.samples, self.rate_samples, self.max_new, self.verify_tokens, self.edit_count,
-               self.every, self.max_steps) < 1:
-            raise PersonaError("samples, rate_samples, max_new, verify_tokens, edit_count, every and max_steps "
-                               "must be >= 1")
-        if not 0 < self.dev < 0.5:
-            raise PersonaError(f"dev: the dev (and test) share of the prompts must be in (0, 0.5), got {self.dev}")
-        if self.rank < 1 or self.rank > self.edit_count:
-            raise PersonaError(f"rank: expected 1 <= rank <= edit_count ({self.edit_count}), got {self.rank}")
-        if self.system is not None and (not self.system.strip() or len(self.system) > MAX_SYSTEM_CHARS):
-            raise PersonaError(f"system: the persona prompt must be non-empty and at most {MAX_SYSTEM_CHARS} "
-                               "characters")
+        problems = self.problems()
+        if problems:
+            from exactedit.runs.loop.settings import refusal
+
+            raise refusal(PersonaError, f"exactedit persona --model {self.model}", problems)
+
+    def problems(self) -> list[str]:
+        """Every setting the run could not use, each naming the setting (and its flag), before any
+        file is read or anything generated (runs/loop/settings.py): the solve's settings built now
+        (`head_config`, `stopping`: what the solve stage builds after generation), the seeds of
+        every reply in llama.cpp's range."""
+        from exactedit.runs.loop import settings as st
+
+        out = st.integers(self, {"samples": 1, "rate_samples": 1, "max_new": 1, "verify_tokens": 1, "edit_count": 1,
+                                 "rank": 1, "null_k": 0, "every": 1, "max_steps": 1, "n_boot": 0}, FLAGS)
+        if not out and self.rank > self.edit_count:
+            out.append(f"{st.flag('rank', FLAGS)}: expected 1 <= rank <= edit_count ({self.edit_count}), "
+                       f"got {self.rank}")
+        out += st.numbers(self, {"dev": (0, 0.5, "()"), "lr": (0, None, "()"), "w_kl": (0, None, "[)"),
+                                 "min_ratio": (0, None, "()")}, FLAGS)
+        out += st.seeds(self.seed, {"the persona and plain replies": (0, self.samples),
+                                    "the rate replies": (RATE_SEED, self.rate_samples)}, FLAGS)
+        if self.device not in DEVICES:
+            out.append(f"{st.flag('device', FLAGS)}: expected one of {DEVICES}, got {self.device!r}")
+        if self.system is not None and (not isinstance(self.system, str) or not self.system.strip()
+                                        or len(self.system) > MAX_SYSTEM_CHARS):
+            out.append(f"{st.flag('system', FLAGS)}: the persona prompt must be non-empty and at most "
+                       f"{MAX_SYSTEM_CHARS} characters")
+        if not out:
+            out += st.downstream(self.head_config, ["rank", "null_k", "lr", "w_kl"], FLAGS)
+            out += st.downstream(self.stopping, ["every", "max_steps", "min_ratio"], FLAGS)
+        return out
+
+    def head_config(self):
+        """`solve head`'s settings of the run (solvers.head.config.HeadSolveConfig)."""
+        from exactedit.solvers.head.config import HeadSolveConfig
+
+        return HeadSolveConfig(rank=self.rank, null_k=self.null_k, lr=self.lr, w_kl=self.w_kl)
+
+    def stopping(self):
+        """The protocol's stopping rule of the run (evals.protocol.protocol.StoppingRule)."""
+        from exactedit.evals.protocol.protocol import StoppingRule
+
+        return StoppingRule(every=self.every, max_steps=self.max_steps, metric="style", min_ratio=self.min_ratio)
 
     @classmethod
     def for_model(cls, model: str = "qwen", **given) -> "PersonaConfig":

@@ -33,14 +33,13 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from exactedit.evals.rates.style import RULES_VERSION
-from exactedit.runs.persona.config import PersonaConfig, PersonaError
+from exactedit.runs.persona.config import RATE_SEED, PersonaConfig, PersonaError
 from exactedit.runs.loop.stages import RunResult, StagedRun
 from exactedit.files import atomic_write_text
 
 Progress = Callable[[str, int, int], None]
 STAGES = ("replies", "data", "solve", "apply", "verify", "rates", "cost")
 STATE = "persona.json"
-RATE_SEED = 10_000        # rate replies' seeds start here: never a data reply's seed
 SPLITS = ("train", "dev", "test")
 
 __all__ = ["PersonaResult", "run_persona", "split_prompts"]
@@ -98,21 +97,22 @@ def run_persona(cfg: PersonaConfig, out, *, progress: Progress | None = None, co
 
     out = Path(out)
     r = _Run(cfg, out, progress, command or f"exactedit persona --model {cfg.model} --out {out}")
-    rec = {"preflight": r.preflight.to_dict(), "replies": _replies(r)}
-    rec["data"] = _data(r, rec)
-    rec["solve"] = _solve(r, rec)
-    shipped = bool(rec["solve"]["shipped_edit"])
-    bundle = rec["solve"]["bundle"]
-    rec["apply"] = r.apply_stage(bundle) if shipped else r.stages.skip("apply")
-    rec["verify"] = (r.verify_stage(bundle, rec["apply"], rec["data"]["sets"]["test"]["dump"], cfg.verify_tokens)
-                     if shipped else r.stages.skip("verify"))
-    rec["rates"] = _rates(r, rec)
-    rec["cost"] = _cost(r, rec) if shipped else r.stages.skip("cost")
-    seconds = r.stages.seconds()
-    files, report, text = write_reports(out, str(r.model), rec, {k: seconds[k] for k in STAGES if k in seconds},
-                                        ran=r.stages.ran, resumed=r.stages.resumed, system=r.system,
-                                        style=str(r.style), config=dataclasses.asdict(cfg))
-    return PersonaResult(out, str(r.model), rec, report, text, files, tuple(r.stages.ran), tuple(r.stages.resumed))
+    with r:                     # the run holds DIR until it returns or raises
+        rec = {"preflight": r.preflight.to_dict(), "replies": _replies(r)}
+        rec["data"] = _data(r, rec)
+        rec["solve"] = _solve(r, rec)
+        shipped = bool(rec["solve"]["shipped_edit"])
+        bundle = rec["solve"]["bundle"]
+        rec["apply"] = r.apply_stage(bundle) if shipped else r.stages.skip("apply")
+        rec["verify"] = (r.verify_stage(bundle, rec["apply"], rec["data"]["sets"]["test"]["dump"], cfg.verify_tokens)
+                         if shipped else r.stages.skip("verify"))
+        rec["rates"] = _rates(r, rec)
+        rec["cost"] = _cost(r, rec) if shipped else r.stages.skip("cost")
+        seconds = r.stages.seconds()
+        files, report, text = write_reports(out, str(r.model), rec, {k: seconds[k] for k in STAGES if k in seconds},
+                                            ran=r.stages.ran, resumed=r.stages.resumed, system=r.system,
+                                            style=str(r.style), config=dataclasses.asdict(cfg))
+        return PersonaResult(out, str(r.model), rec, report, text, files, tuple(r.stages.ran), tuple(r.stages.resumed))
 
 
 def _generate(r: _Run, model, prompts: Sequence[str], system: str | None, seeds: Sequence[int], label: str):
@@ -256,20 +256,19 @@ def _data(r: _Run, rec: dict) -> dict:
 
 
 def _solve(r: _Run, rec: dict) -> dict:
-    from exactedit.evals.protocol.protocol import EditSetRule, StoppingRule, TokenSets, Trace, write_protocol
+    from exactedit.evals.protocol.protocol import EditSetRule, TokenSets, Trace, write_protocol
     from exactedit.runs.eval import workflow
     from exactedit.runs.solve.head_report import result_json
     from exactedit.runs.solve.head import solve_head, write_head_bundle
     from exactedit.quant import gguf
     from exactedit.quant.model.specials import model_specials
-    from exactedit.solvers.head.config import HeadSolveConfig
 
     c, out = r.cfg, r.out
     sets = rec["data"]["sets"]
     missing = [s for s in SPLITS if s not in sets]
     if missing:
         raise PersonaError(f"{out / 'data'}: no {', '.join(missing)} documents (give more prompts)")
-    hcfg = HeadSolveConfig(rank=c.rank, null_k=c.null_k, lr=c.lr, w_kl=c.w_kl)
+    hcfg = c.head_config()
 
     def solve():
         with gguf.open(r.model) as g:
@@ -281,7 +280,7 @@ def _solve(r: _Run, rec: dict) -> dict:
         protocol = out / "protocol.toml"
         write_protocol(protocol, f"persona-{Path(str(r.model)).stem}", traces,
                        description=f"exactedit persona: style {r.style} taught to the head without the persona prompt",
-                       stopping=StoppingRule(every=c.every, max_steps=c.max_steps, metric="style", min_ratio=c.min_ratio),
+                       stopping=c.stopping(),
                        edit_set=EditSetRule("explicit", len(edit), edit),
                        tokens=TokenSets(specials=tuple(ms.guards), turn_end=int(ms.turn_end), style=edit))
         ws = out / "ws"

@@ -16,6 +16,10 @@ and are never a case / spacing / same-text variant of the rejected token (those 
 quantizer; "feedback" chooses its codes within the row's original block scales to keep the held
 directions (`solvers.l47.ship`, weight `ship_hold_weight` against the background, `ship_sweeps`
 polish sweeps); "auto" is feedback on coarse types (Q6_K) and round otherwise.
+
+With a `strength_grid`, each phrase's strength is chosen on dev (`solvers.l47.frontier`); a phrase
+whose word has too few legitimate uses on dev for bar (d) to measure it gets at most
+`unmeasured_strength` (default 0.3, cautious), and the report names the word.
 """
 from __future__ import annotations
 
@@ -80,6 +84,7 @@ class WfldConfig:
     word_hold_eps: float = 1e-4          # relative Tikhonov weight of those holds (soft: a slop-like row may give)
     strength: float = 1.0                # every FTPO target scaled by this (the edit's strength)
     strength_grid: tuple[float, ...] = ()  # non-empty: the strength chosen on dev among these
+    unmeasured_strength: float = 0.3     # with a grid: the most for a phrase whose word dev cannot measure
     gated_headroom: float = 4.0          # gated: the units fire at this many times the 99.9th pct of |hh| (solvers.l47.gated.edit)
     null_tol: float = 1e-6
     ridge: float = 1e-2
@@ -134,6 +139,8 @@ class WfldConfig:
                 isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and 0.0 < x <= 4.0
                 for x in self.strength_grid):
             raise ValueError(f"WfldConfig.strength_grid must be a tuple of strengths in (0, 4], got {self.strength_grid!r}")
+        if not 0.0 < self.unmeasured_strength <= 4.0:
+            raise ValueError(f"WfldConfig.unmeasured_strength must be in (0, 4], got {self.unmeasured_strength}")
         if not 0.0 < self.gated_headroom <= 64.0:
             raise ValueError(f"WfldConfig.gated_headroom must be in (0, 64], got {self.gated_headroom}")
         if self.background not in BACKGROUNDS:

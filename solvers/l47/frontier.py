@@ -15,6 +15,12 @@ full tail and a full-vocabulary pass per point):
 `max_low_share`), the one with the largest mean cut over the phrases: where none passes, the
 weakest, flagged. The chosen strengths are then solved (every target of phrase p scaled by s_p)
 and shipped exactly; the frontier is an estimate for choosing only.
+
+A word with fewer than `BarD.min_uses` legitimate uses on dev is not measured there: (d) cannot
+judge it, so `choose_strength` leaves it out of the choice and never takes a phrase ending in it
+above the cautious `WfldConfig.unmeasured_strength` (the edit is first order in the strength: at
+0.3 a word nothing measured loses about a third of what full strength costs it). The run still
+ships, with the word named in the report (`unmeasured`) and `passed_d` false.
 """
 from __future__ import annotations
 
@@ -38,11 +44,13 @@ __all__ = ["BarD", "FrontierRows", "Point", "choose", "choose_strength", "condit
 @dataclass(frozen=True)
 class BarD:
     """Bar (d)'s thresholds, handed in by the caller (the protocol's): a word's legitimate uses pass
-    when their mean dlogp is >= `min_mean` and at most `max_low_share` of them fall below `low`."""
+    when their mean dlogp is >= `min_mean` and at most `max_low_share` of them fall below `low`;
+    a word with fewer than `min_uses` uses is not measured (the protocol's `collateral_min_uses`)."""
 
     low: float = -0.1
     min_mean: float = -0.05
     max_low_share: float = 0.1
+    min_uses: int = 5
 
 
 @dataclass(frozen=True, eq=False)
@@ -87,8 +95,9 @@ class Point:
     low: dict                    # word index -> share of uses below `low`
     uses: dict                   # word index -> uses
 
-    def passes(self, min_mean: float, max_low_share: float) -> bool:
-        return all(self.mean[w] >= min_mean and self.low[w] <= max_low_share for w in self.mean)
+    def passes(self, min_mean: float, max_low_share: float, ignore=()) -> bool:
+        """Every word's uses pass (d), the words in `ignore` (not measured) left out."""
+        return all(self.mean[w] >= min_mean and self.low[w] <= max_low_share for w in self.mean if w not in ignore)
 
     def to_json(self, phrases: Sequence[str], words: Sequence[str]) -> dict:
         return {"strength": {phrases[p]: s for p, s in enumerate(self.strength)}, "cut_all": self.cut_all,
@@ -128,12 +137,23 @@ def frontier(tail, parts: Sequence[np.ndarray], fr: FrontierRows, strengths: Seq
     return out
 
 
-def choose(points: Sequence[Point], *, min_mean: float, max_low_share: float) -> tuple[Point, bool]:
-    """(the point passing (d) with the largest mean cut over its phrases, ties to the larger total
-    strength; True), else (the point of the smallest total strength, False)."""
-    ok = [p for p in points if p.passes(min_mean, max_low_share)]
+#: cuts within this of the best passing cut count as equal, and the weakest of them is chosen
+CUT_TIE = 0.01
+
+
+def choose(points: Sequence[Point], *, min_mean: float, max_low_share: float, ignore=()) -> tuple[Point, bool]:
+    """(among the points passing (d), the one of the smallest total strength whose mean cut over
+    its phrases is within CUT_TIE of the largest; True), else (the point of the smallest total
+    strength, False). The words in `ignore` (word indices: not measured) are not judged.
+    The weakest of equal cuts: the frontier scales the first round's edit, and says nothing of
+    what a stronger one does to the other tokens at the contexts; on Qwen the gated edit cut
+    0.99 of "Here's an" on dev at 1.0 and 1.0 at 4.0, and at 4.0 (chosen, ties to the larger) the
+    solve's targets of -20 nats drove its Gauss-Newton rounds apart (KL 12 on the anchors)."""
+    ok = [p for p in points if p.passes(min_mean, max_low_share, ignore)]
     if ok:
-        return max(ok, key=lambda p: (float(np.mean(list(p.cut.values()))) if p.cut else 0.0, sum(p.strength))), True
+        cut = lambda p: float(np.mean(list(p.cut.values()))) if p.cut else 0.0  # noqa: E731
+        best = max(cut(p) for p in ok)
+        return min((p for p in ok if cut(p) >= best - CUT_TIE), key=lambda p: (sum(p.strength), -cut(p))), True
     return min(points, key=lambda p: sum(p.strength)), False
 
 
@@ -150,26 +170,36 @@ def choose_strength(cfg, tail, problem, mining: Mining, dev: Sequence[tuple[str,
                     collateral: Sequence[tuple[str, object]], bar_d: BarD):
     """Per phrase, a strength of `cfg.strength_grid`: the combination whose dev collateral passes
     (d) on the `dev` traces' legitimate uses with the largest mean dev cut, read off the frontier of
-    the per-phrase edits of the problem's first round. Returns (the problem at those strengths,
-    which the caller solves and ships; the report's section: the dev frontier, the chosen
-    strengths, whether (d) passed, and the same points on the `collateral` traces the bars score,
-    reported only)."""
-    from exactedit.solvers.l47.config import WfldError
-
+    the per-phrase edits of the problem's first round. A word with fewer than `bar_d.min_uses` dev
+    uses is not judged, and each phrase ending in it is held at or below `cfg.unmeasured_strength`
+    (a grid strength above it is taken at it; without any dev row, every phrase at its strongest
+    allowed point). Returns (the problem at those strengths, which the caller solves and ships; the
+    report's section: the dev frontier, the chosen strengths, whether (d) passed (never with a word
+    not measured), the words not measured with their dev uses and the phrases limited, and the
+    same points on the `collateral` traces the bars score, reported only)."""
     fr = frontier_rows(dev, mining)
-    if fr is None or fr.word.size == 0:
-        raise WfldError("heldout", "uses", "choosing the strength on dev needs legitimate uses of the words in "
-                        "the held-out traces (none found): give a fixed --strength, or more held-out text")
     n_ph = len(mining.phrases)
+    uses = np.bincount(fr.word, minlength=len(mining.words)) if fr is not None else np.zeros(len(mining.words), int)
+    short = [wi for wi in range(len(mining.words)) if uses[wi] < bar_d.min_uses]
+    limited = sorted({p for wi in short for p in mining.word_phrases[wi]})
+    cap = cfg.unmeasured_strength / cfg.strength
+    combos = list(dict.fromkeys(tuple(min(x, cap) if p in limited else x for p, x in enumerate(c))
+                                for c in grid_points([s / cfg.strength for s in cfg.strength_grid], n_ph)))
     parts = phrase_parts(problem, n_ph)
-    combos = grid_points([s / cfg.strength for s in cfg.strength_grid], n_ph)
-    points = frontier(tail, parts, fr, combos, low=bar_d.low, tile_rows=cfg.tile_rows)
-    best, passed = choose(points, min_mean=bar_d.min_mean, max_low_share=bar_d.max_low_share)
+    if fr is None:      # nothing on dev to read: every phrase at its strongest allowed point
+        points, passed = [], False
+        best = Point(max(combos, key=sum), {}, None, {}, {}, {})
+    else:
+        points = frontier(tail, parts, fr, combos, low=bar_d.low, tile_rows=cfg.tile_rows)
+        best, passed = choose(points, min_mean=bar_d.min_mean, max_low_share=bar_d.max_low_share, ignore=short)
     words = [tail.tokens.piece(int(w)) for w in mining.words]
     phrases = list(mining.phrases)
     absolute = lambda p: dataclasses.replace(p, strength=tuple(x * cfg.strength for x in p.strength))  # noqa: E731
     out = {"chosen": {phrases[i]: x * cfg.strength for i, x in enumerate(best.strength)}, "on": "dev",
-           "passed_d": passed, "solved_at": cfg.strength, "grid": sorted(set(cfg.strength_grid)),
+           "passed_d": passed and not short, "measured_passed_d": passed, "solved_at": cfg.strength,
+           "grid": sorted(set(cfg.strength_grid)), "min_uses": bar_d.min_uses,
+           "unmeasured": {words[wi]: int(uses[wi]) for wi in short},
+           "limited": {phrases[p]: cfg.unmeasured_strength for p in limited},
            "frontier": [absolute(p).to_json(phrases, words) for p in points]}
     held = frontier_rows(collateral, mining)
     if held is not None:   # the same points on the collateral the bars score: reported, never chosen on

@@ -186,7 +186,9 @@ def gauss_newton(w0, cond: Conditions, Hh, M, evaluate: Callable[[np.ndarray], E
     """`evaluate(w)` gives exact logits and vectors at weights w [n, h]; `ship(w)` gives (raw bytes,
     runtime view) of w after the tensor's quantization. Conditions ask for total changes from the
     base logits (`base`, else evaluate(w0)); each round solves the linearization at the shipped
-    point. Stops after `iters` rounds, or once no exact logit moved by `tol` in a round."""
+    point. Stops after `iters` rounds, once no exact logit moved by `tol` in a round, or once a
+    round's rms exact error is over twice the best round's and `tol` above it (diverging); returns the round of the
+    least rms exact error (every round stays in `iterations`)."""
     w0 = np.asarray(w0, dtype=np.float64)
     Hh = np.asarray(Hh, dtype=np.float64)
     t0 = time.perf_counter()
@@ -203,6 +205,7 @@ def gauss_newton(w0, cond: Conditions, Hh, M, evaluate: Callable[[np.ndarray], E
     t_lin = time.perf_counter() - t0
     sol = None
     U_used = ev.U
+    best = None                          # (rms exact error, the round's state): the round returned
     for it in range(iters):
         t1 = time.perf_counter()
         b = cond.target - (cur - base) + linear_change(dW_ship, ev.U, Hh)
@@ -227,8 +230,14 @@ def gauss_newton(w0, cond: Conditions, Hh, M, evaluate: Callable[[np.ndarray], E
                                   "ship": t3 - t2, "rescore": t4 - t3}))
         if progress is not None:
             progress(it + 1, iters)
+        score = float(np.sqrt(np.mean(err * err))) if err.size else 0.0
+        if best is None or score <= best[0]:
+            best = (score, w_new, raw, dW_ship, cur, sol, U_used)
+        elif score > max(2.0 * best[0], best[0] + tol):
+            break                        # diverging: the rounds after the best only moved away
         if moved < tol:
             break
+    _, w_new, raw, dW_ship, cur, sol, U_used = best
     return GaussNewton(np.asarray(w_new, dtype=np.float32), raw, dW_ship, cur, base, tuple(its), sol, U_used)
 
 

@@ -144,9 +144,17 @@ def strength_lines(strength: dict | None) -> list[str]:
     if not strength or strength.get("on") != "dev":
         return []
     chosen = ", ".join(f"{p!r} {s:g}" for p, s in strength["chosen"].items())
-    lines = [f"strength per phrase, chosen on dev: {chosen} "
-             + ("(the largest mean dev cut whose dev uses pass (d))" if strength["passed_d"] else
-                "(NO combination passes (d) on the dev uses: the weakest)")]
+    unmeasured = strength.get("unmeasured") or {}
+    judged = strength.get("measured_passed_d", strength["passed_d"])
+    if unmeasured and not strength.get("frontier"):
+        how = "(no dev row to choose on: each phrase at its cautious limit)"
+    elif judged:
+        how = ("(the largest mean dev cut whose measured words' dev uses pass (d))" if unmeasured else
+               "(the largest mean dev cut whose dev uses pass (d))")
+    else:
+        how = "(NO combination passes (d) on the dev uses: the weakest)"
+    lines = [f"strength per phrase, chosen on dev: {chosen} {how}"]
+    lines += unmeasured_lines(strength)
     for label, key in (("dev", "frontier"), ("collateral, held out, not chosen on", "collateral_frontier")):
         rows = strength.get(key) or ()
         if len(strength["chosen"]) > 1 and rows and all(len(set(r["strength"].values())) == 1 for r in rows):
@@ -161,6 +169,20 @@ def strength_lines(strength: dict | None) -> list[str]:
                 coll = ", ".join(f"{w!r} {v['mean']:+.3f}/{v['low']:.2f} ({v['uses']})" for w, v in r["collateral"].items())
                 cut = r["cut"].get(ph)
                 lines.append(f"    {r['strength'][ph]:5.2f} | {'-' if cut is None else f'{cut:.2f}'} | {coll or '-'}")
+    return lines
+
+
+def unmeasured_lines(strength: dict | None, more: str = "held-out text") -> list[str]:
+    """The words dev could not measure (fewer than `min_uses` legitimate uses), what their phrases
+    were limited to, and what would measure them (`more`: where such text goes)."""
+    if not strength or not strength.get("unmeasured"):
+        return []
+    need = strength.get("min_uses")
+    limited = ", ".join(f"{p!r} <= {s:g}" for p, s in (strength.get("limited") or {}).items())
+    lines = [f"NOT MEASURED on dev (fewer than {need} legitimate uses, so (d) cannot judge them; "
+             f"their phrases limited: {limited or 'none'}):"]
+    lines += [f"  {w!r}: {n} uses on dev; to measure it, give {more} that uses {w.strip()!r} in ordinary "
+              f"prose ({need} uses or more on dev)" for w, n in strength["unmeasured"].items()]
     return lines
 
 
@@ -226,7 +248,7 @@ def format_report(report: dict) -> str:
     lines.append(f"{'bar':<5} {'what':<48} {'value':>10} {'op':>2} {'threshold':>9} {'n':>6}  pass")
     for b in report["bars"]:
         status = {True: "PASS", False: "FAIL", None: "n/a"}[b["pass"]]
-        lines.append(f"{b['bar']:<5} {b['label'][:48]:<48} {_fmt(b['value']):>10} {b['op']:>2} "
+        lines.append(f"{b['bar']:<5} {b['label']:<48} {_fmt(b['value']):>10} {b['op']:>2} "
                      f"{_fmt(b['threshold']):>9} {b['n']:>6}  {status}")
     lines.append("")
     lines.append(f"{'phrase':<20} {'train p base->edit':>22} {'same-doc':>22} {'held-out docs':>22}")

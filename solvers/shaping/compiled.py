@@ -24,7 +24,8 @@ boundary). Derived data is checked against a recomputation when read.
 
 `read_compiled` bounds the file before it parses (a regular file of at most MAX_BYTES, JSON
 nested at most MAX_DEPTH deep) and the vocabulary before it allocates (at most MAX_VOCAB, and the
-model's when `vocab` is given); `solvers.shaping.rules_file.check_compiled` checks the rest
+model's when `vocab` is given), and refuses a key the format does not have (a rule another engine
+might read while this one ignores it); `solvers.shaping.rules_file.check_compiled` checks the rest
 against the model's token table.
 """
 from __future__ import annotations
@@ -117,10 +118,12 @@ def _penalty_dict(r) -> dict:
     starts = {f.prefix[:k] for f in forms if f.prefix for k in range(1, len(f.prefix) + 1)}
     merge = [[i, k] for i, b in sorted(r.pieces.items()) for k in range(1, len(b))
              if b[-k:] in starts and ends_at_boundary(b[:-k])]
+    prefixes: list[list[str]] = [[] for _ in r.phrases]     # per phrase, in one pass over the forms
+    for f in forms:
+        if f.prefix:
+            prefixes[f.phrase].append(f.prefix.hex())
     return {"kind": r.name, "bias": r.bias,
-            "phrases": [{"text": p.text, "final": p.final,
-                         "prefixes": [f.prefix.hex() for f in forms if f.phrase == j and f.prefix]}
-                        for j, p in enumerate(r.phrases)],
+            "phrases": [{"text": p.text, "final": p.final, "prefixes": prefixes[j]} for j, p in enumerate(r.phrases)],
             "pieces": [[i, b.hex()] for i, b in sorted(r.pieces.items())], "merge_ok": merge}
 
 
@@ -167,7 +170,25 @@ def read_compiled(path, vocab: int | None = None) -> CompiledRules:
     return _parse(d, str(path), vocab)
 
 
+# the keys each object of the format may hold (any other is refused: a key this reader does not
+# know would be ignored here and perhaps read by another engine)
+_KEYS = {"": ("format", "version", "model", "rules_file", "chat", "markup", "classes", "rules"),
+         "model": ("path", "sha256", "vocab"), "rules_file": ("path", "sha256"),
+         "chat": ("template_from", "template", "turn_start", "turn_end", "header_end", "assistant"),
+         "markup": ("turn_start", "turn_end", "role", "header_end", "think", "tool", "names"),
+         "classes": _CLASSES + ("fences",),
+         "prefix-penalty": ("kind", "bias", "phrases", "pieces", "merge_ok"),
+         "step0-guard": ("kind", "bias", "targets"),
+         "persona-case": ("kind", "drop", "active", "persona_tag", "pairs")}
+
+
 def _parse(d, where: str, vocab: int | None = None) -> CompiledRules:
+    def known(obj, keys: str, field: str) -> None:
+        extra = sorted(set(obj) - set(_KEYS[keys])) if isinstance(obj, dict) else ()
+        if extra:
+            raise ShapingRulesError(where, f"{field}.{extra[0]}" if field else str(extra[0]),
+                                    f"unknown key; expected one of {list(_KEYS[keys])}"[:300])
+
     def need(obj, key, kind, field):
         if not isinstance(obj, dict) or key not in obj:
             raise ShapingRulesError(where, field, "missing")
@@ -180,6 +201,9 @@ def _parse(d, where: str, vocab: int | None = None) -> CompiledRules:
         raise ShapingRulesError(where, "format", f"expected {FORMAT!r}")
     if d.get("version") != VERSION:
         raise ShapingRulesError(where, "version", f"expected {VERSION}, got {d.get('version')!r}")
+    known(d, "", "")
+    for key in ("model", "rules_file", "chat", "markup", "classes"):
+        known(d.get(key), key, key)
     model = need(d, "model", dict, "model")
     V = need(model, "vocab", int, "model.vocab")
     need(model, "sha256", str, "model.sha256")
@@ -242,6 +266,8 @@ def _parse(d, where: str, vocab: int | None = None) -> CompiledRules:
     for k, r in enumerate(need(d, "rules", list, "rules")):
         f = f"rules[{k}]"
         kind = need(r, "kind", str, f"{f}.kind")
+        if kind in ("prefix-penalty", "step0-guard", "persona-case"):
+            known(r, kind, f)
         try:
             if kind == "prefix-penalty":
                 phrases = [shaping.TextPhrase(need(p, "text", str, f"{f}.phrases[{j}].text"),

@@ -46,6 +46,7 @@ from exactedit.solvers.shaping.compiled import CompiledRules, ShapingRulesError
 from exactedit.solvers.shaping.triggers import BOUNDARY, ShapeVocab, text_flags
 
 Tokenize = Callable[[str, bool], Sequence[int]]   # (text, parse_special) -> token ids
+MAX_RULES_FILE = 64 << 20   # a rules file (TOML) is read whole
 _TABLES = {"prefix-penalty": {"bias", "phrases"},
            "step0-guard": {"bias", "targets"},
            "persona-case": {"drop", "active", "persona_tag", "words"},
@@ -123,14 +124,16 @@ def _f32(table, key, where, field, default) -> float:
 
 def load_rules(path) -> RulesSpec:
     """Read and validate a rules file; every error names the file and the field."""
+    from exactedit.files import read_regular
+
     path = Path(path)
+    data = read_regular(path, MAX_RULES_FILE, ShapingRulesError, "file")    # a FIFO or device refused
     try:
-        data = path.read_bytes()
         doc = tomllib.loads(data.decode("utf-8"))
-    except OSError as exc:
-        raise ShapingRulesError(path, "file", f"cannot read ({exc.strerror or exc})") from None
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ShapingRulesError(path, "toml", f"not valid TOML ({exc})") from None
+    except RecursionError:
+        raise ShapingRulesError(path, "toml", "not valid TOML (nested too deeply)") from None
     where = str(path)
     rules, chat = [], ChatSpec()
     for name, table in doc.items():
@@ -147,6 +150,7 @@ def load_rules(path) -> RulesSpec:
             phrases = tuple(" ".join(p.split()) for p in phrases)
             if len(set(phrases)) != len(phrases):
                 raise ShapingRulesError(where, f("phrases"), "a phrase is listed twice")
+            _check_phrases(phrases, where, f("phrases"))
             rules.append(PenaltySpec(phrases, _f32(table, "bias", where, f("bias"), 6.0)))
         elif name == "step0-guard":
             rules.append(GuardSpec(_f32(table, "bias", where, f("bias"), 6.0),
@@ -334,6 +338,17 @@ def phrase_pieces(phrases: Sequence[str], text_bytes: Sequence[bytes]) -> dict[i
     return out
 
 
+def _check_phrases(phrases: Sequence[str], where: str, field: str) -> None:
+    """Refuse a phrase no penalty should carry (solvers.phrases.phrase_problem: a control
+    character, a lone surrogate, too long)."""
+    from exactedit.solvers.phrases import phrase_problem
+
+    for k, p in enumerate(phrases):
+        problem = phrase_problem(p)
+        if problem is not None:
+            raise ShapingRulesError(where, f"{field}[{k}]", problem)
+
+
 def _final(text: str, tb, tokenize: Tokenize, where: str) -> int:
     from exactedit.solvers.phrases import split_last_word
 
@@ -355,7 +370,9 @@ def listed_penalty(phrases: Sequence[str], bias: float, g, tokenize: Tokenize, *
     which a penalty on one token cannot ban."""
     m = _ModelView.of(g, model_path)
     keep, skipped = [], []
-    for p in dict.fromkeys(" ".join(x.split()) for x in phrases):
+    phrases = tuple(dict.fromkeys(" ".join(x.split()) for x in phrases))
+    _check_phrases(phrases, "--phrases", "phrases")
+    for p in phrases:
         try:
             _final(p, m.text_bytes.__getitem__, tokenize, "phrases")
         except ShapingRulesError as exc:

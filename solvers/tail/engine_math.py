@@ -69,13 +69,12 @@ class MatchEngine:
 
 # ---- the rest of the rmsnorm tail -----------------------------------------------------------
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """ggml's RMSNorm times the norm weight, float32 as ggml-cpu computes it (see module doc)."""
-    x = np.ascontiguousarray(x, np.float32)
-    sq = (x * x).astype(np.float64)
-    total = np.cumsum(sq, axis=-1)[..., -1]           # sequential, in index order
-    mean = (total / x.shape[-1]).astype(np.float32)
-    scale = (np.float32(1) / np.sqrt(mean + np.float32(eps))).astype(np.float32)
-    return ((x * scale[..., None]) * np.asarray(w, np.float32)).astype(np.float32)
+    """ggml's RMSNorm times the norm weight, float32 as ggml-cpu computes it: the one engine rms
+    norm (solvers.tail.forward.ffn_ops.ffn_norm_engine, checked bit for bit against ggml's C)."""
+    from exactedit.solvers.tail.forward.ffn_ops import ffn_norm_engine
+
+    x = np.asarray(x, np.float32)
+    return ffn_norm_engine(x, np.asarray(w, np.float32).reshape(-1), eps)
 
 
 def softcap_ref(logits: np.ndarray, cap: float) -> np.ndarray:

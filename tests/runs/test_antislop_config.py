@@ -167,13 +167,15 @@ def test_texts_given_as_a_directory_stand_for_its_txt_files(tmp_path):
 
 
 def test_the_edit_kind_is_chosen_on_dev():
-    """choose_key reads only the dev frontier: (d) passing first, then the larger mean dev cut at
-    the chosen strength; a tie keeps dense; none passing: the larger cut, flagged."""
+    """choose_key reads the shipped edit's bar (e) on the anchors (solve side) and the dev frontier:
+    (e) passing first, then (d) passing, then the larger mean dev cut at the chosen strength; a
+    tie keeps dense; none passing: the larger cut, flagged."""
     from exactedit.runs.antislop.pipeline import choose_key
 
-    def rep(passed, cut, s=1.0):
+    def rep(passed, cut, s=1.0, e_ok=True):
         chosen = {"Here's an": s}
-        return {"strength": {"chosen": chosen, "passed_d": passed,
+        return {"bars": [{"name": "e_kld:anchors", "value": 1e-4 if e_ok else 12.1, "pass": e_ok}],
+                "strength": {"chosen": chosen, "passed_d": passed,
                              "frontier": [{"strength": {"Here's an": 0.2}, "cut_all": 0.01},
                                           {"strength": chosen, "cut_all": cut, "collateral": {}}]}}
 
@@ -183,6 +185,11 @@ def test_the_edit_kind_is_chosen_on_dev():
     assert choose_key({"dense": rep(True, 0.3), "gated": rep(True, 0.3)})["chosen"] == "dense"
     none = choose_key({"dense": rep(False, 0.1), "gated": rep(False, 0.4)})
     assert none["chosen"] == "gated" and not none["passed_d"] and "flagged" in none["why"]
+    # a frontier that promises everything, a shipped edit that broke the model: not chosen
+    broken = choose_key({"dense": rep(True, 0.15), "gated": rep(True, 1.0, s=4.0, e_ok=False)})
+    assert broken["chosen"] == "dense" and broken["kinds"]["gated"]["anchors_kl"] == 12.1
+    worst = choose_key({"dense": rep(True, 0.15, e_ok=False), "gated": rep(True, 1.0, e_ok=False)})
+    assert not worst["passed_d"] and "(e)" in worst["why"]
     assert AntislopConfig(key="auto").keys() == ("dense", "gated")
     with pytest.raises(AntislopError, match="key"):
         AntislopConfig(key="sideways")

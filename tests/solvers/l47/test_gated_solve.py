@@ -19,8 +19,9 @@ from exactedit.solvers.bundle import read_bundle
 from exactedit.solvers.l47.config import WfldConfig
 from tests.solvers.l47.synth import build_world
 
+# unmeasured_strength 1: the synthetic held-out trace gives each word < 5 uses (not measured); no cautious cap here
 CFG = WfldConfig(key="gated", gn_iters=2, special_rows=48, tile_rows=64, strength_grid=(1.0, 0.5), word_holds=4,
-                 key_floor=0.01)
+                 key_floor=0.01, unmeasured_strength=1.0)
 
 
 @pytest.fixture(scope="module")

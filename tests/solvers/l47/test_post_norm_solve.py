@@ -24,7 +24,9 @@ from exactedit.solvers.tail.model import load_tail
 from exactedit.solvers.l47.config import WfldConfig
 from tests.solvers.l47.synth import build_world
 
-CFG = WfldConfig(gn_iters=3, special_rows=48, tile_rows=64, strength_grid=(1.0, 0.5), word_holds=4, key_floor=0.01)
+# unmeasured_strength 1: the synthetic held-out trace gives each word < 5 uses (not measured); no cautious cap here
+CFG = WfldConfig(gn_iters=3, special_rows=48, tile_rows=64, strength_grid=(1.0, 0.5), word_holds=4, key_floor=0.01,
+                 unmeasured_strength=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +56,11 @@ def test_rounds_reach_the_targets_to_the_rounding_floor(solved):
     residual of the last solve is ~0 (its error is all nonlinearity and rounding)."""
     w, inputs, res = solved
     its = res.report["iterations"]
-    assert len(its) == CFG.gn_iters
+    # every round, or fewer once a round moved no logit by gn_tol (converged)
+    assert len(its) == CFG.gn_iters or (len(its) < CFG.gn_iters and its[-1]["moved"] < CFG.gn_tol), its
     assert max(its[-1]["exact_err"].values()) < 0.05, its[-1]["exact_err"]
-    assert its[-1]["mean_change"]["alternative"] > 0.25 and its[-1]["mean_change"]["rejected"] < 0
+    # the alternatives rise by ~delta_cho x the strength chosen on dev (0.5 or 1.0 of the grid)
+    assert its[-1]["mean_change"]["alternative"] > 0.2 and its[-1]["mean_change"]["rejected"] < 0
     assert max(its[-1]["linear_residual"].values()) < 1e-4 and its[-1]["dw_rel"] > 0.01
 
 

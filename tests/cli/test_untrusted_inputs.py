@@ -1,0 +1,133 @@
+"""Untrusted inputs at the command line (issue 38, items 6, 8 and 10): each repro ends in one clean
+line naming the file and the field, exit code 1, no traceback, before any engine or generation:
+a FIFO in a discover directory, a lone surrogate in discover's records, in `shape compile
+--phrases` and in a chat role of `engine dump --chat`, a non-UTF-8 --prompts, a --texts directory
+of no .txt, special files given as --prompts / --texts / --chat-template to antislop."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from exactedit.cli import main
+from exactedit.quant.gguf.write import _VT, MetaValue, synthetic_model
+from tests.special_files import WHY, special
+
+VOCAB = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [f"t{i}" for i in range(29)]
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    meta = {"tokenizer.ggml.tokens": VOCAB, "tokenizer.ggml.token_type": np.array([3, 3, 3] + [1] * 29, np.int32),
+            "tokenizer.ggml.eos_token_id": MetaValue(_VT.UINT32, 2), "tokenizer.chat_template": CHATML}
+    return synthetic_model(tmp_path_factory.mktemp("m") / "m.gguf", vocab=len(VOCAB), n=256, h=32, layers=1,
+                           metadata=meta).path
+
+
+def _clean(res, *needles):
+    assert res.exit_code == 1, res.output
+    assert isinstance(res.exception, SystemExit) and "Traceback" not in res.output, res.output
+    for n in needles:
+        assert n in res.output, res.output
+
+
+def _run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_discover_refuses_a_fifo_in_a_directory(tmp_path):
+    d = tmp_path / "mine"
+    d.mkdir()
+    (d / "a.txt").write_text("some text of mine")
+    bad = special(d / "b.txt", "fifo")
+    (tmp_path / "h.txt").write_text("my own writing")
+    _clean(_run("discover", "--model-text", d, "--human", tmp_path / "h.txt", "--out", tmp_path / "o.json"),
+           f"{bad}: file: not a regular file (a FIFO)")
+
+
+def test_discover_refuses_a_lone_surrogate_by_file_and_line(tmp_path):
+    """Valid JSON "\\ud800": discover's output crashed with UnicodeEncodeError."""
+    f = tmp_path / "replies.jsonl"
+    f.write_text(json.dumps({"text": "Here's an example of it."}) + "\n" + json.dumps({"text": "a \ud800 b"}) + "\n")
+    (tmp_path / "h.txt").write_text("my own writing")
+    _clean(_run("discover", "--model-text", f, "--human", tmp_path / "h.txt", "--out", tmp_path / "o.json"),
+           f"{f}: line 2: the text holds a lone surrogate")
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_shape_compile_refuses_bad_phrases_before_the_engine(tmp_path, model):
+    f = tmp_path / "found.json"
+    f.write_text(json.dumps({"phrases": [{"phrase": "you can \ud800use"}]}))
+    _clean(_run("shape", "compile", "--model", model, "--phrases", f, "--out", tmp_path / "r.json"),
+           f"{f}: phrases[0].phrase: phrase 'you can \\ud800use' holds a lone surrogate")
+    g = tmp_path / "p.txt"
+    g.write_text("you can use\nend to\x00 end\n")
+    _clean(_run("shape", "compile", "--model", model, "--phrases", g, "--out", tmp_path / "r.json"),
+           f"{g}: line 2: phrase 'end to\\x00 end' holds a control character")
+    h = tmp_path / "deep.json"
+    h.write_text('{"phrases": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    _clean(_run("shape", "compile", "--model", model, "--phrases", h, "--out", tmp_path / "r.json"),
+           f"{h}: json: not valid JSON (nested too deeply)")
+
+
+def test_engine_dump_refuses_a_lone_surrogate_in_a_chat_role(tmp_path, model):
+    conv = tmp_path / "c.jsonl"
+    conv.write_text(json.dumps([{"role": "user\ud800", "content": "hi"}]) + "\n")
+    _clean(_run("engine", "dump", "--model", model, "--chat", conv, "--out", tmp_path / "d"),
+           f"{conv}: line 1: a lone surrogate in 'user\\ud800'")
+    assert not (tmp_path / "d").exists()
+
+
+def test_prompts_not_utf8_and_texts_of_no_txt_are_clean_errors(tmp_path, model):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_bytes(b"one prompt\n\xff\n")
+    rules = tmp_path / "rules.json"
+    rules.write_text("{}")
+    _clean(_run("shape", "rates", "--model", model, "--rules", rules, "--prompts", prompts),
+           f"{prompts}: lines: not UTF-8 text")
+    phrases = tmp_path / "p.txt"
+    phrases.write_text("you can use\n")
+    (tmp_path / "empty").mkdir()
+    _clean(_run("dataset", "build", "--model", model, "--prompts", prompts, "--phrases", phrases,
+                "--texts", tmp_path / "empty", "--out", tmp_path / "ds"),
+           f"{tmp_path / 'empty'}: --texts: a directory holding no .txt files")
+
+
+@pytest.mark.parametrize("flag", ["--prompts", "--texts", "--chat-template"])
+@pytest.mark.parametrize("kind", ["fifo", "zero"])
+def test_antislop_refuses_special_files_before_generating(tmp_path, model, flag, kind):
+    """A FIFO as --prompts hung the run; as --texts it hung the inputs' hashing; /dev/zero was
+    read until memory ran out. (A symlink loop given on the command line is click's "does not
+    exist"; inside a --texts directory, tests/runs/test_bounded_inputs.py.)"""
+    prompts, rates, phrases = tmp_path / "prompts.txt", tmp_path / "rates.txt", tmp_path / "p.txt"
+    prompts.write_text("a prompt\n")
+    rates.write_text("another prompt\n")
+    phrases.write_text("you can use\n")
+    bad = special(tmp_path / "bad.txt", kind)
+    given = {"--prompts": prompts, flag: bad}
+    res = _run("antislop", "--model", model, "--out", tmp_path / "run", "--phrases", phrases, "--rate-prompts", rates,
+               *[x for k, v in given.items() for x in (k, v)])
+    _clean(res, f"{bad}: ", WHY[kind])
+    assert not (tmp_path / "run").exists()
+
+
+def test_antislop_refuses_prompts_not_utf8_and_an_empty_texts_directory(tmp_path, model):
+    prompts, rates, phrases = tmp_path / "prompts.txt", tmp_path / "rates.txt", tmp_path / "p.txt"
+    prompts.write_bytes(b"a prompt\n\xfe\n")
+    rates.write_text("another prompt\n")
+    phrases.write_text("you can use\n")
+    common = ("antislop", "--model", model, "--out", tmp_path / "run", "--phrases", phrases, "--rate-prompts", rates)
+    _clean(_run(*common, "--prompts", prompts), f"{prompts}: lines: not UTF-8 text (invalid start byte at byte 9)")
+    prompts.write_text("a prompt\n")
+    (tmp_path / "empty").mkdir()
+    _clean(_run(*common, "--prompts", prompts, "--texts", tmp_path / "empty"),
+           f"{tmp_path / 'empty'}: --texts: a directory holding no .txt files")
+    found = tmp_path / "found.json"                          # a lone surrogate crashed preflight
+    found.write_text(json.dumps({"phrases": [{"phrase": "Here's an \ud800example"}]}))
+    _clean(_run(*common[:5], "--phrases", found, *common[7:], "--prompts", prompts),
+           f"{found}: phrases[0].phrase: phrase \"Here's an \\ud800example\" holds a lone surrogate")
+    assert not (tmp_path / "run").exists()
