@@ -233,7 +233,8 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
 
     bg_roles = ("anchors", "train") if cfg.background == "anchors+train" else ("anchors",)
     bars_cfg = protocol.bars if protocol else Bars()
-    bar_d = BarD(bars_cfg.collateral_low, bars_cfg.collateral_min_mean, bars_cfg.collateral_max_low_share)
+    bar_d = BarD(bars_cfg.collateral_low, bars_cfg.collateral_min_mean, bars_cfg.collateral_max_low_share,
+                 bars_cfg.collateral_min_uses)
     gated = None
     if cfg.key == "gated":
         gated = _solve_gated(cfg, g, tail, mining, named, held, specials, phrases, bg_roles, bar_d, dhead, st)

@@ -86,6 +86,7 @@ class WfldConfig:
     strength_grid: tuple[float, ...] = ()  # non-empty: the strength chosen on dev among these
     unmeasured_strength: float = 0.3     # with a grid: the most for a phrase whose word dev cannot measure
     gated_headroom: float = 4.0          # gated: the units fire at this many times the 99.9th pct of |hh| (solvers.l47.gated.edit)
+    gated_target_eps: float = 1e-2       # gated: the targets' Tikhonov weight (one direction per phrase serves every context)
     null_tol: float = 1e-6
     ridge: float = 1e-2
     background: str = "anchors"          # rows of the metric C: "anchors", or "anchors+train" (less their slop contexts)
@@ -147,7 +148,7 @@ class WfldConfig:
             raise ValueError(f"WfldConfig.background must be one of {BACKGROUNDS}, got {self.background!r}")
         if self.ship not in SHIP_MODES:
             raise ValueError(f"WfldConfig.ship must be one of {SHIP_MODES}, got {self.ship!r}")
-        for name in ("null_tol", "ridge", "target_eps", "hold_eps", "word_hold_eps", "gn_tol", "ship_hold_weight"):
+        for name in ("gated_target_eps", "null_tol", "ridge", "target_eps", "hold_eps", "word_hold_eps", "gn_tol", "ship_hold_weight"):
             if getattr(self, name) < 0:
                 raise ValueError(f"WfldConfig.{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.same_doc_heldout < 1.0:
