@@ -56,9 +56,10 @@ class AntislopConfig:
     key: str = "dense"                  # solve wfld --key, or "auto": dense and gated both solved, chosen on dev
     word_holds: int = 2000              # solve wfld --word-holds (every plausible row of the solve side)
     strength_grid: tuple[float, ...] = (1.0, 0.8, 0.6, 0.45, 0.3, 0.2)   # solve wfld --strength-grid (per phrase, on dev)
-    # the gated edit's grid: it acts only where its unit fires, so (d) leaves room above the
-    # targets' own strength (on Qwen's "Here's an": dev collateral mean -1e-5 at 1.0)
-    gated_strength_grid: tuple[float, ...] = (4.0, 3.0, 2.0, 1.5, 1.0, 0.6)
+    # the gated edit's grid: its column lowers the phrase's token by strength x max(gap + margin,
+    # margin) nats at the unit's contexts only (solvers.l47.gated.column), so (d) leaves room for
+    # strong points; the weakest of equal dev cuts is taken (frontier.CUT_TIE)
+    gated_strength_grid: tuple[float, ...] = (4.0, 2.0, 1.0, 0.5)
     chat_template: str | None = None    # a Jinja2 chat template file (default: the bundled chat_template.jinja, if any)
     rules_bias: float = 6.0             # the shipped rules' prefix penalty (shape compile --bias), nats
 

@@ -237,7 +237,8 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
                  bars_cfg.collateral_min_uses)
     gated = None
     if cfg.key == "gated":
-        gated = _solve_gated(cfg, g, tail, mining, named, held, specials, phrases, bg_roles, bar_d, dhead, st)
+        gated = _solve_gated(cfg, g, tail, mining, named, held, specials, phrases, bg_roles, bar_d, dhead, st,
+                             max_kl=bars_cfg.chat_max_kld)
         dense = gated.dense
     else:
         dense = solve_dense(DenseInputs(
@@ -304,7 +305,7 @@ def _ffn_name(tail, part: str) -> str:
 
 
 def _solve_gated(cfg: WfldConfig, g, tail, mining: Mining, named: dict, held: dict, specials, phrases, bg_roles,
-                 bar_d, dhead, st):
+                 bar_d, dhead, st, *, max_kl: float | None = None):
     """The gated edit (solvers.l47.gated.edit) with the engine's own arithmetic for the rewritten
     unit: x = ffn_norm(R) as ggml computes it, the gate and up rows quantized to their tensors'
     type and multiplied as llama.cpp does, the fused swiglu."""
@@ -342,7 +343,7 @@ def _solve_gated(cfg: WfldConfig, g, tail, mining: Mining, named: dict, held: di
         int(info.cols), bar_d,
         x_of=lambda d: ffn_norm_engine(np.asarray(d.R, np.float32), norm_w, eps),
         quantize_row=lambda row: quant.quantize(row[None, :], qtype)[0],
-        activation=activation, headroom=cfg.gated_headroom,
+        activation=activation, headroom=cfg.gated_headroom, max_kl=max_kl,
         device_head=dhead)
     return solve_gated(inputs, cfg, mark=st.mark, progress=lambda i, n: st.mark("gauss_newton", 1))
 

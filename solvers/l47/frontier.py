@@ -38,7 +38,7 @@ from exactedit.solvers.l47.mining import Mining
 from exactedit.solvers.l47.problem import WfldProblem
 
 __all__ = ["BarD", "FrontierRows", "Point", "choose", "choose_strength", "condition_phrase", "frontier", "frontier_rows",
-           "grid_points", "phrase_parts", "scaled"]
+           "grid_points", "phrase_parts", "points", "scaled"]
 
 
 @dataclass(frozen=True)
@@ -94,16 +94,23 @@ class Point:
     mean: dict                   # word index -> mean dlogp of its uses
     low: dict                    # word index -> share of uses below `low`
     uses: dict                   # word index -> uses
+    kl: float | None = None      # mean KL over the dev rows, where the caller measures it (the gated edit)
 
-    def passes(self, min_mean: float, max_low_share: float, ignore=()) -> bool:
-        """Every word's uses pass (d), the words in `ignore` (not measured) left out."""
+    def passes(self, min_mean: float, max_low_share: float, ignore=(), max_kl: float | None = None) -> bool:
+        """Every word's uses pass (d), the words in `ignore` (not measured) left out; and, where
+        measured, the mean KL is at most `max_kl`."""
+        if max_kl is not None and self.kl is not None and self.kl > max_kl:
+            return False
         return all(self.mean[w] >= min_mean and self.low[w] <= max_low_share for w in self.mean if w not in ignore)
 
     def to_json(self, phrases: Sequence[str], words: Sequence[str]) -> dict:
-        return {"strength": {phrases[p]: s for p, s in enumerate(self.strength)}, "cut_all": self.cut_all,
-                "cut": {phrases[p]: c for p, c in self.cut.items()},
-                "collateral": {words[w]: {"mean": self.mean[w], "low": self.low[w], "uses": self.uses[w]}
-                               for w in self.mean}}
+        out = {"strength": {phrases[p]: s for p, s in enumerate(self.strength)}, "cut_all": self.cut_all,
+               "cut": {phrases[p]: c for p, c in self.cut.items()},
+               "collateral": {words[w]: {"mean": self.mean[w], "low": self.low[w], "uses": self.uses[w]}
+                              for w in self.mean}}
+        if self.kl is not None:
+            out["kl"] = self.kl
+        return out
 
 
 def _logp(tail, fr: FrontierRows, dW, tile_rows: int) -> np.ndarray:
@@ -116,14 +123,21 @@ def frontier(tail, parts: Sequence[np.ndarray], fr: FrontierRows, strengths: Seq
              low: float = -0.10, tile_rows: int = 8192) -> list[Point]:
     """The frontier of W + sum_p s_p dW_p (`parts`: one edit per phrase) at each strength vector
     s of `strengths` (see the module doc), exact in float32 logits."""
-    base = _logp(tail, fr, None, tile_rows)
     parts = [np.asarray(d, np.float64) for d in parts]
-    out = []
-    P = fr.slop
     for sv in strengths:
         if len(sv) != len(parts):
             raise ValueError(f"a strength per part: {len(parts)} parts, got {list(sv)}")
-        dW = sum(float(x) * d for x, d in zip(sv, parts))
+    return points(tail, fr, ((sv, sum(float(x) * d for x, d in zip(sv, parts))) for sv in strengths),
+                  low=low, tile_rows=tile_rows)
+
+
+def points(tail, fr: FrontierRows, edits, *, low: float = -0.10, tile_rows: int = 8192) -> list[Point]:
+    """A Point per (strength vector, dW [n, h]) of `edits`, each scored exactly on `fr`'s rows
+    against the unedited tail (the gated edit hands in one shipped column per strength)."""
+    base = _logp(tail, fr, None, tile_rows)
+    out = []
+    P = fr.slop
+    for sv, dW in edits:
         lp = _logp(tail, fr, dW, tile_rows)
         p0, p1 = np.exp(base[:P]), np.exp(lp[:P])
         cut = {int(ph): float(1.0 - p1[fr.phrase == ph].mean() / p0[fr.phrase == ph].mean())
@@ -141,15 +155,17 @@ def frontier(tail, parts: Sequence[np.ndarray], fr: FrontierRows, strengths: Seq
 CUT_TIE = 0.01
 
 
-def choose(points: Sequence[Point], *, min_mean: float, max_low_share: float, ignore=()) -> tuple[Point, bool]:
+def choose(points: Sequence[Point], *, min_mean: float, max_low_share: float, ignore=(),
+           max_kl: float | None = None) -> tuple[Point, bool]:
     """(among the points passing (d), the one of the smallest total strength whose mean cut over
     its phrases is within CUT_TIE of the largest; True), else (the point of the smallest total
     strength, False). The words in `ignore` (word indices: not measured) are not judged.
     The weakest of equal cuts: the frontier scales the first round's edit, and says nothing of
     what a stronger one does to the other tokens at the contexts; on Qwen the gated edit cut
     0.99 of "Here's an" on dev at 1.0 and 1.0 at 4.0, and at 4.0 (chosen, ties to the larger) the
-    solve's targets of -20 nats drove its Gauss-Newton rounds apart (KL 12 on the anchors)."""
-    ok = [p for p in points if p.passes(min_mean, max_low_share, ignore)]
+    solve's targets of -20 nats drove its Gauss-Newton rounds apart (KL 12 on the anchors).
+    A point whose measured `kl` is above `max_kl` does not pass."""
+    ok = [p for p in points if p.passes(min_mean, max_low_share, ignore, max_kl)]
     if ok:
         cut = lambda p: float(np.mean(list(p.cut.values()))) if p.cut else 0.0  # noqa: E731
         best = max(cut(p) for p in ok)
@@ -167,7 +183,8 @@ def grid_points(grid: Sequence[float], phrases: int, limit: int = 256) -> list[t
 
 
 def choose_strength(cfg, tail, problem, mining: Mining, dev: Sequence[tuple[str, object]],
-                    collateral: Sequence[tuple[str, object]], bar_d: BarD):
+                    collateral: Sequence[tuple[str, object]], bar_d: BarD, *, edits=None, kl_of=None,
+                    max_kl: float | None = None):
     """Per phrase, a strength of `cfg.strength_grid`: the combination whose dev collateral passes
     (d) on the `dev` traces' legitimate uses with the largest mean dev cut, read off the frontier of
     the per-phrase edits of the problem's first round. A word with fewer than `bar_d.min_uses` dev
@@ -176,7 +193,11 @@ def choose_strength(cfg, tail, problem, mining: Mining, dev: Sequence[tuple[str,
     allowed point). Returns (the problem at those strengths, which the caller solves and ships; the
     report's section: the dev frontier, the chosen strengths, whether (d) passed (never with a word
     not measured), the words not measured with their dev uses and the phrases limited, and the
-    same points on the `collateral` traces the bars score, reported only)."""
+    same points on the `collateral` traces the bars score, reported only). `edits(combos)`, when
+    given, yields (combo, dW) for each combo of absolute strengths in place of the scaled first
+    round (the gated edit: a column solved and shipped per strength); `kl_of(combo)` (absolute
+    strengths), when given, measures each dev point's mean KL, and a point above `max_kl` does not
+    pass (the gated edit's cost at the phrase's contexts grows with its strength)."""
     fr = frontier_rows(dev, mining)
     n_ph = len(mining.phrases)
     uses = np.bincount(fr.word, minlength=len(mining.words)) if fr is not None else np.zeros(len(mining.words), int)
@@ -185,26 +206,36 @@ def choose_strength(cfg, tail, problem, mining: Mining, dev: Sequence[tuple[str,
     cap = cfg.unmeasured_strength / cfg.strength
     combos = list(dict.fromkeys(tuple(min(x, cap) if p in limited else x for p, x in enumerate(c))
                                 for c in grid_points([s / cfg.strength for s in cfg.strength_grid], n_ph)))
-    parts = phrase_parts(problem, n_ph)
+    if edits is None:
+        parts = phrase_parts(problem, n_ph)
+        score = lambda rows: frontier(tail, parts, rows, combos, low=bar_d.low, tile_rows=cfg.tile_rows)  # noqa: E731
+    else:
+        score = lambda rows: [dataclasses.replace(p, strength=c) for p, c in zip(points(  # noqa: E731
+            tail, rows, edits([tuple(x * cfg.strength for x in c) for c in combos]), low=bar_d.low,
+            tile_rows=cfg.tile_rows), combos)]
     if fr is None:      # nothing on dev to read: every phrase at its strongest allowed point
-        points, passed = [], False
+        pts, passed = [], False
         best = Point(max(combos, key=sum), {}, None, {}, {}, {})
     else:
-        points = frontier(tail, parts, fr, combos, low=bar_d.low, tile_rows=cfg.tile_rows)
-        best, passed = choose(points, min_mean=bar_d.min_mean, max_low_share=bar_d.max_low_share, ignore=short)
+        pts = score(fr)
+        if kl_of is not None:
+            pts = [dataclasses.replace(p, kl=float(kl_of(tuple(x * cfg.strength for x in p.strength)))) for p in pts]
+        best, passed = choose(pts, min_mean=bar_d.min_mean, max_low_share=bar_d.max_low_share, ignore=short,
+                              max_kl=max_kl)
     words = [tail.tokens.piece(int(w)) for w in mining.words]
     phrases = list(mining.phrases)
     absolute = lambda p: dataclasses.replace(p, strength=tuple(x * cfg.strength for x in p.strength))  # noqa: E731
     out = {"chosen": {phrases[i]: x * cfg.strength for i, x in enumerate(best.strength)}, "on": "dev",
            "passed_d": passed and not short, "measured_passed_d": passed, "solved_at": cfg.strength,
-           "grid": sorted(set(cfg.strength_grid)), "min_uses": bar_d.min_uses,
+           "grid": sorted(set(cfg.strength_grid)), "min_uses": bar_d.min_uses, "max_kl": max_kl,
            "unmeasured": {words[wi]: int(uses[wi]) for wi in short},
            "limited": {phrases[p]: cfg.unmeasured_strength for p in limited},
-           "frontier": [absolute(p).to_json(phrases, words) for p in points]}
+           "frontier": [absolute(p).to_json(phrases, words) for p in pts]}
     held = frontier_rows(collateral, mining)
     if held is not None:   # the same points on the collateral the bars score: reported, never chosen on
-        out["collateral_frontier"] = [absolute(p).to_json(phrases, words) for p in frontier(
-            tail, parts, held, combos, low=bar_d.low, tile_rows=cfg.tile_rows)]
+        out["collateral_frontier"] = [absolute(p).to_json(phrases, words) for p in score(held)]
+    if edits is not None:
+        return problem, out
     return (scaled(problem, best.strength) if any(x != 1.0 for x in best.strength) else problem), out
 
 

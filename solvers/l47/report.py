@@ -189,7 +189,8 @@ def unmeasured_lines(strength: dict | None, more: str = "held-out text") -> list
 def gated_lines(gated: dict | None) -> list[str]:
     """The gated edit's section of a report (solvers.l47.gated.edit's summary) as text: per phrase
     its unit, the gate's fit, the unit's activation on the contexts of the fit and of the held-out
-    traces against every other row; each unit's removal cost (exact KL on the anchors)."""
+    traces against every other row; each unit's removal cost (exact KL on the anchors); each
+    down column's solve per strength."""
     if not gated:
         return []
 
@@ -207,6 +208,11 @@ def gated_lines(gated: dict | None) -> list[str]:
         lines.append(f"    activation, held-out: {act(p.get('heldout_activation'))}")
     lines += [f"  removal of unit {c['unit']}: KL on the anchors mean {c['kl_mean']:.3g}, max {c['kl_max']:.3g}"
               for c in gated["removal"]["chosen"] if c["kl_mean"] is not None]
+    if gated.get("columns"):
+        lines.append("  down columns (solved at the contexts, per strength): unit | strength | mean log p(phrase's "
+                     "token) base -> solved | KL to the target | rows at the codes' bound")
+        lines += [f"    {c['unit']} | {c['strength']:.3g} | {c['rejected_logp'][0]:.3f} -> {c['rejected_logp'][1]:.3f} | "
+                  f"{c['kl_to_target']:.3g} | {c['clamped']}" for c in gated["columns"]]
     return lines
 
 

@@ -2,8 +2,9 @@
 
 Unit j of the last SwiGLU FFN computes a_j = silu(g_j . x) * (u_j . x), x = ffn_norm(R), and writes
 W_down[:, j] a_j into the residual. The gated edit repurposes one unit:
-1. the gate: g fitted through the origin of x to separate the train split's slop contexts (the
-   FTPO rows) from every other solve-side row (`gate.fit_gate`), and the unit designed from it
+1. the gate: g fitted through the origin of x to separate the phrase's contexts (every solve-side
+   row ending with a tuple's prefix, `_labels`) from every other solve-side row (`gate.fit_gate`),
+   and the unit designed from it
    (`design.design_unit`: gate row alpha d, up row beta d, so a >= 0 everywhere, ~0 off the phrase);
 2. the unit: among the `candidates` whose current contribution is the least (`removal.
    removal_candidates`: energy sum_t hh_tj^2 |W_down[:, j]|^2 over the solve-side rows), never one
@@ -15,10 +16,13 @@ W_down[:, j] a_j into the residual. The gated edit repurposes one unit:
    quantized gate and up rows (`activation`, handed in: the caller's engine-faithful path,
    solvers/tail/forward/ffn_hidden.py), replaces column j of each
    trace's hidden state (`GatedDump`);
-4. the down column: the dense solve (`solve.solve_dense`) restricted to the one unit's key, on the
-   rewritten traces and the removal's weights; the strengths are chosen on dev as for the dense edit.
-Three tensors change: row j of ffn_gate and of ffn_up, and ffn_down (shipped through its format
-like the dense edit). The removal's cost is part of the edit's (the bars score base = the model as
+4. the down column: solved through the exact final norm and head at the unit's contexts, per
+   strength (`down.solve_down`, `column.solve_column`: the cross-entropy to the context's own
+   distribution with the phrase's token lowered), shipped as codes within ffn_down's own block
+   scales; the strengths are chosen on dev as for the dense edit. The dense problem is built on the
+   rewritten traces for the report's tables (its conditions scored at the shipped column).
+Three tensors change: row j of ffn_gate and of ffn_up, and column j of ffn_down (every other byte
+of ffn_down kept). The removal's cost is part of the edit's (the bars score base = the model as
 it was against the three edits).
 """
 from __future__ import annotations
@@ -31,6 +35,7 @@ import numpy as np
 
 from exactedit.solvers.l47.gated.config import DesignConfig, GateConfig, GatedError
 from exactedit.solvers.l47.gated.design import GatedUnit, design_unit
+from exactedit.solvers.l47.gated.down import Contexts, context_rejected, solve_down, zero_column
 from exactedit.solvers.l47.gated.gate import Gate, fit_gate
 from exactedit.solvers.l47.gated.removal import col_norms, removal_candidates
 
@@ -54,21 +59,6 @@ class GatedDump:
 
     def __getattr__(self, name):
         return getattr(self._dump, name)
-
-
-def zero_column(raw: np.ndarray, type_name: str, cols: int, j: int) -> np.ndarray:
-    """`raw` (a tensor's rows as stored) with column j at the nearest-to-zero code of each row's own
-    block scales (Q8_0 and Q6_K: exactly 0); every other code and every scale byte kept."""
-    from exactedit.quant.rounding.grid import codes_of, grid_of, nearest, pack
-
-    if type_name not in ("Q8_0", "Q6_K"):
-        raise GatedError("ffn_down", "type", f"the gated edit removes a unit's column in Q8_0 or Q6_K, "
-                         f"not {type_name}")
-    grid = grid_of(raw, type_name, cols)
-    codes = np.array(codes_of(raw, type_name, cols))
-    zero = nearest(grid, np.zeros(grid.steps.shape, np.float32))
-    codes[:, j] = zero[:, j]
-    return pack(grid, codes)
 
 
 def gated_key(units, h: int):
@@ -110,6 +100,7 @@ class GatedInputs:
     headroom: float = 4.0           # with design_target None: the target is this many times the 99.9th percentile of |hh|
                                     # (WfldConfig.gated_headroom)
     candidates: int = 4             # units whose removal is measured exactly (KL on the anchors)
+    max_kl: float | None = None     # a dev strength point whose mean KL is above this does not pass (bar (g)'s)
     device_head: object = None
 
 
@@ -195,9 +186,9 @@ def solve_gated(inputs: GatedInputs, cfg, *, mark: Callable[..., None] | None = 
     """Per phrase a gate and a unit, the units chosen and rewritten, their down columns solved
     jointly (module doc)."""
     from exactedit import quant
-    from exactedit.solvers.l47.jacobian import editable_weight, with_weights
-    from exactedit.solvers.l47.problem import ftpo_rows
-    from exactedit.solvers.l47.solve import DenseInputs, solve_dense
+    from exactedit.solvers.l47.jacobian import editable_weight, gather_rows, with_weights
+    from exactedit.solvers.l47.problem import build_problem, ftpo_rows
+    from exactedit.solvers.l47.solve import DenseResult
 
     mark = mark or (lambda *a: None)
     i = inputs
@@ -250,20 +241,34 @@ def solve_gated(inputs: GatedInputs, cfg, *, mark: Callable[..., None] | None = 
     view = quant.runtime_view if i.tail.kind == "hc4" else quant.dequantize
     tail_removed = with_weights(i.tail, view(raw_removed, i.type_name, i.cols))
     ftpo = ftpo_rows(rewritten["train"], i.mining, i.held)
-    dense = solve_dense(DenseInputs(
-        tail_removed, i.mining, ftpo, i.specials, i.phrases, anchors=rewritten.get("anchors", []),
+    problem = build_problem(
+        dataclasses.replace(cfg, word_holds=0), tail_removed, ftpo, i.mining, specials=i.specials,
+        phrases=i.phrases, anchors=rewritten.get("anchors", []),
         held_from=rewritten["train"] + rewritten.get("null", []),
-        background_from=[x for r in i.background for x in rewritten.get(r, [])], dev=rewritten.get("heldout", []),
-        collateral=rewritten.get("collateral", []), raw0=raw_removed, type_name=i.type_name, cols=i.cols,
-        bar_d=i.bar_d, device_head=i.device_head, key=gated_key(units, w0.shape[1])),
-        # one down column per phrase writes one direction at all of its contexts, whose targets differ
-        # row by row and whose head vectors are nearly parallel: at target_eps 1e-6 the Gram system
-        # met them through huge cancelling columns, linear to 1.3 nats and 12 nats off exactly on Qwen
-        # (the final norm); a least-squares compromise keeps the column the size the cut needs
-        dataclasses.replace(cfg, target_eps=max(cfg.target_eps, cfg.gated_target_eps)), mark=mark,
-        progress=progress)
-    held_pos, _ = _labels(rewritten.get("heldout", []), i.mining, {})
+        background_from=[x for r in i.background for x in rewritten.get(r, [])], raw0=raw_removed,
+        type_name=i.type_name, cols=i.cols, device_head=i.device_head, key=gated_key(units, w0.shape[1]), mark=mark)
     side_new = rewritten["train"] + rewritten.get("null", []) + rewritten.get("anchors", [])
+    tuples = [tuple(int(x) for x in t) for t in i.mining.tuples]
+    contexts = []
+    for k, (p, j) in enumerate(zip(phrases, units)):
+        blocks, rej = [], []
+        mine = [t for t, ph in zip(tuples, i.mining.tuple_phrase) if int(ph) == p]
+        for n, d in side_new:
+            rows = np.flatnonzero(fit[n] & (pos[n] == p))
+            if rows.size:
+                blocks.append((d, rows))
+                per_row = context_rejected(d.tokens, d.doc_index(), mine)
+                rej += [per_row[r] for r in rows]
+        rs = gather_rows(blocks)
+        contexts.append(Contexts(j, p, np.asarray(tail_removed.residual(rs), np.float64),
+                                 np.asarray(rs.hh[:, j], np.float64), rej))
+    mark("contexts")
+    gn, strength, columns = solve_down(cfg, tail_removed, problem, contexts, i.mining, rewritten.get("heldout", []),
+                                       rewritten.get("collateral", []), i.bar_d, raw_removed=raw_removed,
+                                       type_name=i.type_name, cols=i.cols, specials=i.specials, max_kl=i.max_kl,
+                                       progress=progress)
+    dense = DenseResult(problem, gn, strength)
+    held_pos, _ = _labels(rewritten.get("heldout", []), i.mining, {})
     per_phrase = []
     for k, (p, j) in enumerate(zip(phrases, units)):
         a = np.concatenate([np.asarray(d.hh[:, j])[fit[n]] for n, d in side_new])
@@ -275,5 +280,5 @@ def solve_gated(inputs: GatedInputs, cfg, *, mark: Callable[..., None] | None = 
                                np.concatenate([held_pos[n] == p for n, _ in rewritten.get("heldout", [])] or
                                               [np.zeros(0, bool)]))})
     summary = {"units": units, "activation_target": design.target, "removal": {**cand.summary(), "measured": costs, "chosen": chosen[:len(phrases)]},
-               "phrases": per_phrase}
+               "phrases": per_phrase, "columns": columns}
     return GatedResult(tuple(units), tuple(gates), tuple(designs), g_raw, u_raw, rewritten, dense, summary)

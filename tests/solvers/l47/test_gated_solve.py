@@ -2,7 +2,8 @@
 rmsnorm tail whose last FFN has Q4_K gate / up rows and a Q6_K ffn_down, and whose FFN input carries
 a planted direction per phrase at its contexts (after its prefix), on top of a component every row shares): per
 phrase a gate separates its train contexts through the origin and a unit rewritten from it is ~0
-off them; the units' down columns, solved jointly, reach the targets; three tensors change (the
+off them; the units' down columns lower each phrase's token at its contexts and keep the rest of
+the distribution; three tensors change (the
 units' gate and up rows, ffn_down), every other byte kept, and the bundle applies. One unit per
 phrase: the three phrases in ONE unit (a rank-1 column shared by different words) left a linear
 residual of 0.41 nats on the rejected targets; a unit each, 0.065 (0.05 once the world was causal) (one column per phrase still serves
@@ -67,22 +68,29 @@ def test_three_tensors_change_and_only_the_unit(solved):
                 assert np.array_equal(ra, rb), name
 
 
-def test_the_edit_reaches_the_train_targets(solved):
-    """The units' columns solve the FTPO conditions linearly to 0.05 nats on the rejected targets
-    (one column per phrase for contexts whose targets differ row by row), and shipping them within
-    the Q6_K block scales keeps that (shipped linear error within 0.01 of the solved one); the
-    exact error after the rounds, through the final norm, is 0.04 on the rejected and 0.02 on the
-    alternatives. (Before the world was causal, with the direction planted only where the next
-    token was the phrase's word and the gate fitted on those rows, the units fired on rows that
-    asked for changes of the residual's own size: 0.24 / 0.47 nats exact.)"""
+def test_the_columns_lower_the_phrase_and_keep_the_rest(solved):
+    """Each unit's column, solved through the exact final norm and head at its contexts, lowers the
+    phrase's token by the asked amount (strength x max(gap + margin, margin): 1 nat at strength 1
+    here, where the word is never the context's favourite) and keeps the rest of the distribution:
+    at the FTPO rows, scored exactly after shipping, the rejected logits fall by ~1 nat on average
+    while the alternatives' and the specials' move by less than 0.05. (The dense solve's
+    Gauss-Newton on per-token targets, which this replaced for the gated key, met them on this
+    world, but on Qwen its column flattened the distribution at the contexts: alternatives -6.3
+    nats.)"""
     w, inputs, res, _ = solved
+    chosen = res.report["strength"]["chosen"]
+    assert set(chosen.values()) == {1.0}, chosen                    # the strongest passing point on dev
+    cols = [c for c in res.report["gated"]["columns"] if c["strength"] == 1.0]
+    assert len(cols) == 3
+    for c in cols:
+        base, solved_lp = c["rejected_logp"]
+        assert base - solved_lp > 0.9, c                          # 1 nat asked
+        assert c["kl_to_target"] < 0.01 and c["added"] == 0, c
+    st = res.report["strength"]
+    assert st["max_kl"] == 0.005 and all(p["kl"] >= 0 for p in st["frontier"]), st    # bar (g)'s budget on dev
     it = res.report["iterations"][-1]
-    holds = res.report["shipping"]["holds"]
-    assert max(it["linear_residual"].values()) < 0.1, it["linear_residual"]
-    for kind in ("rejected", "alternative", "special@target"):
-        assert holds[kind]["shipped_linear"] < holds[kind]["solved_linear"] + 0.01, (kind, holds[kind])
-    assert it["mean_change"]["alternative"] > 0.25, it
-    assert max(it["exact_err"].values()) < 0.1, it["exact_err"]
+    assert it["mean_change"]["rejected"] < -0.8, it
+    assert abs(it["mean_change"]["alternative"]) < 0.05 and abs(it["mean_change"]["special@target"]) < 0.05, it
 
 
 def test_the_removal_cost_is_the_brute_force_kl(solved):
@@ -119,3 +127,13 @@ def test_the_removal_cost_is_the_brute_force_kl(solved):
     assert got["rows"] == kl.size
     # float32 passes against a float64 recompute: KL values of ~1e-4 agree to 1e-6 absolute
     assert abs(got["kl_mean"] - kl.mean()) < 1e-6 + 1e-3 * kl.mean(), (got, kl.mean())
+
+
+def test_the_report_text_shows_each_column(solved):
+    from exactedit.runs.solve.wfld import wfld_solve_report
+
+    w, inputs, res, _ = solved
+    text = wfld_solve_report(res)[1]
+    assert "down columns (solved at the contexts" in text
+    for c in res.report["gated"]["columns"]:
+        assert f"    {c['unit']} | {c['strength']:.3g} | {c['rejected_logp'][0]:.3f} -> " in text

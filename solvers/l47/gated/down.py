@@ -1,0 +1,221 @@
+"""The gated edit's down columns: per rewritten unit, its column solved exactly at the unit's
+contexts for each strength (`column.solve_column`), shipped as codes within ffn_down's own block
+scales (`set_column`: every other byte of the tensor kept), the strengths chosen on dev among the
+shipped columns (`frontier.choose_strength` with these edits, scored exactly), and the record the
+report reads: a one-round `GaussNewton` at the dense problem's conditions (its exact logits there;
+the conditions' targets are the dense solve's, shown beside, not what the column solved for).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from exactedit.solvers.l47.gated.column import ColumnConfig, solve_column
+from exactedit.solvers.l47.gated.config import GatedError
+
+__all__ = ["ACTIVE", "Contexts", "active_rows", "bound_of", "context_rejected", "dev_kl", "set_column", "solve_down",
+           "zero_column"]
+
+
+def set_column(raw: np.ndarray, type_name: str, cols: int, j: int, values) -> np.ndarray:
+    """`raw` (a tensor's rows as stored) with column j at the nearest codes to `values` [rows]
+    within each row's own block scales (clamped to the codes' range); every other code and every
+    scale byte kept."""
+    from exactedit.quant.rounding.grid import codes_of, grid_of, nearest, pack
+
+    if type_name not in ("Q8_0", "Q6_K"):
+        raise GatedError("ffn_down", "type", f"the gated edit writes a unit's column in Q8_0 or Q6_K, not {type_name}")
+    grid = grid_of(raw, type_name, cols)
+    codes = np.array(codes_of(raw, type_name, cols))
+    want = np.zeros(grid.steps.shape, np.float64)
+    want[:, j] = np.asarray(values, np.float64)
+    codes[:, j] = nearest(grid, want)[:, j]
+    return pack(grid, codes)
+
+
+def zero_column(raw: np.ndarray, type_name: str, cols: int, j: int) -> np.ndarray:
+    """`raw` with column j at the nearest-to-zero code of each row's own block scales (Q8_0 and
+    Q6_K: exactly 0); every other code and every scale byte kept."""
+    rows = np.asarray(raw).shape[0] if np.asarray(raw).ndim == 2 else 1
+    return set_column(raw, type_name, cols, j, np.zeros(rows))
+
+
+def bound_of(raw: np.ndarray, type_name: str, cols: int, j: int) -> np.ndarray:
+    """float64 [rows]: the largest |value| column j's codes hold in each row (symmetric: the
+    codes' smaller end), so a solve bounded by it ships without clamping."""
+    from exactedit.quant.rounding.grid import grid_of
+
+    grid = grid_of(raw, type_name, cols)
+    step = np.abs(np.nan_to_num(grid.steps[:, j].astype(np.float64)))
+    return step * min(abs(grid.lo), grid.hi)
+
+
+def context_rejected(tokens, doc, tuples: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Per row, the final tokens of every tuple whose prefix the row's tokens end with (within the
+    row's document): what the unit's column lowers there."""
+    from exactedit.solvers.tail.scores import prefix_positions
+
+    out: list[list[int]] = [[] for _ in range(np.asarray(tokens).size)]
+    for t in tuples:
+        for r in np.flatnonzero(prefix_positions(tokens, doc, [t]) >= 0):
+            if int(t[-1]) not in out[r]:
+                out[r].append(int(t[-1]))
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class Contexts:
+    """One unit's contexts on the solve side: y0 [T, n] the residual without the unit, a [T] the
+    unit's activation, rej[r] the phrase's final tokens at row r."""
+
+    unit: int
+    phrase: int
+    y0: np.ndarray
+    a: np.ndarray
+    rej: list
+
+
+def _record(problem, raw, w_new, d_cont, units, seconds):
+    """The one-round GaussNewton the report reads (module doc)."""
+    from exactedit.solvers.l47 import gauss_newton as gn_mod
+
+    w0 = np.asarray(problem.w0, np.float64)
+    dW = np.asarray(w_new, np.float64) - w0
+    cont = np.zeros_like(w0)
+    for j, d in zip(units, d_cont):
+        cont[:, j] = d
+    t0 = time.perf_counter()
+    ev = problem.evaluate(np.asarray(w_new, np.float32))
+    cond = problem.cond
+    change = ev.logits - problem.base.logits
+    err = np.abs(change - cond.target)
+    lin = gn_mod.linear_change(cont, problem.base.U, problem.hh)
+    dn = float(np.linalg.norm(cont))
+    it = gn_mod.Iteration(
+        it=1, conditions=cond.size, dw_rel=float(np.linalg.norm(dW) / max(np.linalg.norm(w0), 1e-30)),
+        ship_rel=float(np.linalg.norm(dW - cont) / dn) if dn > 0 else 0.0,
+        linear_residual=gn_mod._by_kind(np.abs(lin - cond.target), cond.kind, np.max),
+        exact_err=gn_mod._by_kind(err, cond.kind, np.max), mean_change=gn_mod._by_kind(change, cond.kind, np.mean),
+        moved=float(np.max(np.abs(change))) if change.size else 0.0,
+        seconds={**seconds, "rescore": time.perf_counter() - t0})
+    sol = gn_mod.MinNorm(cont, np.zeros(cond.size), lin, cond.target)
+    return gn_mod.GaussNewton(np.asarray(w_new, np.float32), raw, dW, ev.logits, problem.base.logits, (it,), sol,
+                              problem.base.U)
+
+
+#: a dev row is one of a unit's where its activation is above this share of its contexts' median
+ACTIVE = 1e-2
+
+
+def active_rows(dev, contexts: Sequence[Contexts], mining):
+    """(RowSet of the `dev` rows where some unit is active (ACTIVE), the number of dev rows), both
+    without the slop positions (bar (g)'s non-slop rows: there the KL is the cut itself)."""
+    from exactedit.solvers.l47.jacobian import gather_rows
+
+    cut = {c.unit: ACTIVE * float(np.median(np.abs(c.a))) for c in contexts}
+    blocks, total = [], 0
+    for name, d in dev:
+        hh = np.asarray(d.hh)
+        keep = np.ones(hh.shape[0], bool)
+        keep[np.asarray(mining.trace(name).rows, np.int64)] = False
+        on = np.zeros(hh.shape[0], bool)
+        for j, t in cut.items():
+            on |= np.abs(hh[:, j]) > t
+        on &= keep
+        total += int(keep.sum())
+        if on.any():
+            blocks.append((d, np.flatnonzero(on)))
+    return (gather_rows(blocks) if blocks else None), total
+
+
+def dev_kl(tail, rows, total: int, dW, tile_rows: int) -> float:
+    """The mean KL over `total` non-slop dev rows of the edit dW, counted on `rows` (where a unit fires: on
+    the others the units' write is below ACTIVE of theirs), exact over the full vocabulary."""
+    from exactedit.solvers.tail.passes.kl_pass_numba import kl_rows_numba
+
+    if rows is None or total == 0:
+        return 0.0
+    mix_b = tail.mix(tail.residual(rows))
+    mix_e = tail.mix(tail.residual(rows, None, dW))
+    kl = np.maximum(kl_rows_numba(mix_b, mix_e, tail.head, softcap=tail.softcap, tile_rows=tile_rows).kl, 0.0)
+    return float(kl.sum()) / total
+
+
+def solve_down(cfg, tail_removed, problem, contexts: Sequence[Contexts], mining, dev, collateral, bar_d, *,
+               raw_removed: np.ndarray, type_name: str, cols: int, specials: Sequence[int],
+               column: ColumnConfig | None = None, max_kl: float | None = None,
+               progress: Callable[[int, int], None] | None = None):
+    """(GaussNewton record, strength section, per unit its column solves) of the gated edit: the
+    strengths of `cfg.strength_grid` (else `cfg.strength`) chosen on `dev` as the dense edit's are,
+    each point a set of shipped columns scored exactly, and (with `max_kl`, bar (g)'s) a point
+    whose mean KL over the dev rows (`dev_kl`) is above it not passing: at the phrase's contexts
+    where the model went on otherwise, the lowered word's mass is the edit's KL, and it grows
+    with the strength (on Qwen's "Here's an", 0.0076 on dev chat at strength 4)."""
+    from exactedit import quant
+    from exactedit.solvers.l47.frontier import choose_strength
+
+    view = quant.dequantize
+    column = column or ColumnConfig(margin=float(cfg.margin))
+    margins = {c.phrase: cfg.margin_for(mining.phrases[c.phrase]) for c in contexts}
+    bounds = {c.unit: bound_of(raw_removed, type_name, cols, c.unit) for c in contexts}
+    col0 = {c.unit: view(raw_removed, type_name, cols)[:, c.unit].astype(np.float64) for c in contexts}
+    solved: dict = {}                     # (unit, strength) -> (ColumnSolve, shipped column values)
+    t_solve = [0.0]
+    total = len(contexts) * max(1, len(set(cfg.strength_grid)) or 1)
+
+    def column_at(c: Contexts, s: float):
+        key = (c.unit, float(s))
+        if key not in solved:
+            t = time.perf_counter()
+            near = [v[0].d for (u, x), v in sorted(solved.items(), key=lambda kv: abs(kv[0][1] - s)) if u == c.unit]
+            cc = ColumnConfig(**{**column.__dict__, "margin": margins[c.phrase]})
+            sol = solve_column(tail_removed, c.y0, c.a, c.rej, specials, float(s), cc, bound=bounds[c.unit],
+                               d0=near[0] if near else None, tile_rows=getattr(cfg, "tile_rows", 8192))
+            raw = set_column(raw_removed, type_name, cols, c.unit, sol.d)
+            shipped = view(raw, type_name, cols)[:, c.unit].astype(np.float64)
+            solved[key] = (sol, shipped)
+            t_solve[0] += time.perf_counter() - t
+            if progress is not None:
+                progress(min(len(solved), total), total)
+        return solved[key]
+
+    by_phrase = {c.phrase: c for c in contexts}
+
+    def dW_of(combo):
+        dW = np.zeros(problem.w0.shape, np.float64)
+        for p, s in enumerate(combo):
+            c = by_phrase.get(p)
+            if c is not None:
+                dW[:, c.unit] = column_at(c, s)[1] - col0[c.unit]
+        return dW
+
+    def edits(combos):
+        for combo in combos:
+            yield combo, dW_of(combo)
+
+    rows, total = active_rows(dev, contexts, mining)
+    tile = getattr(cfg, "tile_rows", 8192)
+    kl_of = (lambda combo: dev_kl(tail_removed, rows, total, dW_of(combo), tile)) if max_kl is not None else None  # noqa: E731
+    if cfg.strength_grid:
+        _, strength = choose_strength(cfg, tail_removed, problem, mining, dev, collateral, bar_d, edits=edits,
+                                      kl_of=kl_of, max_kl=max_kl)
+        chosen = [strength["chosen"][ph] for ph in mining.phrases]
+    else:
+        strength, chosen = None, [cfg.strength] * len(mining.phrases)
+    raw = np.array(raw_removed)
+    d_cont = []
+    for c in contexts:
+        sol, shipped = column_at(c, chosen[c.phrase])
+        raw = set_column(raw, type_name, cols, c.unit, sol.d)
+        d_cont.append(sol.d - col0[c.unit])
+    w_new = view(raw, type_name, cols)
+    rec = _record(problem, raw, w_new, d_cont, [c.unit for c in contexts], {"solve": t_solve[0]})
+    table = [{"unit": u, "strength": s, "loss": v[0].loss, "iterations": v[0].n_iter, "message": v[0].message,
+              "support": v[0].support, "added": v[0].added, "rejected_logp": list(v[0].rejected_logp),
+              "kl_to_target": v[0].others_kl,
+              "clamped": int(np.sum(np.abs(v[0].d) >= bounds[u] * (1 - 1e-9)) if bounds[u].size else 0)}
+             for (u, s), v in sorted(solved.items())]
+    return rec, strength, table
