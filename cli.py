@@ -262,16 +262,21 @@ _TOP = click.option("--top", type=click.IntRange(1), default=None,
 
 
 def _read_tokens_arg(tokens, text, model_path):
-    """Token ids from --tokens (int32 file, the engine contract's layout) or --text (tokenized)."""
+    """Token ids from --tokens (int32 file, the engine contract's layout) or --text (tokenized), each
+    read bounded (a regular file, capped: a FIFO or a device is refused naming the flag) before the
+    model loads."""
     from exactedit.dumps import read_tokens
+    from exactedit.errors import FieldError
+    from exactedit.files import MAX_TEXT_BYTES, read_utf8
     from exactedit.native.llamacpp import LlamaEngine
 
     if (tokens is None) == (text is None):
         raise click.UsageError("give exactly one of --tokens FILE (int32 ids) and --text FILE")
     if tokens is not None:
-        return read_tokens(tokens)
-    with open(text, encoding="utf-8") as fh, LlamaEngine(model_path) as engine:
-        return engine.tokenize(fh.read())
+        return read_tokens(tokens, field="--tokens")
+    body = read_utf8(text, MAX_TEXT_BYTES, FieldError, "--text")
+    with LlamaEngine(model_path) as engine:
+        return engine.tokenize(body)
 
 
 def _head_tokens(values) -> tuple:
@@ -446,15 +451,14 @@ def _persona(model: str, out: str, given: dict, stack):
 
 
 def _read_bounded_text(path, flag: str) -> str:
-    """A persona prompt file: UTF-8, at most MAX_SYSTEM_CHARS characters (read bounded)."""
-    from exactedit.runs import MAX_SYSTEM_CHARS
+    """A persona prompt file: a regular file (a FIFO or a device is refused, not waited on) of at most
+    4 * MAX_SYSTEM_CHARS bytes, UTF-8 (else InputError naming the file and `flag`), of 1 to
+    MAX_SYSTEM_CHARS characters."""
+    from exactedit.files import decode_utf8, read_regular
+    from exactedit.runs import MAX_SYSTEM_CHARS, InputError
 
-    with open(path, "rb") as fh:
-        data = fh.read(4 * MAX_SYSTEM_CHARS + 1)
-    try:
-        text = data.decode("utf-8").strip()
-    except UnicodeDecodeError:
-        raise click.BadParameter(f"{path}: not UTF-8 text", param_hint=flag) from None
+    data = read_regular(path, 4 * MAX_SYSTEM_CHARS, InputError, flag)
+    text = decode_utf8(data, path, InputError, flag).strip()
     if not text or len(text) > MAX_SYSTEM_CHARS:
         raise click.BadParameter(f"{path}: the persona prompt must be 1 to {MAX_SYSTEM_CHARS} characters",
                                  param_hint=flag)

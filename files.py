@@ -27,6 +27,9 @@ Untrusted inputs (a user's texts, prompts, phrase lists, transcripts; MAX_TEXT_B
     read_regular(path, limit, error, field) -> bytes  the same, read whole (still at most `limit`)
     check_regular(path, limit, error, field) -> int   the same checks by stat (for a path read later), its size
     decode_utf8(data, path, error, field) -> str      UTF-8 (a leading BOM dropped), else `error` naming the byte
+    read_utf8(path, limit, error, field) -> str       what open(path, encoding="utf-8").read() gives (BOM kept,
+                                                      newlines as text mode reads them), read by `read_regular`
+    text_newlines(text) -> str                        "\\r\\n" and "\\r" as "\\n" (text-mode open()'s newlines)
     lone_surrogate(text) -> int | None                where a lone surrogate (valid JSON "\\ud800", not
                                                       encodable) sits in `text`, if anywhere
 
@@ -362,12 +365,26 @@ def read_regular(path, limit: int, error: type[FieldError] = FieldError, field: 
     return data
 
 
-def decode_utf8(data: bytes, path, error: type[FieldError] = FieldError, field: str = "text") -> str:
-    """`data` as UTF-8 text (a leading byte-order mark is no text); else `error` naming the byte."""
+def decode_utf8(data: bytes, path, error: type[FieldError] = FieldError, field: str = "text", *,
+                bom: bool = False) -> str:
+    """`data` as UTF-8 text (a leading byte-order mark is no text; with `bom`, it is kept as U+FEFF,
+    as a tool reading the bytes sees it); else `error` naming the byte."""
     try:
-        return data.decode("utf-8-sig")
+        return data.decode("utf-8" if bom else "utf-8-sig")
     except UnicodeDecodeError as exc:
         raise error(path, field, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def text_newlines(text: str) -> str:
+    """The newlines text-mode open() reads: "\\r\\n" and a lone "\\r" become "\\n"."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def read_utf8(path, limit: int, error: type[FieldError] = FieldError, field: str = "text") -> str:
+    """What `open(path, encoding="utf-8").read()` gives (a byte-order mark kept, `text_newlines`), read
+    bounded: a regular file of at most `limit` bytes (`read_regular`: a FIFO or device refused, not
+    waited on), UTF-8 (`decode_utf8`); else `error(path, field, why)`."""
+    return text_newlines(decode_utf8(read_regular(path, limit, error, field), path, error, field, bom=True))
 
 
 def lone_surrogate(text: str) -> int | None:

@@ -1,6 +1,7 @@
 """The production engine's file contract (native/verify/strata.py runs the command):
 
-Tokens file: little-endian int32 token ids, one after another, no header (4 * T bytes).
+Tokens file: little-endian int32 token ids, one after another, no header (4 * T bytes); a regular
+file of at most MAX_TOKENS ids (a FIFO or a device is refused by name, not waited on or read whole).
 Logits file: little-endian float32, one full-vocabulary row per position, row-major, no header
 (4 * T * V bytes); row t holds the logits after reading tokens 0..t (it predicts token t + 1).
 """
@@ -11,7 +12,12 @@ from pathlib import Path
 import numpy as np
 
 from exactedit.errors import FieldError
-from exactedit.files import atomic_write_bytes
+from exactedit.files import atomic_write_bytes, read_regular
+
+# Ids in a tokens file, at most: every position is evaluated in one context with its full-vocabulary
+# logits kept (float32 [T, V]: 2^20 positions of a 150k vocabulary are 600 GB), far past any n_ctx
+# the engine runs; a longer file is refused by its size before a byte is read (4 MiB).
+MAX_TOKENS = 1 << 20
 
 
 class StrataError(FieldError):
@@ -28,21 +34,25 @@ def write_tokens(path, tokens) -> Path:
     return path
 
 
-def read_tokens(path, vocab: int | None = None) -> np.ndarray:
+def read_tokens(path, vocab: int | None = None, field: str = "tokens file") -> np.ndarray:
+    """The ids of a tokens file (a regular file of at most MAX_TOKENS ids), each in [0, vocab);
+    else StrataError naming the file and `field` (the flag that gave it)."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise StrataError(path, "tokens file", f"cannot be read ({exc})") from None
+    data = read_regular(path, 4 * MAX_TOKENS, StrataError, field)
     if not data or len(data) % 4:
-        raise StrataError(path, "tokens file", f"{len(data)} bytes; expected a non-empty multiple of 4 "
+        raise StrataError(path, field, f"{len(data)} bytes; expected a non-empty multiple of 4 "
                           "(little-endian int32 ids)")
     toks = np.frombuffer(data, "<i4").astype(np.int32)
+    check_ids(path, toks, vocab, field)
+    return toks
+
+
+def check_ids(path, toks: np.ndarray, vocab: int | None, field: str = "tokens file") -> None:
+    """Every id of `toks` (read from `path`) in [0, vocab) (vocab None: non-negative), else StrataError."""
     bad = np.flatnonzero((toks < 0) | ((toks >= vocab) if vocab is not None else False))
     if bad.size:
-        raise StrataError(path, "tokens file", f"id {int(toks[bad[0]])} at position {int(bad[0])} "
+        raise StrataError(path, field, f"id {int(toks[bad[0]])} at position {int(bad[0])} "
                           f"is outside [0, {vocab if vocab is not None else 'inf'})")
-    return toks
 
 
 def write_logits(path, logits) -> Path:

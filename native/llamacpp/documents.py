@@ -9,6 +9,9 @@ character and tags, and its row roles derived from the model's own turn framing:
   model's chat template from its GGUF (in Jinja2's sandbox), tagged `chat`.
 User tags (`--tag`, repeatable) are added to these. The default source is the input file's name,
 so splits group a file's documents together; `--source` and `--character` override it.
+Each input file is a regular file (a FIFO or a device is refused by name, never waited on) of capped
+size, read before the engine loads: --text at most MAX_TEXT_BYTES (exactedit.files), UTF-8; --tokens
+at most MAX_TOKENS ids (dumps/contract.py); --chat at most MAX_CHAT_BYTES (chat.py).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from exactedit.files import MAX_TEXT_BYTES, read_utf8
 from exactedit.native.llamacpp.capture import CaptureDoc, CaptureResult, capture_dump
 from exactedit.native.llamacpp.chat import ModelChat, model_chat, read_chat_jsonl, short_hash, unique_names
 from exactedit.native.llamacpp.engine import EngineError, EngineSettings, LlamaEngine
@@ -64,13 +68,10 @@ def build_docs(model, inputs: DumpInputs) -> tuple[list[CaptureDoc], ModelChat]:
     source = inputs.source if inputs.source is not None else src_path.name
     kw = dict(source=source, character=inputs.character, tags=inputs.tags)
     if inputs.tokens is not None:
-        toks = contract.read_tokens(inputs.tokens)
+        toks = contract.read_tokens(inputs.tokens, field="tokens")
         return [labelled(chat, f"tokens-{short_hash(toks.astype('<i4').tobytes())}", toks, **kw)], chat
     if inputs.text is not None:
-        try:
-            text = src_path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise EngineError(src_path, "text", f"cannot read as UTF-8 text ({exc})") from None
+        text = read_utf8(src_path, MAX_TEXT_BYTES, EngineError, "text")
         with LlamaEngine(model, EngineSettings()) as engine:
             return [labelled(chat, f"text-{short_hash(text)}", engine.tokenize(text), **kw)], chat
     convs = read_chat_jsonl(src_path)

@@ -128,10 +128,11 @@ def dump_text_chunks(model, text_file, n_ctx: int, out, *, n_chunks: int | None 
                      n_ubatch: int = 512, n_threads: int = 2, overwrite: bool = False,
                      progress: Progress | None = None) -> ChunkDump:
     """Tokenize `text_file` as llama-perplexity does, cut it into its chunks and dump each as it
-    evaluates them (`-c n_ctx -b n_batch -ub n_ubatch -t n_threads -fa off`)."""
-    from pathlib import Path
+    evaluates them (`-c n_ctx -b n_batch -ub n_ubatch -t n_threads -fa off`). The text is read
+    bounded: a regular file (a FIFO or a device refused by name) of at most MAX_TEXT_BYTES, UTF-8."""
+    from exactedit.files import MAX_TEXT_BYTES, read_utf8
 
-    text = Path(text_file).read_text(encoding="utf-8")
+    text = read_utf8(text_file, MAX_TEXT_BYTES, EngineError, "text")
     plan = text_plan(model, text, n_ctx, n_chunks)
     settings = tool_settings(n_ctx, n_batch, n_ubatch, n_threads)
     res = capture_chunks(model, plan, out, settings=settings, overwrite=overwrite, progress=progress)

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from exactedit.dumps.contract import StrataError, read_logits, read_tokens, write_logits, write_tokens
+from exactedit.dumps.contract import StrataError, check_ids, read_logits, read_tokens, write_logits, write_tokens
 
 TEMPLATE = ("strata_window_cli", "--metal-gguf", "{gguf}", "--tokens-file", "{tokens}",
             "--logits-out", "{logits}")
@@ -104,12 +104,14 @@ class ContractRun:
 
 def run_llamacpp(gguf, tokens_file, logits_out, settings=None,
                  progress: Callable[[int, int], None] | None = None) -> ContractRun:
-    """Read the tokens file, evaluate with llama.cpp, write the logits file (atomically)."""
+    """Read the tokens file (before the model loads), evaluate with llama.cpp, write the logits file
+    (atomically)."""
     from exactedit.native.llamacpp.engine import EngineSettings, LlamaEngine
 
     settings = settings or EngineSettings()
+    toks = read_tokens(tokens_file)
     with LlamaEngine(gguf, settings) as engine:
-        toks = read_tokens(tokens_file, engine.n_vocab)
+        check_ids(tokens_file, toks, engine.n_vocab)
         run = engine.evaluate(toks, progress=progress)
     write_logits(logits_out, run.logits)
     return ContractRun(str(gguf), str(tokens_file), str(logits_out), int(toks.size), int(run.logits.shape[1]),

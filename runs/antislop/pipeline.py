@@ -28,7 +28,8 @@ JSON) and held-out rate prompts, into DIR:
    DIR/cost.json;
 then DIR/report.md, DIR/report.json and PNGs, with `new_slop` (discover on the weights arm's replies
 against base's). Each stage is keyed by the sha256 of its inputs (runs/loop/stages.py):
-rerunning with the same DIR continues where a run stopped and redoes a stage whose inputs changed.
+rerunning with the same DIR continues where a run stopped and redoes a stage whose inputs changed
+(removing the report files first: a run that fails after that leaves none describing the old state).
 `exactedit demo --model NAME` is this run with the model's bundled inputs (runs/bundled/NAME/antislop/).
 Each step is the library call behind its CLI command; nothing here prints.
 """
@@ -95,7 +96,9 @@ class _Run(StagedRun):
                                 f"{sorted(overlap)[0][:60]!r}): the rates must come from prompts the solve never saw")
         if not self.rate_prompts:
             raise AntislopError(f"{cfg.file('rate_prompts')}: no prompts")
-        self.start(len(STAGES), command, STATE)     # refuses a directory not a run's first
+        from exactedit.runs.antislop.report import REPORTS
+
+        self.start(len(STAGES), command, STATE, REPORTS)     # refuses a directory not a run's first
 
 
 def run_antislop(cfg: AntislopConfig, out, *, progress: Progress | None = None, command: str = "") -> AntislopResult:

@@ -21,10 +21,11 @@ from exactedit.files import atomic_write_text, write_png
 from exactedit.solvers.l47.report import gated_lines, strength_lines
 
 NEW_SLOP_TOP = 15
+REPORTS = ("report.json", "report.md", "collateral.png", "frontier.png")     # write_reports' files in DIR
 CONTINUATION_CUT = 0.70      # the target: continuation at the prefix down >= 70% per solved phrase
 
-__all__ = ["CONTINUATION_CUT", "demo_targets", "frontier_png", "new_slop_of", "unmeasured_md", "unmeasured_words",
-           "write_reports"]
+__all__ = ["CONTINUATION_CUT", "REPORTS", "demo_targets", "frontier_png", "new_slop_of", "unmeasured_md",
+           "unmeasured_words", "write_reports"]
 
 
 def new_slop_of(edited: Sequence[str], base: Sequence[str]):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from exactedit.errors import FieldError
-from exactedit.files import MAX_TEXT_BYTES, check_regular, decode_utf8, read_regular
+from exactedit.files import MAX_TEXT_BYTES, check_regular, decode_utf8, read_regular, text_newlines
 
 BUNDLED = Path(__file__).resolve().parent.parent / "bundled"
 MAX_LINES_BYTES = 16 << 20      # a one-per-line file (prompts, watch list, same-sense words), read whole
@@ -24,7 +24,7 @@ def lines(path) -> tuple[str, ...]:
     """A text file's lines, stripped, without blank lines and # comments: a regular file (a FIFO or
     a device is refused, not waited on) of at most MAX_LINES_BYTES, UTF-8, else InputError."""
     text = decode_utf8(read_regular(path, MAX_LINES_BYTES, InputError, "lines"), path, InputError, "lines")
-    rows = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")      # the newlines open() reads
+    rows = text_newlines(text).split("\n")
     return tuple(line.strip() for line in rows if line.strip() and not line.lstrip().startswith("#"))
 
 

@@ -15,6 +15,10 @@ naming the stage), never half-trusted. Running a stage:
   here on leaves no entry, so the next run redoes the stage), it runs, its outputs are hashed and
   its entry written.
 A stage whose inputs changed is redone, and so is every stage whose key holds its record.
+The run's closing files (`finals`: report.md, report.json, the report's PNGs), written after the
+last stage from every stage's records and recorded by none, are removed when a stage is redone,
+before anything else changes: a run that then fails before writing them again leaves no report
+describing the old state.
 A directory that holds files but no state file is not a run's: it is refused, never cleared.
 A run holds DIR/<run>.json.lock (flock) while it runs (`Stages(..., lock=True)`, as StagedRun
 opens it): a second run of the same DIR is refused with the holder's pid, command and start time;
@@ -170,12 +174,14 @@ def hold_run(out: Path, state_file: str, command: str):
 class Stages:
     """The stages of one run in `out` (see the module doc). `progress(label, done, total)` gets
     ("stages", k, n) as each of the `total` stages starts or is resumed. With `lock`, the run holds
-    the directory (`hold_run`) until `close()` (or the end of a `with` block)."""
+    the directory (`hold_run`) until `close()` (or the end of a `with` block). `finals`: the run's
+    closing files (relative to `out`), removed when a stage is redone."""
 
     def __init__(self, out, total: int, progress: Progress | None = None, command: str = "", *, state_file: str,
-                 lock: bool = False):
+                 lock: bool = False, finals: Sequence[str] = ()):
         self.out = Path(out)
         self.state_file = state_file
+        self.finals = tuple(finals)
         self.own = {state_file, state_file + ".tmp", state_file + ".lock"}     # the ledger's files, no stage's
         self.total, self.progress, self.done = total, progress, 0
         self.resumed: list[str] = []
@@ -230,8 +236,9 @@ class Stages:
         return all(file_sha256(self.out / rel) == sha for rel, sha in recorded.items())
 
     def _clear(self, entry: dict | None, outputs: Sequence[str]) -> None:
-        """Remove a stage's declared outputs and every file its old entry recorded (inside DIR only)."""
-        for o in outputs:
+        """Remove the run's closing files (they describe the state this redo changes), a stage's
+        declared outputs and every file its old entry recorded (inside DIR only)."""
+        for o in (*self.finals, *outputs):
             path = self.out / o
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
@@ -322,10 +329,12 @@ class StagedRun:
         self.tpl_path = None if template is None else str(template.path)
         self.texts = tuple(texts)
 
-    def start(self, total: int, command: str, state_file: str) -> None:
+    def start(self, total: int, command: str, state_file: str, finals: Sequence[str] = ()) -> None:
         """Open the ledger (refusing a directory not a run's, or one another run holds: it stays
-        held until `close()`, or the end of a `with` block) and hash the inputs."""
-        self.stages = Stages(self.out, total, self.progress, command, state_file=state_file, lock=True)
+        held until `close()`, or the end of a `with` block; `finals`: the report files, removed when
+        a stage is redone) and hash the inputs."""
+        self.stages = Stages(self.out, total, self.progress, command, state_file=state_file, lock=True,
+                             finals=finals)
         try:
             self.sha = {"model": file_sha256(self.model, progress=self.tick("hashing the model")),
                         "template": None if self.tpl_path is None else file_sha256(self.tpl_path),

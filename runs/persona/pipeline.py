@@ -83,7 +83,9 @@ class _Run(StagedRun):
         if not self.rate_prompts:
             raise PersonaError(f"{cfg.file('rate_prompts')}: no prompts")
         self.splits = split_prompts(self.prompts, cfg.dev, cfg.seed)
-        self.start(len(STAGES), command, state_file=STATE)
+        from exactedit.runs.persona.report import REPORTS
+
+        self.start(len(STAGES), command, state_file=STATE, finals=REPORTS)
 
     def chat(self):
         from exactedit.native.llamacpp.chat import model_chat

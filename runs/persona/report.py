@@ -16,8 +16,9 @@ from typing import Sequence
 from exactedit.files import atomic_write_text, file_sha256, write_png
 
 MIN_RATIO = 0.70          # the seeds' bar: test / train gain on the style positions
+REPORTS = ("report.json", "report.md", "style-rates.png")       # what write_reports writes, in DIR
 
-__all__ = ["persona_targets", "write_reports"]
+__all__ = ["REPORTS", "persona_targets", "write_reports"]
 
 
 def _f(x, spec="{:.3f}") -> str:

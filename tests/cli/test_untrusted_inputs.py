@@ -131,3 +131,66 @@ def test_antislop_refuses_prompts_not_utf8_and_an_empty_texts_directory(tmp_path
     _clean(_run(*common[:5], "--phrases", found, *common[7:], "--prompts", prompts),
            f"{found}: phrases[0].phrase: phrase \"Here's an \\ud800example\" holds a lone surrogate")
     assert not (tmp_path / "run").exists()
+
+
+# ---- the engine's and verify's own input files (issue 38: bounded untrusted inputs) -------------
+
+def _engine_cmd(cmd: str, flag: str, bad, model, tmp_path) -> list:
+    """The command line giving `bad` as `flag` of `cmd`, every other input a fine file."""
+    (tmp_path / "bundle").mkdir(exist_ok=True)
+    return {"dump": ["engine", "dump", "--model", model, flag, bad, "--out", tmp_path / "d"],
+            "perplexity-chunks": ["engine", "perplexity-chunks", "--model", model, flag, bad, "--out", tmp_path / "d"],
+            "run": ["engine", "run", "--metal-gguf", model, flag, bad, "--logits-out", tmp_path / "l.f32"],
+            "live": ["verify", "live", "--model", model, "--bundle", tmp_path / "bundle", flag, bad]}[cmd]
+
+
+_ENGINE_INPUTS = [("dump", "--text", "text"), ("dump", "--tokens", "tokens"),
+                  ("perplexity-chunks", "--text", "text"), ("run", "--tokens-file", "tokens file"),
+                  ("live", "--text", "--text"), ("live", "--tokens", "--tokens")]
+
+
+@pytest.mark.parametrize("cmd, flag, field", _ENGINE_INPUTS)
+@pytest.mark.parametrize("kind", ["fifo", "zero"])
+def test_engine_and_verify_inputs_refuse_special_files_before_the_engine(tmp_path, model, cmd, flag, field, kind):
+    """`engine dump --text/--tokens`, `engine perplexity-chunks --text`, `engine run --tokens-file`,
+    `verify live --text/--tokens`: a FIFO was waited on for ever (here: a watchdog's empty write
+    end), /dev/zero read until memory ran out; each is one clean line naming the file and the flag,
+    before any engine loads and before anything is written."""
+    bad = special(tmp_path / "in.bin", kind)
+    _clean(_run(*_engine_cmd(cmd, flag, bad, model, tmp_path)), f"{bad}: {field}: {WHY[kind]}")
+    assert not (tmp_path / "d").exists() and not (tmp_path / "l.f32").exists()
+
+
+@pytest.mark.parametrize("cmd, flag, field", [x for x in _ENGINE_INPUTS if "text" in x[1]])
+def test_engine_and_verify_texts_not_utf8_name_the_file_and_byte(tmp_path, model, cmd, flag, field):
+    f = tmp_path / "t.txt"
+    f.write_bytes(b"plain text then \xff")
+    _clean(_run(*_engine_cmd(cmd, flag, f, model, tmp_path)),
+           f"{f}: {field}: not UTF-8 text (invalid start byte at byte 16)")
+
+
+@pytest.mark.parametrize("cmd, flag, field", [x for x in _ENGINE_INPUTS if "tokens" in x[1]])
+def test_engine_and_verify_tokens_are_capped(tmp_path, model, cmd, flag, field):
+    from exactedit.dumps.contract import MAX_TOKENS
+
+    f = tmp_path / "t.i32"
+    with open(f, "wb") as fh:
+        fh.truncate(4 * MAX_TOKENS + 4)                     # sparse
+    _clean(_run(*_engine_cmd(cmd, flag, f, model, tmp_path)),
+           f"{f}: {field}: {4 * MAX_TOKENS + 4} bytes, over the limit of {4 * MAX_TOKENS}")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero", "utf8"])
+def test_persona_system_file_is_read_bounded(tmp_path, model, kind):
+    """--system-file: a FIFO was waited on for ever; now refused by name, as a non-UTF-8 file is."""
+    if kind == "utf8":
+        bad = tmp_path / "system.txt"
+        bad.write_bytes(b"Be a \xff pirate.")
+        says = "not UTF-8 text (invalid start byte at byte 5)"
+    else:
+        bad, says = special(tmp_path / "system.txt", kind), WHY[kind]
+    (tmp_path / "p.txt").write_text("a\n")
+    (tmp_path / "r.txt").write_text("b\n")
+    _clean(_run("persona", "--model", model, "--system-file", bad, "--style", "kaomoji", "--prompts", tmp_path / "p.txt",
+                "--rate-prompts", tmp_path / "r.txt", "--out", tmp_path / "run"), f"{bad}: --system-file: {says}")
+    assert not (tmp_path / "run").exists()

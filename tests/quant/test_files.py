@@ -1,16 +1,24 @@
 """files: the outputs-vs-inputs guard (`refuse_clobber`), the claimed temporary file
-(`claim_tmp`: a killed run's leftover is reused, a live run's is refused) and `preallocate`."""
+(`claim_tmp`: a killed run's leftover is reused, a live run's is refused), `preallocate`, and
+`read_utf8` (what open(path, encoding="utf-8").read() gave, bounded: issue 38's untrusted inputs)."""
 from __future__ import annotations
 
 import errno
 import fcntl
 import os
 
+import re
+
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from exactedit import files
 from exactedit.errors import FieldError
-from exactedit.files import ClobberError, OutputBusyError, atomic_write_bytes, claim_tmp, preallocate, refuse_clobber
+from exactedit.files import (ClobberError, OutputBusyError, atomic_write_bytes, claim_tmp, preallocate, read_utf8,
+                             refuse_clobber)
+from tests.special_files import KINDS, WHY, special
+from tests.strategies import TEXT_PIECES
 
 
 @pytest.fixture
@@ -148,3 +156,43 @@ def test_preallocate_reports_a_full_disk(tmp_path, monkeypatch):
     with open(tmp_path / "f", "wb") as fh, pytest.raises(OSError) as err:
         preallocate(fh.fileno(), 10)
     assert err.value.errno == errno.ENOSPC
+
+
+# ---- read_utf8: a user's text file read whole, bounded ------------------------------------------
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=48) | st.lists(st.sampled_from(TEXT_PIECES) | st.text(max_size=4), max_size=8).map(
+    lambda xs: "".join(xs).encode("utf-8", "surrogatepass")))
+@example(data=b"\xef\xbb\xbfa\r\nb\rc\n\r\n")
+@example(data=b"a \xed\xa0\x80 b")                 # an encoded lone surrogate: not UTF-8
+def test_read_utf8_is_what_open_read_or_our_error(tmp_path, data):
+    """The readers it replaced (`engine dump --text`, `engine perplexity-chunks --text`, `verify live
+    --text`) read with open(encoding="utf-8"): the same text (a BOM kept, universal newlines), or a
+    FieldError naming the file, the field and the byte where open() raised UnicodeDecodeError."""
+    f = tmp_path / "t.txt"
+    f.write_bytes(data)
+    try:
+        with open(f, encoding="utf-8") as fh:
+            want = fh.read()
+    except UnicodeDecodeError:
+        with pytest.raises(FieldError, match=re.escape(f"{f}: --text: not UTF-8 text (")):
+            read_utf8(f, 1000, FieldError, "--text")
+        return
+    assert read_utf8(f, 1000, FieldError, "--text") == want
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_read_utf8_refuses_special_files_by_name(tmp_path, kind):
+    """A FIFO was waited on for ever (open() blocks for a writer), /dev/zero read until memory ran out."""
+    bad = special(tmp_path / "t.txt", kind)
+    with pytest.raises(FieldError, match=re.escape(f"{bad}: --text: ") + ".*" + re.escape(WHY[kind])):
+        read_utf8(bad, 1000, FieldError, "--text")
+
+
+def test_read_utf8_is_capped_before_reading(tmp_path):
+    f = tmp_path / "big.txt"
+    with open(f, "wb") as fh:
+        fh.truncate(1001)                                   # sparse
+    with pytest.raises(FieldError, match=re.escape(f"{f}: text: 1001 bytes, over the limit of 1000")):
+        read_utf8(f, 1000)
+    assert read_utf8(f, 1001) == "\x00" * 1001

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import json
 
-from exactedit.runs.persona.report import persona_targets, write_reports
+from exactedit.runs.persona.report import REPORTS, persona_targets, write_reports
 
 
 def _side(shown, n, turn_end=0.9):
@@ -67,6 +67,7 @@ def test_a_shipped_edit_reports_its_targets_rates_and_kl_split(tmp_path):
     assert json.loads((tmp_path / "report.json").read_text())["targets"] == report["targets"]
     assert (tmp_path / "style-rates.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "report.md").read_text() == text
+    assert {p.name for p in tmp_path.iterdir()} == set(REPORTS)     # what a redone stage removes (runs/loop/stages.py)
 
 
 def test_no_edit_shipped_says_so_and_measures_only_base_and_the_persona(tmp_path):

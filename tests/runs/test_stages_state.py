@@ -1,8 +1,10 @@
 """The stage ledger's state and directory (runs/loop/stages.py), without an engine (issue 38, 1-3):
 a redone stage removes every file its old run wrote (apply's edited.gguf *and* its manifest); the
 records are covered by the entries' sha256, so a hand-edited or malformed state is refused with a
-StageError naming the stage, never a traceback; one run per directory, the holder named; and random
-mutations of a state file raise only the project's errors and never change a returned record."""
+StageError naming the stage, never a traceback; one run per directory, the holder named; nothing
+stale: a redone stage removes the run's report files, so a run failing after it leaves no report of
+the old state; and random mutations of a state file raise only the project's errors and never
+change a returned record."""
 from __future__ import annotations
 
 import json
@@ -257,6 +259,92 @@ def test_a_run_killed_before_its_first_stage_is_still_a_runs_directory(tmp_path)
     only_lock.mkdir()
     (only_lock / (STATE + ".lock")).write_text("")
     Stages(only_lock, 1, state_file=STATE).close()
+
+
+# 4. nothing stale: a redone stage removes the run's report files
+
+FINALS = ("report.md", "report.json", "chart.png")
+
+
+def _report(out: Path, says: str) -> None:
+    """What a run writes after its last stage, from the records: in no stage's outputs."""
+    for name in FINALS:
+        (out / name).write_text(f"report of {says}")
+
+
+def test_a_redone_stage_removes_the_report_so_a_failed_run_leaves_none_of_the_old_state(tmp_path):
+    """The repro: a rerun with new rate prompts redid `rates`, then failed in `cost`; report.md and
+    report.json still showed the old run's rates and verdict beside the new rates.json."""
+    out = tmp_path / "run"
+
+    def stage(name, text, fail=False):
+        def fn():
+            if fail:
+                raise RuntimeError(f"{name} failed")
+            (out / f"{name}.txt").write_text(text)
+            return {"text": text}
+        return fn
+
+    with Stages(out, 2, state_file=STATE, lock=True, finals=FINALS) as s:
+        s.run("a", {"x": 1}, ["a.txt"], stage("a", "one"))
+        s.run("b", {"x": 1}, ["b.txt"], stage("b", "one"))
+        _report(out, "one")
+    with Stages(out, 2, state_file=STATE, lock=True, finals=FINALS) as s:     # all resumed: the report stands
+        s.run("a", {"x": 1}, ["a.txt"], stage("a", "one"))
+        s.run("b", {"x": 1}, ["b.txt"], stage("b", "one"))
+        assert s.resumed == ["a", "b"] and all((out / f).is_file() for f in FINALS)
+    with pytest.raises(RuntimeError, match="b failed"), Stages(out, 2, state_file=STATE, lock=True,
+                                                               finals=FINALS) as s:
+        s.run("a", {"x": 1}, ["a.txt"], stage("a", "one"))
+        assert all((out / f).is_file() for f in FINALS)                    # resumed: nothing removed yet
+        s.run("b", {"x": 2}, ["b.txt"], stage("b", "two", fail=True))
+    assert not any((out / f).exists() for f in FINALS)
+    assert (out / "a.txt").read_text() == "one" and not (out / "b.txt").exists()
+    assert set(_state(out)["stages"]) == {"a"}
+    with Stages(out, 2, state_file=STATE, lock=True, finals=FINALS) as s:     # the next run finishes and reports
+        s.run("a", {"x": 1}, ["a.txt"], stage("a", "one"))
+        s.run("b", {"x": 2}, ["b.txt"], stage("b", "two"))
+        _report(out, "two")
+    assert s.resumed == ["a"] and s.ran == ["b"]
+    assert not any(f in _state(out)["stages"]["b"]["outputs"] for f in FINALS)      # no stage's outputs
+
+
+def test_the_loops_hand_their_report_files_to_the_ledger(tmp_path, monkeypatch):
+    """antislop and persona: what write_reports writes is removed when a stage is redone."""
+    from exactedit.quant.gguf.write import synthetic_model
+    from exactedit.runs.antislop.config import AntislopConfig
+    from exactedit.runs.antislop.pipeline import _Run as AntislopRun
+    from exactedit.runs.antislop.report import REPORTS as ANTISLOP_REPORTS
+    from exactedit.runs.persona.config import PersonaConfig
+    from exactedit.runs.persona.pipeline import _Run as PersonaRun
+    from exactedit.runs.persona.report import REPORTS as PERSONA_REPORTS
+    from tests.cli.test_untrusted_inputs import CHATML, VOCAB
+
+    seen = []
+
+    def start(self, total, command, state_file, finals=()):
+        seen.append((state_file, tuple(finals)))
+        raise _Started
+
+    class _Started(Exception):
+        pass
+
+    monkeypatch.setattr(StagedRun, "start", start)
+    meta = {"tokenizer.ggml.tokens": VOCAB, "tokenizer.ggml.token_type": np.array([3, 3, 3] + [1] * 29, np.int32),
+            "tokenizer.chat_template": CHATML}
+    model = str(synthetic_model(tmp_path / "m.gguf", vocab=len(VOCAB), n=256, h=32, layers=1, metadata=meta).path)
+    (tmp_path / "phrases.txt").write_text("you can use\n")
+    (tmp_path / "prompts.txt").write_text("".join(f"prompt {i}\n" for i in range(8)))
+    (tmp_path / "rates.txt").write_text("a held-out prompt\n")
+    files = {k: str(tmp_path / f) for k, f in (("prompts", "prompts.txt"), ("rate_prompts", "rates.txt"))}
+    with pytest.raises(_Started):
+        AntislopRun(AntislopConfig(model=model, phrases=str(tmp_path / "phrases.txt"), **files), tmp_path / "a",
+                    None, "test")
+    with pytest.raises(_Started):
+        PersonaRun(PersonaConfig(model=model, system="Be a pirate.", style="kaomoji", **files), tmp_path / "p",
+                   None, "test")
+    assert seen == [("antislop.json", ANTISLOP_REPORTS), ("persona.json", PERSONA_REPORTS)]
+    assert {"report.md", "report.json"} <= set(ANTISLOP_REPORTS) & set(PERSONA_REPORTS)
 
 
 # random mutations of a state file: only the project's errors, never a changed record

@@ -1,6 +1,7 @@
 """The production engine contract: tokens/logits file layouts, the command template, the runner."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ from exactedit.native.verify import strata
 from exactedit.dumps import contract
 from exactedit.dumps.contract import StrataError
 from exactedit.native.verify.strata import EngineCommand
+from tests.special_files import KINDS, WHY, special
 
 
 def test_tokens_round_trip_and_layout(tmp_path):
@@ -27,6 +29,28 @@ def test_bad_tokens_files_are_refused(tmp_path, data):
     (tmp_path / "t").write_bytes(data)
     with pytest.raises(StrataError):
         contract.read_tokens(tmp_path / "t")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_special_tokens_files_are_refused_by_name(tmp_path, kind):
+    """A FIFO as --tokens / --tokens-file was waited on for ever, /dev/zero read until memory ran out."""
+    bad = special(tmp_path / "t.i32", kind)
+    with pytest.raises(StrataError, match=re.escape(f"{bad}: --tokens: ") + ".*" + re.escape(WHY[kind])):
+        contract.read_tokens(bad, field="--tokens")
+
+
+def test_tokens_files_are_capped_at_max_tokens(tmp_path):
+    """More ids than any one evaluation can hold (its [T, V] logits) are refused by the file's size,
+    before a byte is read; MAX_TOKENS ids are read."""
+    f = tmp_path / "t.i32"
+    with open(f, "wb") as fh:
+        fh.truncate(4 * contract.MAX_TOKENS + 4)           # sparse: id 0 everywhere
+    with pytest.raises(StrataError, match=re.escape(f"{f}: tokens file: {4 * contract.MAX_TOKENS + 4} bytes, "
+                                                    f"over the limit of {4 * contract.MAX_TOKENS}")):
+        contract.read_tokens(f)
+    with open(f, "r+b") as fh:
+        fh.truncate(4 * contract.MAX_TOKENS)
+    assert contract.read_tokens(f).size == contract.MAX_TOKENS
 
 
 def test_logits_layout_and_size_check(tmp_path):
