@@ -14,7 +14,10 @@ plus any report files, and `manifest.json`:
                                                 (an anchor: `exactedit eval ledger --verify --against`)
 
 Writing: every file goes into `DIR.tmp/` (fsynced), then the directory is renamed to DIR. Reading
-validates the manifest and re-hashes every file.
+validates the manifest and re-hashes every file. A bundle is untrusted input: each file is read
+once, without blocking (a FIFO, a device or a symlink loop is refused by name), and bounded: the
+manifest by MAX_MANIFEST_BYTES, a report by MAX_FILE_BYTES, an edit's file by the size its entry
+declares (shape, type, row ids), checked before a byte of it is read.
 
 `Bundle.sha256` is the bundle's identity: the sha256 of what decides the edit, i.e. the solver, the
 inputs' roles and sha256 (not their paths), the full config, and each edit's content (tensor, kind,
@@ -37,14 +40,17 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from exactedit import quant
-from exactedit.errors import FieldError
-from exactedit.files import file_sha256, fsync_dir, output_lock, writing
-from exactedit.quant.gguf.patch import RowPatchError, read_row_patch, write_row_patch
+from exactedit.errors import ExacteditError, FieldError
+from exactedit.files import file_sha256, fsync_dir, output_lock, read_regular, writing
+from exactedit.quant.gguf.patch import RowPatchError, parse_row_patch, write_row_patch
 
 KIND = "exactedit.bundle"
 VERSION = 1
 MANIFEST = "manifest.json"
 EDIT_KINDS = ("rows", "tensor")
+MAX_MANIFEST_BYTES = 16 << 20    # manifest.json, read whole: a full-vocabulary row list is ~3 MB of it
+MAX_FILE_BYTES = 64 << 20        # a report or PNG listed in `files` (hashed, never held); an edit's
+                                 # file is bounded by the size its manifest entry declares
 
 
 class BundleError(FieldError):
@@ -199,7 +205,10 @@ def _write_bundle_dir(out: Path, tmp: Path, solver, inputs, config, edits, files
             "config": dict(config), "edits": edit_entries, "files": hashes, "record": dict(record or {}),
             "ledger_head": _ledger_head(out, ledger_head),
         }
-        _write_file(tmp / MANIFEST, json.dumps(manifest, indent=1, allow_nan=False).encode("utf-8"))
+        data = json.dumps(manifest, indent=1, allow_nan=False).encode("utf-8")
+        if len(data) > MAX_MANIFEST_BYTES:          # no reader would take it
+            raise BundleError(out, MANIFEST, f"{len(data)} bytes, over the limit of {MAX_MANIFEST_BYTES}")
+        _write_file(tmp / MANIFEST, data)
         fsync_dir(tmp)
         if out.exists():
             old = out.with_name(out.name + ".old")
@@ -230,13 +239,15 @@ def read_bundle(path) -> Bundle:
     """Read and validate a bundle: manifest schema, every file's sha256, every edit's bytes."""
     path = Path(path)
     file = path / MANIFEST
-    if not file.is_file():
+    if not os.path.lexists(file):
         raise BundleError(path, MANIFEST, "missing; not a bundle directory")
-    data = file.read_bytes()
+    data = read_regular(file, MAX_MANIFEST_BYTES, BundleError, "manifest")     # a FIFO or device refused
     try:
         m = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise BundleError(path, MANIFEST, f"not valid UTF-8 JSON ({exc})") from None
+    except RecursionError:
+        raise BundleError(path, MANIFEST, "not valid JSON (nested too deeply)") from None
     if not isinstance(m, dict) or m.get("kind") != KIND or m.get("version") != VERSION:
         raise BundleError(path, "kind", f"expected kind {KIND!r} version {VERSION}")
     solver = _need(path, m, "solver", str)
@@ -267,15 +278,26 @@ def _ledger_head(path, head) -> dict | None:
     return {"seq": seq, "hash": h, "ledger": head.get("ledger", "")}
 
 
-def _check_file(path: Path, name, sha) -> Path:
+def _file(path: Path, name, sha) -> Path:
+    """The bundle's file `name` (a plain file name present in the directory), else BundleError."""
     if not isinstance(name, str) or Path(name).name != name or not isinstance(sha, str):
         raise BundleError(path, "files", f"bad entry {name!r}: {sha!r}")
     f = path / name
-    if not f.is_file():
+    if not os.path.lexists(f):
         raise BundleError(path, name, "listed in the manifest but missing")
-    if file_sha256(f) != sha:
-        raise BundleError(path, name, f"sha256 differs from the manifest's {sha}: the bundle was altered")
     return f
+
+
+def _altered(path: Path, name: str, got: str, sha: str) -> None:
+    if got != sha:
+        raise BundleError(path, name, f"sha256 differs from the manifest's {sha}: the bundle was altered")
+
+
+def _check_file(path: Path, name, sha) -> None:
+    """A listed report or PNG: a regular file of at most MAX_FILE_BYTES (read without blocking: a
+    FIFO or device is refused, not waited on) with the manifest's sha256."""
+    data = read_regular(_file(path, name, sha), MAX_FILE_BYTES, BundleError, "files")
+    _altered(path, name, _sha256_bytes(data), sha)
 
 
 def _read_edit(path: Path, i: int, e) -> TensorEdit:
@@ -288,23 +310,34 @@ def _read_edit(path: Path, i: int, e) -> TensorEdit:
         raise BundleError(path, f"{where}.shape", f"expected [rows, cols] of positive integers, got {shape}")
     if type_name not in quant.SUPPORTED:
         raise BundleError(path, f"{where}.type", f"expected one of {quant.SUPPORTED}, got {type_name!r}")
-    f = _check_file(path, _need(path, e, "file", str, where), _need(path, e, "sha256", str, where))
-    rb = quant.row_bytes(type_name, shape[1])
-    if kind == "rows":
+    if kind not in EDIT_KINDS:
+        raise BundleError(path, f"{where}.kind", f"expected one of {EDIT_KINDS}, got {kind!r}")
+    try:
+        rb = quant.row_bytes(type_name, shape[1])
+    except ExacteditError as exc:
+        raise BundleError(path, f"{where}.shape", str(exc)) from None
+    rows = _need(path, e, "rows", list, where) if kind == "rows" else None
+    # the file's size follows from the entry (uint32 count + per row a uint32 id and the row; or
+    # every row): checked before a byte is read, so an edit file is never read past what it declares
+    size = 4 + len(rows) * (4 + rb) if rows is not None else shape[0] * rb
+    name, sha = _need(path, e, "file", str, where), _need(path, e, "sha256", str, where)
+    f = _file(path, name, sha)
+    data = read_regular(f, size, BundleError, f"{where}.file")
+    if len(data) != size:
+        raise BundleError(path, f"{where}.file", f"{len(data)} bytes; expected {size} ("
+                          + (f"{len(rows)} rows of 4 + {rb}, after a 4-byte count)" if rows is not None
+                             else f"{shape[0]} rows x {rb})"))
+    _altered(path, name, _sha256_bytes(data), sha)
+    if rows is not None:
         try:
-            patch = read_row_patch(f, rb)
+            patch = parse_row_patch(data, f, rb)
         except RowPatchError as exc:
             raise BundleError(path, f"{where}.file", str(exc)) from None
-        if [int(r) for r in patch.row_ids] != _need(path, e, "rows", list, where):
+        if [int(r) for r in patch.row_ids] != rows:
             raise BundleError(path, f"{where}.rows", "differ from the row ids in the patch file")
         raw, ids = patch.raw, patch.row_ids.astype(np.int64)
-    elif kind == "tensor":
-        blob = np.fromfile(f, dtype=np.uint8)
-        if blob.size != shape[0] * rb:
-            raise BundleError(path, f"{where}.file", f"{blob.size} bytes; expected {shape[0]} rows x {rb}")
-        raw, ids = blob.reshape(shape[0], rb), None
     else:
-        raise BundleError(path, f"{where}.kind", f"expected one of {EDIT_KINDS}, got {kind!r}")
+        raw, ids = np.frombuffer(data, np.uint8).reshape(shape[0], rb), None
     try:
         return TensorEdit(tensor, kind, type_name, (shape[0], shape[1]), raw, ids)
     except BundleError as exc:

@@ -18,12 +18,14 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import os
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from exactedit.evals.protocol.ledger import ChainCheck, Ledger, LedgerError, LedgerHead, file_sha256, head_json, ledger_id
-from exactedit.files import atomic_write_text
+from exactedit.files import atomic_write_text, read_regular
 
 HEAD_KIND = "exactedit.ledger-head"
 REPORT_KIND = "exactedit.eval-report"
@@ -111,17 +113,34 @@ def _head_of(obj, source: str, what: str) -> Anchor:
     return Anchor(source, what, obj["seq"], obj["hash"], str(obj.get("ledger", "")))
 
 
+def _json_bytes(path: Path) -> bytes | None:
+    """The bytes of a file that may hold an anchor, or None where none can be: no such file (a
+    dangling link in a searched directory, a directory without manifest.json), or a regular file
+    over MAX_JSON_BYTES (no output of ours). A FIFO, device or socket, a symlink loop, an unreadable
+    file: LedgerError naming it and --against (read without blocking: a FIFO was waited on for ever)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise LedgerError(path, "--against", f"cannot read ({exc.strerror or exc})") from None
+    if stat.S_ISREG(st.st_mode) and st.st_size > MAX_JSON_BYTES:
+        return None
+    return read_regular(path, MAX_JSON_BYTES, LedgerError, "--against")
+
+
 def anchor_of(path: Path) -> Anchor | None:
-    """The anchor a JSON file (or a bundle directory) holds, or None when it holds none."""
+    """The anchor a JSON file (or a bundle directory) holds, or None when it holds none; a special
+    file refused (`_json_bytes`)."""
     path = Path(path)
     if path.is_dir():
         path = path / "manifest.json"
+    data = _json_bytes(path)
+    if data is None:
+        return None
     try:
-        if path.stat().st_size > MAX_JSON_BYTES:
-            return None
-        data = path.read_bytes()
         obj = json.loads(data.decode("utf-8"))
-    except (OSError, ValueError):
+    except (ValueError, RecursionError):
         return None
     if not isinstance(obj, dict):
         return None
@@ -142,9 +161,12 @@ def find_anchors(paths: Iterable) -> list[Anchor]:
     named explicitly must hold one, and a directory at least one: `--against` cannot pass vacuously."""
     found: list[Anchor] = []
     for p in map(Path, paths):
-        if not p.exists():
-            raise LedgerError(p, "--against", "no such file or directory")
-        if p.is_file() or (p / "manifest.json").is_file():
+        try:
+            os.stat(p)
+        except OSError as exc:                      # missing, or a symlink loop: named as such
+            raise LedgerError(p, "--against", "no such file or directory" if isinstance(exc, FileNotFoundError)
+                              else f"cannot read ({exc.strerror or exc})") from None
+        if not p.is_dir() or os.path.lexists(p / "manifest.json"):      # a file, or a bundle
             a = anchor_of(p)
             if a is None:
                 raise LedgerError(p, "--against", "holds no ledger head (expected an exported head, a bundle, "

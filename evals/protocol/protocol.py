@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from exactedit.errors import FieldError
-from exactedit.files import atomic_write_bytes
+from exactedit.files import atomic_write_bytes, read_regular
 
 TRACE_ROLES = ("pool", "train", "dev", "test", "blind", "anchors", "collateral")
 SPLIT_KEYS = ("source", "character")
 EDIT_SET_RULES = ("explicit", "top-train-style")
+MAX_PROTOCOL_BYTES = 16 << 20    # a protocol (TOML, read whole): its phrase tuples as ids, 400k of them fit
 
 Token = str | int
 
@@ -191,13 +192,10 @@ _TOP_KEYS = {"name", "description", "traces", "split", "stopping", "bars", "edit
 
 
 def load_protocol(path) -> Protocol:
-    """Read and validate a protocol file; raise ProtocolError naming the bad field."""
+    """Read and validate a protocol file; raise ProtocolError naming the bad field. A regular file
+    of at most MAX_PROTOCOL_BYTES (a FIFO or a device is refused, not waited on or read on)."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ProtocolError(path, "file", f"cannot read: {exc.strerror}") from exc
-    return _parse(path, raw)
+    return _parse(path, read_regular(path, MAX_PROTOCOL_BYTES, ProtocolError, "file"))
 
 
 def write_protocol(path, name: str, traces: Sequence[Trace], *, description: str = "",
@@ -229,10 +227,14 @@ def _toml_value(v):
 
 
 def _parse(path: Path, raw: bytes) -> Protocol:
+    if len(raw) > MAX_PROTOCOL_BYTES:               # write_protocol: refused before writing, as reading would
+        raise ProtocolError(path, "file", f"{len(raw)} bytes, over the limit of {MAX_PROTOCOL_BYTES}")
     try:
         doc = tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ProtocolError(path, "toml", f"not valid UTF-8 TOML: {exc}") from exc
+    except RecursionError:
+        raise ProtocolError(path, "toml", "not valid TOML (nested too deeply)") from None
     _no_unknown(path, "", doc, _TOP_KEYS)
     name = _get(path, doc, "name", str)
     if not name.strip():

@@ -7,6 +7,7 @@ with it, so an unregistered number can never pass for a registered one.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -15,9 +16,15 @@ from typing import Any, Mapping
 
 from exactedit.evals.scoring.bars import BarRow, PhraseRow
 from exactedit.evals.protocol.ledger import file_sha256
-from exactedit.files import fsync_replace, write_png
+from exactedit.errors import FieldError
+from exactedit.files import decode_utf8, fsync_replace, read_regular, write_png
 
 REPORT_KIND = "exactedit.eval-report"
+MAX_REPORT_BYTES = 64 << 20      # a report JSON read back (`eval blind --dev-report`), read whole
+
+
+class ReportError(FieldError):
+    """A report file cannot be read back: not a regular file, too large, or not an exactedit report."""
 
 
 @dataclass(frozen=True)
@@ -173,11 +180,24 @@ def write_report(r: BarReport, out_dir, stem: str, title: str = "", png: bool = 
     return WrittenFiles(paths, {k: file_sha256(p) for k, p in paths.items()})
 
 
-def read_report(path) -> tuple[BarReport, str]:
-    """A report JSON file and its sha256; ValueError when it is not one."""
+def read_report(path, field: str = "report") -> tuple[BarReport, str]:
+    """A report JSON file and the sha256 of the bytes read. A regular file of at most
+    MAX_REPORT_BYTES (a FIFO or a device is refused, not waited on), UTF-8 JSON of an exactedit
+    report; else ReportError(path, `field` (the flag that named it), why)."""
     path = Path(path)
+    data = read_regular(path, MAX_REPORT_BYTES, ReportError, field)
+    text = decode_utf8(data, path, ReportError, field)
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: cannot read a report: {exc}") from exc
-    return report_from_json(obj), file_sha256(path)
+        obj = json.loads(text)
+    except ValueError as exc:
+        raise ReportError(path, field, f"not JSON ({exc})") from None
+    except RecursionError:
+        raise ReportError(path, field, "not JSON (nested too deeply)") from None
+    try:
+        report = report_from_json(obj)
+    except ValueError as exc:                       # a foreign document: it says which kind it expected
+        raise ReportError(path, field, str(exc)) from None
+    except (KeyError, TypeError, IndexError, AttributeError) as exc:
+        why = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise ReportError(path, field, f"not an exactedit eval report ({why})") from None
+    return report, hashlib.sha256(data).hexdigest()

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from exactedit.errors import FieldError
-from exactedit.files import fsync_dir
+from exactedit.files import fsync_dir, open_regular
 
 
 class RowPatchError(FieldError):
@@ -79,7 +79,14 @@ def read_row_patch(path, row_bytes: int | None = None) -> RowPatch:
     path = Path(path)
     if not path.is_file():
         raise RowPatchError(path, "file", "does not exist or is not a regular file")
-    data = path.read_bytes()
+    with open_regular(path, None, RowPatchError, "file") as fh:       # a file swapped for a FIFO: refused
+        data = fh.read()
+    return parse_row_patch(data, path, row_bytes)
+
+
+def parse_row_patch(data: bytes, path, row_bytes: int | None = None) -> RowPatch:
+    """A patch file's bytes (read by the caller, bounded as it knows), validated as `read_row_patch`
+    does; errors name `path`."""
     if len(data) < 4:
         raise RowPatchError(path, "count", f"file has {len(data)} bytes, the count needs 4", 0)
     (k,) = struct.unpack_from("<I", data, 0)

@@ -227,10 +227,7 @@ def blind(model, bundle, doc, dev_report, workspace, out_dir, command: str, *, p
     from exactedit.dumps import read_dump
     from exactedit.solvers.bundle import read_bundle
 
-    try:
-        dev, dev_sha = read_report(dev_report)
-    except ValueError as exc:
-        raise EvalError(str(exc)) from None
+    dev, dev_sha = read_report(dev_report, "--dev-report")     # ReportError naming the file and the flag
     protocol = load_protocol(protocol_path or dev.meta.get("protocol", ""))
     bundle_sha = read_bundle(bundle).sha256
     cache = VerifyCache()

@@ -194,3 +194,41 @@ def test_persona_system_file_is_read_bounded(tmp_path, model, kind):
     _clean(_run("persona", "--model", model, "--system-file", bad, "--style", "kaomoji", "--prompts", tmp_path / "p.txt",
                 "--rate-prompts", tmp_path / "r.txt", "--out", tmp_path / "run"), f"{bad}: --system-file: {says}")
     assert not (tmp_path / "run").exists()
+
+
+# ---- the evals' and apply's own input files (issue 38): protocol, dev report, anchors, bundles ---
+
+@pytest.mark.parametrize("kind", ["fifo", "zero"])
+def test_eval_inputs_refuse_special_files_by_name(tmp_path, model, kind):
+    """`eval register PROTOCOL`, `eval blind --dev-report`, `eval ledger --verify --against`: a FIFO
+    was waited on for ever (here: the watchdog's empty write end, then a wrong complaint about its
+    content), /dev/zero read until memory ran out; each is one clean line naming the file and the
+    field or flag, before the ledger is opened."""
+    ws, bundle, doc = tmp_path / "ws", tmp_path / "bundle", tmp_path / "doc"
+    bundle.mkdir()
+    doc.mkdir()
+    bad = special(tmp_path / "in.json", kind)
+    _clean(_run("eval", "register", bad, "--workspace", ws), f"{bad}: file: {WHY[kind]}")
+    _clean(_run("eval", "blind", "--model", model, "--bundle", bundle, "--doc", doc, "--dev-report", bad,
+                "--workspace", ws), f"{bad}: --dev-report: {WHY[kind]}")
+    _clean(_run("eval", "ledger", "--verify", "--against", bad, "--workspace", ws), f"{bad}: --against: {WHY[kind]}")
+    (tmp_path / "outputs").mkdir()
+    found = special(tmp_path / "outputs" / "dev-report.json", kind)
+    _clean(_run("eval", "ledger", "--verify", "--against", tmp_path / "outputs", "--workspace", ws),
+           f"{found}: --against: {WHY[kind]}")
+    assert not ws.exists()
+
+
+@pytest.mark.parametrize("victim, field", [("manifest.json", "manifest"), ("report.json", "files"),
+                                           ("output.weight.rows", "edits[0].file")])
+@pytest.mark.parametrize("kind", ["fifo", "zero"])
+def test_apply_refuses_special_files_in_a_bundle(tmp_path, model, victim, field, kind):
+    from exactedit.solvers.bundle import InputRef, TensorEdit, write_bundle
+
+    edit = TensorEdit("output.weight", "rows", "F32", (32, 4), np.zeros((1, 16), np.uint8), np.array([3]))
+    write_bundle(tmp_path / "b", solver="head", inputs=[InputRef("model", str(model), "ab" * 32)], config={},
+                 edits=[edit], files={"report.json": b"{}"})
+    (tmp_path / "b" / victim).unlink()
+    bad = special(tmp_path / "b" / victim, kind)
+    _clean(_run("apply", tmp_path / "b", "--model", model, "--out", tmp_path / "e.gguf"), f"{bad}: {field}: {WHY[kind]}")
+    assert not (tmp_path / "e.gguf").exists()

@@ -11,6 +11,7 @@ from exactedit.quant import gguf
 from exactedit.quant.gguf.write import synthetic_model
 from exactedit.solvers.apply import apply_bundle
 from exactedit.solvers.bundle import BundleError, InputRef, TensorEdit, bundle_identity, read_bundle, write_bundle
+from tests.special_files import KINDS, WHY, special
 
 
 def _q6k_rows(rng, k, cols=256):
@@ -73,6 +74,7 @@ def test_altered_file_is_detected(tmp_path, victim):
     (lambda m: m["edits"][0].update(type="Q5_1"), "type"),
     (lambda m: m["files"].update({"../x": "00"}), "files"),
     (lambda m: m["inputs"][0].pop("sha256"), "sha256"),
+    (lambda m: m["edits"][0].update(shape=[300, 100]), r"edits\[0\]\.shape: .*100"),    # a QuantError before
 ])
 def test_malformed_manifest_names_the_field(tmp_path, mutate, field):
     _write(tmp_path, np.random.default_rng(0))
@@ -205,3 +207,62 @@ def test_a_second_live_run_of_one_output_is_refused_not_clobbered(tmp_path):
     (tmp_path / "b.lock").write_bytes(b"")          # a killed run's lock file: no process holds it
     b = _write(tmp_path, rng)
     assert b.path == tmp_path / "b" and not (tmp_path / "b.tmp").exists() and not (tmp_path / "b.lock").exists()
+
+
+# ---- a bundle directory is untrusted input (issue 38): every file read bounded ------------------
+
+_FIELD = {"manifest.json": "manifest", "report.json": "files", "output.weight.q6k": r"edits[0].file",
+          "blk.1.ffn_down.weight.raw": r"edits[1].file"}
+
+
+@pytest.mark.parametrize("victim", list(_FIELD))
+@pytest.mark.parametrize("kind", KINDS)
+def test_special_files_in_a_bundle_are_refused_by_name(tmp_path, victim, kind):
+    """Each file replaced by a FIFO, a link to /dev/zero or a symlink loop: named with its field
+    (before: "missing", or, had it passed is_file(), waited on / read until memory ran out)."""
+    _write(tmp_path, np.random.default_rng(0))
+    (tmp_path / "b" / victim).unlink()
+    bad = special(tmp_path / "b" / victim, kind)
+    with pytest.raises(BundleError) as err:
+        read_bundle(tmp_path / "b")
+    assert str(err.value).startswith(f"{bad}: {_FIELD[victim]}: ") and WHY[kind] in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("victim, size", [("output.weight.q6k", 4 + 3 * (4 + 210)), ("blk.1.ffn_down.weight.raw", 4 * 68)])
+def test_an_edit_file_is_bounded_by_the_size_its_entry_declares(tmp_path, victim, size):
+    """Longer than its entry (shape, type, rows) says: refused before a byte is read (before: hashed
+    and read whole, then "altered"); shorter: refused naming both sizes."""
+    _write(tmp_path, np.random.default_rng(0))
+    f = tmp_path / "b" / victim
+    assert f.stat().st_size == size
+    with open(f, "r+b") as fh:
+        fh.truncate(size + (1 << 20))                       # sparse
+    with pytest.raises(BundleError, match=rf"{size + (1 << 20)} bytes, over the limit of {size}$"):
+        read_bundle(tmp_path / "b")
+    with open(f, "r+b") as fh:
+        fh.truncate(size - 1)
+    with pytest.raises(BundleError, match=rf"file: {size - 1} bytes; expected {size} "):
+        read_bundle(tmp_path / "b")
+
+
+def test_the_manifest_is_capped_and_parsed_bounded(tmp_path):
+    from exactedit.solvers.bundle import MAX_MANIFEST_BYTES
+
+    _write(tmp_path, np.random.default_rng(0))
+    f = tmp_path / "b" / "manifest.json"
+    f.write_text("[" * 100_000 + "]" * 100_000)              # a RecursionError before
+    with pytest.raises(BundleError, match=r"manifest\.json: not valid JSON \(nested too deeply\)"):
+        read_bundle(tmp_path / "b")
+    with open(f, "r+b") as fh:
+        fh.truncate(MAX_MANIFEST_BYTES + 1)                 # sparse: read whole before
+    with pytest.raises(BundleError, match=f"manifest: {MAX_MANIFEST_BYTES + 1} bytes, over the limit"):
+        read_bundle(tmp_path / "b")
+
+
+def test_a_manifest_no_reader_would_take_is_not_written(tmp_path, monkeypatch):
+    from exactedit.solvers import bundle as module
+
+    monkeypatch.setattr(module, "MAX_MANIFEST_BYTES", 100)
+    with pytest.raises(BundleError, match="manifest.json: .* bytes, over the limit of 100"):
+        _write(tmp_path, np.random.default_rng(0))
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

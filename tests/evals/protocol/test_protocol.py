@@ -7,6 +7,7 @@ import pytest
 
 from exactedit.evals.protocol.protocol import ProtocolError, StoppingRule, load_protocol, resolve_tokens
 from tests.evals.conftest import PROTOCOL
+from tests.special_files import WHY, special
 
 
 def test_load_reads_every_section(protocol_file):
@@ -111,3 +112,44 @@ def test_write_protocol_validates_before_writing(tmp_path):
     with pytest.raises(ProtocolError, match="name"):
         write_protocol(tmp_path / "p.toml", " ", (t,))
     assert not list(tmp_path.iterdir())                     # nothing written, not even a *.tmp
+
+
+# ---- the file is untrusted input (issue 38): read bounded, special files refused by name ---------
+
+@pytest.mark.parametrize("kind", ["fifo", "zero"])
+def test_load_refuses_special_files_by_name(tmp_path, kind):
+    """--protocol: a FIFO was waited on for ever (here the watchdog's empty write end gave "name:
+    missing"), /dev/zero read until memory ran out; now refused before a byte is read."""
+    bad = special(tmp_path / "p.toml", kind)
+    with pytest.raises(ProtocolError) as err:
+        load_protocol(bad)
+    assert err.value.field == "file" and str(err.value).startswith(f"{bad}: file: {WHY[kind]}")
+
+
+def test_load_is_capped_before_reading(tmp_path):
+    from exactedit.evals.protocol.protocol import MAX_PROTOCOL_BYTES
+
+    big = tmp_path / "big.toml"
+    with open(big, "wb") as fh:
+        fh.truncate(MAX_PROTOCOL_BYTES + 1)                    # sparse
+    with pytest.raises(ProtocolError, match=rf"big\.toml: file: {MAX_PROTOCOL_BYTES + 1} bytes, over the limit"):
+        load_protocol(big)
+
+
+@pytest.mark.parametrize("nest", ["[" * 100_000 + "]" * 100_000, "{a = " * 100_000 + "}" * 100_000])
+def test_deeply_nested_toml_is_a_protocol_error(tmp_path, nest):
+    """tomllib recursed into a RecursionError (a traceback, not the file's name)."""
+    deep = tmp_path / "deep.toml"
+    deep.write_text(PROTOCOL + "\n[edit_set]\ntokens = " + nest + "\n", encoding="utf-8")
+    with pytest.raises(ProtocolError, match=r"deep\.toml: toml: not valid TOML \(nested too deeply\)"):
+        load_protocol(deep)
+
+
+def test_write_protocol_refuses_what_no_reader_would_take(tmp_path, monkeypatch):
+    from exactedit.evals.protocol import protocol as module
+    from exactedit.evals.protocol.protocol import Trace, write_protocol
+
+    monkeypatch.setattr(module, "MAX_PROTOCOL_BYTES", 64)
+    with pytest.raises(ProtocolError, match="over the limit of 64"):
+        write_protocol(tmp_path / "p.toml", "a name", (Trace("x", tmp_path / "x", "train"),))
+    assert not list(tmp_path.iterdir())
