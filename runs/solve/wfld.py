@@ -238,7 +238,7 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
     gated = None
     if cfg.key == "gated":
         gated = _solve_gated(cfg, g, tail, mining, named, held, specials, phrases, bg_roles, bar_d, dhead, st,
-                             max_kl=bars_cfg.chat_max_kld)
+                             max_kl={"dev chat": bars_cfg.chat_max_kld, "anchors": bars_cfg.engine_max_kld})
         dense = gated.dense
     else:
         dense = solve_dense(DenseInputs(
@@ -305,7 +305,7 @@ def _ffn_name(tail, part: str) -> str:
 
 
 def _solve_gated(cfg: WfldConfig, g, tail, mining: Mining, named: dict, held: dict, specials, phrases, bg_roles,
-                 bar_d, dhead, st, *, max_kl: float | None = None):
+                 bar_d, dhead, st, *, max_kl: dict | None = None):
     """The gated edit (solvers.l47.gated.edit) with the engine's own arithmetic for the rewritten
     unit: x = ffn_norm(R) as ggml computes it, the gate and up rows quantized to their tensors'
     type and multiplied as llama.cpp does, the fused swiglu."""

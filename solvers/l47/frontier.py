@@ -94,12 +94,12 @@ class Point:
     mean: dict                   # word index -> mean dlogp of its uses
     low: dict                    # word index -> share of uses below `low`
     uses: dict                   # word index -> uses
-    kl: float | None = None      # mean KL over the dev rows, where the caller measures it (the gated edit)
+    kl: dict | None = None       # rows -> mean KL there, where the caller measures it (the gated edit)
 
-    def passes(self, min_mean: float, max_low_share: float, ignore=(), max_kl: float | None = None) -> bool:
+    def passes(self, min_mean: float, max_low_share: float, ignore=(), max_kl: dict | None = None) -> bool:
         """Every word's uses pass (d), the words in `ignore` (not measured) left out; and, where
-        measured, the mean KL is at most `max_kl`."""
-        if max_kl is not None and self.kl is not None and self.kl > max_kl:
+        measured, each mean KL is at most its `max_kl`."""
+        if max_kl is not None and self.kl is not None and any(v > max_kl[k] for k, v in self.kl.items()):
             return False
         return all(self.mean[w] >= min_mean and self.low[w] <= max_low_share for w in self.mean if w not in ignore)
 
@@ -156,7 +156,7 @@ CUT_TIE = 0.01
 
 
 def choose(points: Sequence[Point], *, min_mean: float, max_low_share: float, ignore=(),
-           max_kl: float | None = None) -> tuple[Point, bool]:
+           max_kl: dict | None = None) -> tuple[Point, bool]:
     """(among the points passing (d), the one of the smallest total strength whose mean cut over
     its phrases is within CUT_TIE of the largest; True), else (the point of the smallest total
     strength, False). The words in `ignore` (word indices: not measured) are not judged.
@@ -164,7 +164,7 @@ def choose(points: Sequence[Point], *, min_mean: float, max_low_share: float, ig
     what a stronger one does to the other tokens at the contexts; on Qwen the gated edit cut
     0.99 of "Here's an" on dev at 1.0 and 1.0 at 4.0, and at 4.0 (chosen, ties to the larger) the
     solve's targets of -20 nats drove its Gauss-Newton rounds apart (KL 12 on the anchors).
-    A point whose measured `kl` is above `max_kl` does not pass."""
+    A point with a measured `kl` above its `max_kl` does not pass."""
     ok = [p for p in points if p.passes(min_mean, max_low_share, ignore, max_kl)]
     if ok:
         cut = lambda p: float(np.mean(list(p.cut.values()))) if p.cut else 0.0  # noqa: E731
@@ -184,7 +184,7 @@ def grid_points(grid: Sequence[float], phrases: int, limit: int = 256) -> list[t
 
 def choose_strength(cfg, tail, problem, mining: Mining, dev: Sequence[tuple[str, object]],
                     collateral: Sequence[tuple[str, object]], bar_d: BarD, *, edits=None, kl_of=None,
-                    max_kl: float | None = None):
+                    max_kl: dict | None = None):
     """Per phrase, a strength of `cfg.strength_grid`: the combination whose dev collateral passes
     (d) on the `dev` traces' legitimate uses with the largest mean dev cut, read off the frontier of
     the per-phrase edits of the problem's first round. A word with fewer than `bar_d.min_uses` dev
@@ -196,8 +196,8 @@ def choose_strength(cfg, tail, problem, mining: Mining, dev: Sequence[tuple[str,
     same points on the `collateral` traces the bars score, reported only). `edits(combos)`, when
     given, yields (combo, dW) for each combo of absolute strengths in place of the scaled first
     round (the gated edit: a column solved and shipped per strength); `kl_of(combo)` (absolute
-    strengths), when given, measures each dev point's mean KL, and a point above `max_kl` does not
-    pass (the gated edit's cost at the phrase's contexts grows with its strength)."""
+    strengths), when given, measures each point's mean KL on some rows ({rows: KL}), and a point
+    above `max_kl[rows]` does not pass (the gated edit's cost at the phrase's contexts grows with its strength)."""
     fr = frontier_rows(dev, mining)
     n_ph = len(mining.phrases)
     uses = np.bincount(fr.word, minlength=len(mining.words)) if fr is not None else np.zeros(len(mining.words), int)
@@ -219,7 +219,7 @@ def choose_strength(cfg, tail, problem, mining: Mining, dev: Sequence[tuple[str,
     else:
         pts = score(fr)
         if kl_of is not None:
-            pts = [dataclasses.replace(p, kl=float(kl_of(tuple(x * cfg.strength for x in p.strength)))) for p in pts]
+            pts = [dataclasses.replace(p, kl=dict(kl_of(tuple(x * cfg.strength for x in p.strength)))) for p in pts]
         best, passed = choose(pts, min_mean=bar_d.min_mean, max_low_share=bar_d.max_low_share, ignore=short,
                               max_kl=max_kl)
     words = [tail.tokens.piece(int(w)) for w in mining.words]

@@ -16,7 +16,7 @@ import numpy as np
 from exactedit.solvers.l47.gated.column import ColumnConfig, solve_column
 from exactedit.solvers.l47.gated.config import GatedError
 
-__all__ = ["ACTIVE", "Contexts", "active_rows", "bound_of", "context_rejected", "dev_kl", "set_column", "solve_down",
+__all__ = ["ACTIVE", "Contexts", "active_rows", "bound_of", "context_rejected", "mean_kl", "set_column", "solve_down",
            "zero_column"]
 
 
@@ -110,17 +110,33 @@ def _record(problem, raw, w_new, d_cont, units, seconds):
 ACTIVE = 1e-2
 
 
-def active_rows(dev, contexts: Sequence[Contexts], mining):
-    """(RowSet of the `dev` rows where some unit is active (ACTIVE), the number of dev rows), both
-    without the slop positions (bar (g)'s non-slop rows: there the KL is the cut itself)."""
+def _chat_rows(d) -> np.ndarray:
+    """bool [T]: the rows of the dump's chat documents (tagged "chat", or holding reply rows), as
+    bar (g) counts them (evals.scoring.bars.chat_docs)."""
+    from exactedit.dumps.format import ROLE_REPLY
+
+    out = np.zeros(d.rows, bool)
+    roles = d.roles
+    for doc in d.docs:
+        reply = roles is not None and bool(np.any(np.asarray(roles[doc.first_row:doc.stop]) & ROLE_REPLY))
+        out[doc.first_row:doc.stop] = "chat" in doc.tags or reply
+    return out
+
+
+def active_rows(traces, contexts: Sequence[Contexts], mining, *, chat_non_slop: bool):
+    """(RowSet of the rows of `traces` where some unit is active (ACTIVE) or None, the number of
+    rows counted): with `chat_non_slop`, of the chat documents' rows that are not slop positions
+    (bar (g)'s rows: at a slop position the KL is the cut itself), else every row (bar (e)'s)."""
     from exactedit.solvers.l47.jacobian import gather_rows
 
     cut = {c.unit: ACTIVE * float(np.median(np.abs(c.a))) for c in contexts}
     blocks, total = [], 0
-    for name, d in dev:
+    for name, d in traces:
         hh = np.asarray(d.hh)
         keep = np.ones(hh.shape[0], bool)
-        keep[np.asarray(mining.trace(name).rows, np.int64)] = False
+        if chat_non_slop:
+            keep[np.asarray(mining.trace(name).rows, np.int64)] = False
+            keep &= _chat_rows(d)
         on = np.zeros(hh.shape[0], bool)
         for j, t in cut.items():
             on |= np.abs(hh[:, j]) > t
@@ -131,9 +147,9 @@ def active_rows(dev, contexts: Sequence[Contexts], mining):
     return (gather_rows(blocks) if blocks else None), total
 
 
-def dev_kl(tail, rows, total: int, dW, tile_rows: int) -> float:
-    """The mean KL over `total` non-slop dev rows of the edit dW, counted on `rows` (where a unit fires: on
-    the others the units' write is below ACTIVE of theirs), exact over the full vocabulary."""
+def mean_kl(tail, rows, total: int, dW, tile_rows: int) -> float:
+    """The mean KL over `total` rows of the edit dW, counted on `rows` (where a unit fires: on the
+    others the units' write is below ACTIVE of theirs), exact over the full vocabulary."""
     from exactedit.solvers.tail.passes.kl_pass_numba import kl_rows_numba
 
     if rows is None or total == 0:
@@ -146,14 +162,16 @@ def dev_kl(tail, rows, total: int, dW, tile_rows: int) -> float:
 
 def solve_down(cfg, tail_removed, problem, contexts: Sequence[Contexts], mining, dev, collateral, bar_d, *,
                raw_removed: np.ndarray, type_name: str, cols: int, specials: Sequence[int],
-               column: ColumnConfig | None = None, max_kl: float | None = None,
+               column: ColumnConfig | None = None, max_kl: dict | None = None, anchors=(),
                progress: Callable[[int, int], None] | None = None):
     """(GaussNewton record, strength section, per unit its column solves) of the gated edit: the
     strengths of `cfg.strength_grid` (else `cfg.strength`) chosen on `dev` as the dense edit's are,
-    each point a set of shipped columns scored exactly, and (with `max_kl`, bar (g)'s) a point
-    whose mean KL over the dev rows (`dev_kl`) is above it not passing: at the phrase's contexts
-    where the model went on otherwise, the lowered word's mass is the edit's KL, and it grows
-    with the strength (on Qwen's "Here's an", 0.0076 on dev chat at strength 4)."""
+    each point a set of shipped columns scored exactly; with `max_kl` ({"dev chat": bar (g)'s,
+    "anchors": bar (e)'s}) a point whose mean KL on dev's non-slop chat rows, or on any one of the
+    `anchors` traces (a domain each), is above its bar does not pass: at the phrase's contexts
+    where the model went on otherwise, the lowered word's mass is the edit's KL and it grows with
+    the strength (on Qwen's two demo phrases at strength 2 each: (g) 0.0064, (e) 0.0105, both
+    failing, where the cut on dev was 0.97 / 0.94)."""
     from exactedit import quant
     from exactedit.solvers.l47.frontier import choose_strength
 
@@ -196,12 +214,20 @@ def solve_down(cfg, tail_removed, problem, contexts: Sequence[Contexts], mining,
         for combo in combos:
             yield combo, dW_of(combo)
 
-    rows, total = active_rows(dev, contexts, mining)
     tile = getattr(cfg, "tile_rows", 8192)
-    kl_of = (lambda combo: dev_kl(tail_removed, rows, total, dW_of(combo), tile)) if max_kl is not None else None  # noqa: E731
+    kl_of = limits = None
+    if max_kl is not None:
+        sets = [("dev chat", active_rows(dev, contexts, mining, chat_non_slop=True))]
+        sets += [(f"anchors:{n}", active_rows([(n, d)], contexts, mining, chat_non_slop=False)) for n, d in anchors]
+
+        def measured(combo):
+            dW = dW_of(combo)
+            return {k: mean_kl(tail_removed, rows, total, dW, tile) for k, (rows, total) in sets}
+        kl_of = measured
+        limits = {k: max_kl["anchors" if k.startswith("anchors:") else k] for k, _ in sets}
     if cfg.strength_grid:
         _, strength = choose_strength(cfg, tail_removed, problem, mining, dev, collateral, bar_d, edits=edits,
-                                      kl_of=kl_of, max_kl=max_kl)
+                                      kl_of=kl_of, max_kl=limits)
         chosen = [strength["chosen"][ph] for ph in mining.phrases]
     else:
         strength, chosen = None, [cfg.strength] * len(mining.phrases)

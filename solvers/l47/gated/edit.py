@@ -100,7 +100,7 @@ class GatedInputs:
     headroom: float = 4.0           # with design_target None: the target is this many times the 99.9th percentile of |hh|
                                     # (WfldConfig.gated_headroom)
     candidates: int = 4             # units whose removal is measured exactly (KL on the anchors)
-    max_kl: float | None = None     # a dev strength point whose mean KL is above this does not pass (bar (g)'s)
+    max_kl: dict | None = None      # {"dev chat": bar (g)'s, "anchors": bar (e)'s}: a strength point above either fails
     device_head: object = None
 
 
@@ -266,6 +266,7 @@ def solve_gated(inputs: GatedInputs, cfg, *, mark: Callable[..., None] | None = 
     gn, strength, columns = solve_down(cfg, tail_removed, problem, contexts, i.mining, rewritten.get("heldout", []),
                                        rewritten.get("collateral", []), i.bar_d, raw_removed=raw_removed,
                                        type_name=i.type_name, cols=i.cols, specials=i.specials, max_kl=i.max_kl,
+                                       anchors=rewritten.get("anchors", []),
                                        progress=progress)
     dense = DenseResult(problem, gn, strength)
     held_pos, _ = _labels(rewritten.get("heldout", []), i.mining, {})

@@ -40,13 +40,14 @@ def test_choose_drops_points_above_the_kl_budget():
     """A point whose measured mean KL is above `max_kl` does not pass; unmeasured (None) is not judged."""
     import dataclasses as dc
 
-    pts = [Point((2.0,), {0: 0.99}, 0.99, {1: 0.0}, {1: 0.0}, {1: 9}, kl=0.008),
-           Point((1.0,), {0: 0.88}, 0.88, {1: 0.0}, {1: 0.0}, {1: 9}, kl=0.003)]
+    pts = [Point((2.0,), {0: 0.99}, 0.99, {1: 0.0}, {1: 0.0}, {1: 9}, kl={"dev chat": 0.008}),
+           Point((1.0,), {0: 0.88}, 0.88, {1: 0.0}, {1: 0.0}, {1: 9}, kl={"dev chat": 0.003})]
     best, passed = choose(pts, min_mean=-0.05, max_low_share=0.1)
     assert passed and best.strength == (2.0,)
-    best, passed = choose(pts, min_mean=-0.05, max_low_share=0.1, max_kl=0.005)
+    best, passed = choose(pts, min_mean=-0.05, max_low_share=0.1, max_kl={"dev chat": 0.005})
     assert passed and best.strength == (1.0,)
-    best, passed = choose([dc.replace(p, kl=None) for p in pts], min_mean=-0.05, max_low_share=0.1, max_kl=0.005)
+    best, passed = choose([dc.replace(p, kl=None) for p in pts], min_mean=-0.05, max_low_share=0.1,
+                          max_kl={"dev chat": 0.005})
     assert passed and best.strength == (2.0,)
     assert "kl" in pts[0].to_json(["p"], ["w0", "w1"]) and "kl" not in dc.replace(pts[0], kl=None).to_json(
         ["p"], ["w0", "w1"])
