@@ -129,7 +129,8 @@ def test_bundled_gemma_data_template_and_defaults():
     assert (cfg.max_new, cfg.corpus_tokens) == (96, 3000)       # defaults.toml, not the class's 160 / 12,000
     assert AntislopConfig.for_model("gemma", max_new=7, samples=None).max_new == 7   # given beats the file
     assert AntislopConfig.for_model("qwen").template() is None  # Qwen's GGUF has its own
-    assert AntislopConfig.for_model("qwen") == AntislopConfig()  # no defaults.toml: the class's defaults
+    # its defaults.toml sets the edit kind only (the gated edit, chosen on dev: docs/real-model.md)
+    assert AntislopConfig.for_model("qwen") == AntislopConfig(key="gated")
 
 
 @pytest.mark.parametrize("text,match", [("max_new = 'x'\n", "max_new: expected int"),
