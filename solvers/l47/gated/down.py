@@ -218,7 +218,8 @@ def solve_down(cfg, tail_removed, problem, contexts: Sequence[Contexts], mining,
     kl_of = limits = None
     if max_kl is not None:
         sets = [("dev chat", active_rows(dev, contexts, mining, chat_non_slop=True))]
-        sets += [(f"anchors:{n}", active_rows([(n, d)], contexts, mining, chat_non_slop=False)) for n, d in anchors]
+        sets += [(n if n.startswith("anchors:") else f"anchors:{n}",      # trace names carry their role
+                  active_rows([(n, d)], contexts, mining, chat_non_slop=False)) for n, d in anchors]
 
         def measured(combo):
             dW = dW_of(combo)
