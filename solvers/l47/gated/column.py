@@ -27,7 +27,7 @@ the specials) as the softmax's support, so a function evaluation costs rows x to
 vocabulary; after the solve one full-vocabulary pass adds every token whose probability rose above
 `support_floor` outside its row's support, and the solve repeats from where it stopped
 (`rounds`). The shipped column is the nearest codes within each row's own block scales of the
-stored ffn_down (solvers.l47.gated.edit.set_column): L-BFGS-B keeps |d_i| within the codes' range, so
+stored ffn_down (solvers.l47.gated.down.set_column): L-BFGS-B keeps |d_i| within the codes' range, so
 every other byte of the tensor is kept.
 """
 from __future__ import annotations

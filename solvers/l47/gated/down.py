@@ -7,6 +7,7 @@ the conditions' targets are the dense solve's, shown beside, not what the column
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -43,14 +44,30 @@ def zero_column(raw: np.ndarray, type_name: str, cols: int, j: int) -> np.ndarra
     return set_column(raw, type_name, cols, j, np.zeros(rows))
 
 
+def _one_column(grid, j: int):
+    """The Grid of column j alone (its steps [rows, 1])."""
+    return grid._replace(steps=grid.steps[:, j:j + 1])
+
+
+def _bound(col) -> np.ndarray:
+    step = np.abs(np.nan_to_num(col.steps[:, 0].astype(np.float64)))
+    return step * min(abs(col.lo), col.hi)
+
+
+def _shipped(col, d) -> np.ndarray:
+    """float64 [rows]: the column as the engine loads it once `d` is written by `set_column`
+    (grid.values of the nearest codes: bit for bit the dequantized bytes)."""
+    from exactedit.quant.rounding.grid import nearest, values
+
+    return values(col, nearest(col, np.asarray(d, np.float64)[:, None]))[:, 0].astype(np.float64)
+
+
 def bound_of(raw: np.ndarray, type_name: str, cols: int, j: int) -> np.ndarray:
     """float64 [rows]: the largest |value| column j's codes hold in each row (symmetric: the
     codes' smaller end), so a solve bounded by it ships without clamping."""
     from exactedit.quant.rounding.grid import grid_of
 
-    grid = grid_of(raw, type_name, cols)
-    step = np.abs(np.nan_to_num(grid.steps[:, j].astype(np.float64)))
-    return step * min(abs(grid.lo), grid.hi)
+    return _bound(_one_column(grid_of(raw, type_name, cols), j))
 
 
 def context_rejected(tokens, doc, tuples: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -173,28 +190,28 @@ def solve_down(cfg, tail_removed, problem, contexts: Sequence[Contexts], mining,
     the strength (on Qwen's two demo phrases at strength 2 each: (g) 0.0064, (e) 0.0105, both
     failing, where the cut on dev was 0.97 / 0.94)."""
     from exactedit import quant
+    from exactedit.quant.rounding.grid import grid_of
     from exactedit.solvers.l47.frontier import choose_strength
 
-    view = quant.dequantize
     column = column or ColumnConfig(margin=float(cfg.margin))
     margins = {c.phrase: cfg.margin_for(mining.phrases[c.phrase]) for c in contexts}
-    bounds = {c.unit: bound_of(raw_removed, type_name, cols, c.unit) for c in contexts}
-    col0 = {c.unit: view(raw_removed, type_name, cols)[:, c.unit].astype(np.float64) for c in contexts}
+    grid = grid_of(raw_removed, type_name, cols)         # the block scales every column is written within
+    cols_of = {c.unit: _one_column(grid, c.unit) for c in contexts}
+    bounds = {u: _bound(g) for u, g in cols_of.items()}
+    col0 = {c.unit: np.asarray(problem.w0[:, c.unit], np.float64) for c in contexts}   # the removal's column
     solved: dict = {}                     # (unit, strength) -> (ColumnSolve, shipped column values)
     t_solve = [0.0]
-    total = len(contexts) * max(1, len(set(cfg.strength_grid)) or 1)
+    total = len(contexts) * max(1, len(set(cfg.strength_grid)))
 
     def column_at(c: Contexts, s: float):
         key = (c.unit, float(s))
         if key not in solved:
             t = time.perf_counter()
             near = [v[0].d for (u, x), v in sorted(solved.items(), key=lambda kv: abs(kv[0][1] - s)) if u == c.unit]
-            cc = ColumnConfig(**{**column.__dict__, "margin": margins[c.phrase]})
+            cc = dataclasses.replace(column, margin=margins[c.phrase])
             sol = solve_column(tail_removed, c.y0, c.a, c.rej, specials, float(s), cc, bound=bounds[c.unit],
                                d0=near[0] if near else None, tile_rows=getattr(cfg, "tile_rows", 8192))
-            raw = set_column(raw_removed, type_name, cols, c.unit, sol.d)
-            shipped = view(raw, type_name, cols)[:, c.unit].astype(np.float64)
-            solved[key] = (sol, shipped)
+            solved[key] = (sol, _shipped(cols_of[c.unit], sol.d))
             t_solve[0] += time.perf_counter() - t
             if progress is not None:
                 progress(min(len(solved), total), total)
@@ -238,7 +255,7 @@ def solve_down(cfg, tail_removed, problem, contexts: Sequence[Contexts], mining,
         sol, shipped = column_at(c, chosen[c.phrase])
         raw = set_column(raw, type_name, cols, c.unit, sol.d)
         d_cont.append(sol.d - col0[c.unit])
-    w_new = view(raw, type_name, cols)
+    w_new = quant.dequantize(raw, type_name, cols)
     rec = _record(problem, raw, w_new, d_cont, [c.unit for c in contexts], {"solve": t_solve[0]})
     table = [{"unit": u, "strength": s, "loss": v[0].loss, "iterations": v[0].n_iter, "message": v[0].message,
               "support": v[0].support, "added": v[0].added, "rejected_logp": list(v[0].rejected_logp),

@@ -166,5 +166,9 @@ def test_the_column_ships_within_the_block_scales(qtype):
 
     step = grid_of(raw, qtype, 512).steps[:, j]
     assert np.all(np.abs(v1[:, j] - want) <= np.abs(step) / 2 + 1e-9)   # half a step: never clamped
+    from exactedit.solvers.l47.gated.down import _one_column, _shipped
+
+    # what the strength frontier scores without packing: bit for bit the column the bytes load as
+    assert np.array_equal(_shipped(_one_column(grid_of(raw, qtype, 512), j), want), v1[:, j].astype(np.float64))
     z = zero_column(raw, qtype, 512, j)
     assert np.all(quant.dequantize(z, qtype, 512)[:, j] == 0)
