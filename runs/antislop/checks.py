@@ -116,10 +116,10 @@ def _texts(paths: Sequence[Path]) -> list[str]:
 def word_uses(cfg: AntislopConfig, phrases: Sequence[str], *, corpus_sources=None, texts=None) -> UsesCheck:
     """Per banned word, its uses in the run's texts and the corpus's dev and collateral parts (see
     the module doc), and a warning per word that they do not measure. `corpus_sources` (a list of
-    runs.data.corpus.Source) default to the corpus the run's corpus stage reads (the standard
-    library's docstrings; none with corpus_tokens 0); `texts` (strings) to the run's text files."""
+    runs.data.corpus.Source) default to the corpus the run's corpus stage reads (the bundled general
+    English and the standard library's docstrings; none with corpus_tokens 0); `texts` (strings) to the run's text files."""
     from exactedit.evals.protocol.protocol import Bars
-    from exactedit.runs.data.corpus import split_sources, stdlib_sources
+    from exactedit.runs.data.corpus import corpus_sources as read_corpus, split_sources
 
     min_uses = Bars().collateral_min_uses
     limit = cfg.wfld_config(cfg.keys()[0]).unmeasured_strength
@@ -129,7 +129,7 @@ def word_uses(cfg: AntislopConfig, phrases: Sequence[str], *, corpus_sources=Non
     if corpus is None:
         corpus_sources = []
     elif corpus_sources is None:
-        corpus_sources = stdlib_sources()
+        corpus_sources = read_corpus(corpus)
     parts = split_sources([s.name for s in corpus_sources], corpus) if corpus_sources else {}
     window = cfg.corpus_context + 1 + CORPUS_AFTER
     capitalized = corpus.capitalized if corpus is not None else True
@@ -149,7 +149,7 @@ def word_uses(cfg: AntislopConfig, phrases: Sequence[str], *, corpus_sources=Non
 
 
 def _warning(w: WordUses, need: int, limit: float, corpus: bool) -> str:
-    src = "the corpus (the standard library's docstrings)" if corpus else "no corpus (corpus_tokens 0)"
+    src = "the corpus (the bundled general English and the standard library's docstrings)" if corpus else "no corpus (corpus_tokens 0)"
     fixes = []
     if w.collateral < need:
         fixes.append(f"--texts with ordinary uses of {w.word.strip()!r} (about {TEXT_SHARE * need} of them: a "

@@ -48,7 +48,7 @@ Progress = Callable[[str, int, int], None]
 STAGES = ("data", "corpus", "solve", "apply", "verify", "rules", "rates", "cost")
 STATE = "antislop.json"      # the run's state file in DIR (runs/loop/stages.py)
 
-__all__ = ["AntislopResult", "run_antislop", "write_run_protocol"]
+__all__ = ["AntislopResult", "phrases_text", "run_antislop", "write_run_protocol"]
 
 
 class AntislopResult(RunResult):
@@ -101,6 +101,24 @@ class _Run(StagedRun):
         self.start(len(STAGES), command, STATE, REPORTS)     # refuses a directory not a run's first
 
 
+def phrases_text(source, top: int | None, phrases: Sequence[str]) -> str:
+    """DIR/phrases.txt, what `solve wfld` reads the phrases from: a comment naming their file (as
+    ascii() writes it: a newline or a line separator in the name stays inside the comment, a byte
+    no UTF-8 holds is escaped), then one phrase a line. Refused (AntislopError) unless it reads
+    back as `phrases` (before: a name holding a newline put its second line among the phrases, a
+    name of non-UTF-8 bytes was a UnicodeEncodeError)."""
+    from exactedit.solvers.phrases import PhraseError, parse_phrases
+
+    text = f"# from {ascii(str(source))}" + (f", top {top}" if top else "") + "\n" + "".join(p + "\n" for p in phrases)
+    try:
+        back = parse_phrases(text.splitlines(), "phrases.txt")
+    except PhraseError as exc:
+        back = exc
+    if back != tuple(phrases):
+        raise AntislopError(f"phrases.txt: the phrases would not read back as given ({back})")
+    return text
+
+
 def run_antislop(cfg: AntislopConfig, out, *, progress: Progress | None = None, command: str = "") -> AntislopResult:
     """Run (or continue) the loop in `out`; see the module doc."""
     from exactedit.runs.antislop.checks import file_problems, word_uses
@@ -113,8 +131,7 @@ def run_antislop(cfg: AntislopConfig, out, *, progress: Progress | None = None, 
         pre = preflight(r.model, r.phrases, chat_template=r.tpl_path, phrases_from=str(cfg.file("phrases")),
                         settings=file_problems(cfg, r.phrases))
         uses = word_uses(cfg, r.phrases)      # the words bar (d) will not measure, named before generation
-        atomic_write_text(out / "phrases.txt", f"# from {cfg.file('phrases')}" + (f", top {cfg.top}" if cfg.top else "")
-                          + "\n" + "".join(p + "\n" for p in r.phrases))
+        atomic_write_text(out / "phrases.txt", phrases_text(cfg.file("phrases"), cfg.top, r.phrases))
         rec = {"preflight": {**pre.to_dict(), "uses": uses.to_dict()}}
         rec["data"] = _data(r)
         rec["corpus"] = _corpus(r)
@@ -155,7 +172,7 @@ def _corpus(r: _Run) -> dict | None:
     if not c.corpus_tokens:
         r.stages.skip("corpus")
         return None
-    from exactedit.runs.data.corpus import build_corpus
+    from exactedit.runs.data.corpus import build_corpus, english_digest
 
     def build():
         corpus = build_corpus(r.model, r.phrases, r.out / "corpus", config=c.corpus_config(r.tpl_path),
@@ -163,7 +180,7 @@ def _corpus(r: _Run) -> dict | None:
         return corpus.to_dict()
 
     return r.run("corpus", {"phrases": list(r.phrases), "max_tokens": c.corpus_tokens, "context": c.corpus_context,
-                            "seed": c.seed}, ["corpus"], build)
+                            "seed": c.seed, "english": english_digest()}, ["corpus"], build)
 
 
 def _parts(rec: dict) -> dict[str, str]:

@@ -203,6 +203,23 @@ def _ci(s: dict, key: str = "continuation") -> str:
     return "" if lo is None or hi is None else f" [{lo:.2f}, {hi:.2f}]"
 
 
+def corpus_md(corpus: dict) -> list[str]:
+    """The corpus stage in report.md: its sources by kind, and per part its token budget, windows and
+    rows, and per word the windows taken for it and its uses inside them by source kind."""
+    kinds = corpus["corpus"].get("kinds") or {}
+    lines = ["", "corpus (teacher-forced windows, split by source document; "
+             f"{corpus['corpus']['sources']} sources" + "".join(f", {kinds[k]} {k}" for k in kinds if kinds[k]) + "):",
+             "", "| part | budget (tokens) | windows | rows | per word: uses (windows taken; uses by source) |",
+             "|---|---|---|---|---|"]
+    for part in corpus["parts"]:
+        by_kind = part.get("by_kind") or {}
+        words = "; ".join(f"{w!r} {n} ({part['taken'].get(w, 0)}"
+                          + "".join(f"; {k} {by_kind[k].get(w, 0)}" for k in by_kind) + ")"
+                          for w, n in part["uses"].items())
+        lines.append(f"| {part['name']} | {part['budget']} | {part['windows']} | {part['rows']} | {words} |")
+    return lines + [f"warning: {w}" for w in corpus["warnings"]]
+
+
 def report_text(obj: dict, rec: dict) -> str:
     """report.md's text."""
     model = Path(obj["model"]).name
@@ -217,10 +234,7 @@ def report_text(obj: dict, rec: dict) -> str:
              f"({', '.join(str(s['name']) + ' ' + str(s['docs']) for s in data['sets'])})"]
     lines += [f"warning: {w}" for w in data["warnings"]]
     if rec["corpus"] is not None:
-        lines.append("corpus (teacher-forced windows, split by source document): " + "; ".join(
-            f"{p['name']} {p['windows']} windows, {p['rows']} rows, uses "
-            + ", ".join(f"{w!r} {n}" for w, n in p["uses"].items()) for p in rec["corpus"]["parts"]))
-        lines += [f"warning: {w}" for w in rec["corpus"]["warnings"]]
+        lines += corpus_md(rec["corpus"])
     wf = rec["solve"]["report"]
     key = wf.get("key") or {}
     lines += ["", f"## solve wfld: {rec['solve']['verdict']} (key {key.get('kind', 'dense')}, "

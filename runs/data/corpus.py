@@ -1,10 +1,12 @@
 """`exactedit dataset corpus`: teacher-forced windows of an offline corpus around each use of the
 banned phrases' final tokens, without sampling (prefill is cheap where generation is not).
 
-1. The corpus: the docstrings of the Python standard library (module, class and function
-   docstrings, one source document per file, `stdlib:json/decoder.py`; prose in a programming
-   register) and optional plain text files (one source document each, by file name); read offline,
-   in sorted order, bounded in size.
+1. The corpus, looked through where the words live, in this order of preference: the caller's
+   plain text files (one source document each, by file name), the bundled general-English corpus
+   (runs/bundled/english/: 40 documents of ordinary prose in as many registers, written for
+   exactedit, `english:01-letter.txt`) and the docstrings of the Python standard library
+   (module, class and function docstrings, one source document per file, `stdlib:json/decoder.py`;
+   prose in a programming register); read offline, in sorted order, bounded in size.
 2. The words: token ids, by default the phrases' final tokens as `solve wfld`'s mining finds them
    (`phrase_words`: the fewest-token form after a space). Each document is tokenized by the
    model; a row whose next token is a word is a *use*, unless the shared phrase matcher
@@ -13,13 +15,15 @@ banned phrases' final tokens, without sampling (prefill is cheap where generatio
    shares into `solve` (the rows the solve may hold), `dev` (choosing the edit's strength) and
    `collateral` (held out for bar (d)).
 4. The budget: each part gets its share of `max_tokens` prefill tokens, spent round-robin over the
-   words (each word's uses in a seeded hash order), so a rare word is not starved. A use becomes a
-   window of `context` tokens ending at its row, the word itself and `after` tokens past it;
-   overlapping windows of a document merge (up to `max_window` tokens).
+   words, so a rare word is not starved; each word's uses are taken by the source's rank (the
+   caller's texts, then general English, then the stdlib), in a seeded hash order within a rank.
+   A use becomes a window of `context` tokens ending at its row, the word itself and `after`
+   tokens past it; overlapping windows of a document merge (up to `max_window` tokens).
 5. Each window is one CaptureDoc (`plain`, tagged `corpus`, source the document's identity, one
    character per source document) and each part one rmsnorm dump, captured without keeping the
    engine's logits; `corpus.json` records per part the dump, windows, rows, uses per word (counted
-   inside the windows, as mining the dump will count them) and the source documents.
+   inside the windows, as mining the dump will count them), the windows taken per word, the uses
+   per word by source kind, and the source documents.
 """
 from __future__ import annotations
 
@@ -48,6 +52,9 @@ PARTS = ("solve", "dev", "collateral")
 SKIP_DIRS = frozenset({"test", "tests", "idlelib", "lib2to3", "site-packages", "__pycache__"})
 MAX_FILE_BYTES = 1_000_000      # a stdlib source file larger than this is skipped
 MAX_DOC_CHARS = 20_000          # one docstring is cut here
+ENGLISH_DIR = Path(__file__).resolve().parents[1] / "bundled" / "english"
+# a source's rank: the order in which a word's uses are taken (the caller's texts first)
+RANKS = {"text": 0, "english": 1, "stdlib": 2}
 # MAX_TEXT_BYTES (exactedit.files): a caller's text file larger than this is refused
 
 
@@ -62,6 +69,7 @@ class CorpusConfig:
     dev: float = 0.25
     collateral: float = 0.25
     stdlib: bool = True
+    english: bool = True
     capitalized: bool = True
     chat_fallback: str | None = None      # the framing when the model's template is refused (native.llamacpp.chat)
     chat_template: str | None = None      # a Jinja2 chat template file, used instead of the model's (native.llamacpp.chat)
@@ -85,10 +93,12 @@ class CorpusConfig:
 
 @dataclass(frozen=True)
 class Source:
-    """One source document of the corpus: its identity (the unit of the split) and its text."""
+    """One source document of the corpus: its identity (the unit of the split), its text and its
+    kind (a key of RANKS: where it comes from, which orders the taking of a word's uses)."""
 
     name: str
     text: str
+    kind: str = "text"
 
 
 # ---- the corpus -----------------------------------------------------------------------------------
@@ -136,8 +146,32 @@ def stdlib_sources(root=None, *, max_file_bytes: int = MAX_FILE_BYTES) -> list[S
             continue
         docs = docstrings(data)
         if docs:
-            out.append(Source(f"stdlib:{p.relative_to(root).as_posix()}", "\n\n".join(docs)))
+            out.append(Source(f"stdlib:{p.relative_to(root).as_posix()}", "\n\n".join(docs), "stdlib"))
     return out
+
+
+def english_sources(root=None) -> list[Source]:
+    """The bundled general-English corpus (runs/bundled/english/*.txt, or `root`): one Source per
+    file, `english:` + its name, in name order."""
+    root = Path(root if root is not None else ENGLISH_DIR)
+    paths = sorted(p for p in root.glob("*.txt") if p.is_file())
+    return [Source(f"english:{p.name}", s.text, "english") for p, s in zip(paths, text_sources(paths))]
+
+
+def english_digest(root=None) -> str:
+    """sha256 over the general-English corpus's file names and bytes (a run keyed by it redoes its
+    corpus when the bundled corpus changes)."""
+    h = hashlib.sha256()
+    for s in english_sources(root):
+        h.update(f"{s.name}\0{len(s.text)}\0{s.text}\0".encode())
+    return h.hexdigest()
+
+
+def corpus_sources(cfg: "CorpusConfig", texts: Sequence = (), *, stdlib_root=None, english_root=None) -> list[Source]:
+    """The corpus of `cfg`: the caller's texts, then the general-English corpus (cfg.english), then
+    the stdlib's docstrings (cfg.stdlib)."""
+    return (text_sources(texts) + (english_sources(english_root) if cfg.english else [])
+            + (stdlib_sources(stdlib_root) if cfg.stdlib else []))
 
 
 def text_sources(paths: Sequence) -> list[Source]:
@@ -265,6 +299,7 @@ class Part:
     taken: dict[str, int]     # word -> windows taken for it
     sources: list[str]        # source documents with a window here
     assigned: int             # source documents split to this part
+    by_kind: dict = None      # source kind (text, english, stdlib) -> word -> uses inside its windows
 
 
 @dataclass(frozen=True)
@@ -288,19 +323,25 @@ def plan(sources: Sequence[Source], tokens: Sequence[np.ndarray], words: dict[in
     parts, windows = [], {}
     for part in PARTS:
         cand = [sorted(((d, int(r)) for d in groups[part] for r, k in zip(found[d][0], found[d][1]) if k == wi),
-                       key=lambda x: _key(cfg.seed, sources[x[0]].name, x[1])) for wi in range(w.size)]
+                       key=lambda x: (RANKS.get(sources[x[0]].kind, len(RANKS)), _key(cfg.seed, sources[x[0]].name, x[1])))
+                for wi in range(w.size)]
         spans, taken = select(cand, [len(t) for t in tokens], budgets[part], cfg)
         wins = [(d, a, b) for d in sorted(spans) for a, b in spans[d]]
         uses, slop = np.zeros(w.size, np.int64), 0
+        kinds = {kind: np.zeros(w.size, np.int64) for kind in RANKS}
         for d, a, b in wins:
             u, k, s = scan(tokens[d][a:b], w, matcher)
             uses += np.bincount(k, minlength=w.size)
+            kinds.setdefault(sources[d].kind, np.zeros(w.size, np.int64))
+            kinds[sources[d].kind] += np.bincount(k, minlength=w.size)
             slop += s.size
         windows[part] = wins
         parts.append(Part(part, None, budgets[part], len(wins), sum(b - a for _, a, b in wins),
                           dict(zip(names, map(int, uses))), slop, dict(zip(names, taken)),
-                          [sources[d].name for d in sorted(spans)], len(groups[part])))
-    corpus = {"sources": len(sources), "tokens": int(sum(len(t) for t in tokens)),
+                          [sources[d].name for d in sorted(spans)], len(groups[part]),
+                          {kind: dict(zip(names, map(int, n))) for kind, n in kinds.items() if n.any()}))
+    corpus = {"sources": len(sources), "kinds": {k: sum(s.kind == k for s in sources) for k in RANKS},
+              "tokens": int(sum(len(t) for t in tokens)),
               "uses": dict(zip(names, map(int, sum((np.bincount(f[1], minlength=w.size) for f in found),
                                                    np.zeros(w.size, np.int64))))),
               "slop_contexts": int(sum(f[2].size for f in found))}
@@ -327,7 +368,7 @@ class CorpusResult:
 
 def build_corpus(model, phrases: Sequence[str], out, *, texts: Sequence = (), words: Sequence[int] | None = None,
                  config: CorpusConfig | None = None, settings: EngineSettings | None = None,
-                 stdlib_root=None, overwrite: bool = False, progress: Progress | None = None) -> CorpusResult:
+                 stdlib_root=None, english_root=None, overwrite: bool = False, progress: Progress | None = None) -> CorpusResult:
     """Tokenize the corpus, choose the windows (`plan`) and capture one dump per part under `out`
     (solve/, dev/, collateral/) with `corpus.json` beside them. `words` default to `phrase_words`."""
     cfg = config or CorpusConfig()
@@ -338,9 +379,10 @@ def build_corpus(model, phrases: Sequence[str], out, *, texts: Sequence = (), wo
         raise EngineError(out, "out", "exists (pass --overwrite to replace its dumps)")
     if cfg.max_window > settings.n_ctx:
         raise EngineError("CorpusConfig", "max_window", f"{cfg.max_window} exceeds the engine's n_ctx {settings.n_ctx}")
-    sources = (stdlib_sources(stdlib_root) if cfg.stdlib else []) + text_sources(texts)
+    sources = corpus_sources(cfg, texts, stdlib_root=stdlib_root, english_root=english_root)
     if not sources:
-        raise EngineError(out, "corpus", "no source documents (the stdlib is off and no texts were given)")
+        raise EngineError(out, "corpus", "no source documents (the stdlib and general English are off and no texts "
+                          "were given)")
     chat = model_chat(model, fallback=cfg.chat_fallback, template=cfg.chat_template)
     ids = tuple(sorted({int(x) for x in (words if words is not None else
                                           phrase_words(chat.table, phrases, capitalized=cfg.capitalized))}))

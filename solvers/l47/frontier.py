@@ -16,6 +16,11 @@ full tail and a full-vocabulary pass per point):
 weakest, flagged. The chosen strengths are then solved (every target of phrase p scaled by s_p)
 and shipped exactly; the frontier is an estimate for choosing only.
 
+With more phrases than the grid's combinations can cover (GRID_LIMIT), the choice is a
+coordinate search (`search_strengths`): from the best shared strength, each phrase in turn at
+each grid strength with the others held, about P x G points instead of G^P; with the gated edit
+each phrase's unit fires on its own contexts only, so the phrases' choices barely interact.
+
 A word with fewer than `BarD.min_uses` legitimate uses on dev is not measured there: (d) cannot
 judge it, so `choose_strength` leaves it out of the choice and never takes a phrase ending in it
 above the cautious `WfldConfig.unmeasured_strength` (the edit is first order in the strength: at
@@ -38,7 +43,7 @@ from exactedit.solvers.l47.mining import Mining
 from exactedit.solvers.l47.problem import WfldProblem
 
 __all__ = ["BarD", "FrontierRows", "Point", "choose", "choose_strength", "condition_phrase", "frontier", "frontier_rows",
-           "grid_points", "phrase_parts", "points", "scaled"]
+           "grid_points", "phrase_parts", "points", "scaled", "search_strengths"]
 
 
 @dataclass(frozen=True)
@@ -119,8 +124,13 @@ def _logp(tail, fr: FrontierRows, dW, tile_rows: int) -> np.ndarray:
     return np.asarray(vp.selected[:, 0], np.float64) - vp.lse
 
 
+def base_logp(tail, fr: FrontierRows, tile_rows: int = 8192) -> np.ndarray:
+    """The unedited log-probs of `fr`'s followed tokens (what `points` scores against)."""
+    return _logp(tail, fr, None, tile_rows)
+
+
 def frontier(tail, parts: Sequence[np.ndarray], fr: FrontierRows, strengths: Sequence[Sequence[float]], *,
-             low: float = -0.10, tile_rows: int = 8192) -> list[Point]:
+             low: float = -0.10, tile_rows: int = 8192, base=None) -> list[Point]:
     """The frontier of W + sum_p s_p dW_p (`parts`: one edit per phrase) at each strength vector
     s of `strengths` (see the module doc), exact in float32 logits."""
     parts = [np.asarray(d, np.float64) for d in parts]
@@ -128,13 +138,14 @@ def frontier(tail, parts: Sequence[np.ndarray], fr: FrontierRows, strengths: Seq
         if len(sv) != len(parts):
             raise ValueError(f"a strength per part: {len(parts)} parts, got {list(sv)}")
     return points(tail, fr, ((sv, sum(float(x) * d for x, d in zip(sv, parts))) for sv in strengths),
-                  low=low, tile_rows=tile_rows)
+                  low=low, tile_rows=tile_rows, base=base)
 
 
-def points(tail, fr: FrontierRows, edits, *, low: float = -0.10, tile_rows: int = 8192) -> list[Point]:
+def points(tail, fr: FrontierRows, edits, *, low: float = -0.10, tile_rows: int = 8192, base=None) -> list[Point]:
     """A Point per (strength vector, dW [n, h]) of `edits`, each scored exactly on `fr`'s rows
-    against the unedited tail (the gated edit hands in one shipped column per strength)."""
-    base = _logp(tail, fr, None, tile_rows)
+    against the unedited tail (the gated edit hands in one shipped column per strength); `base`
+    the unedited log-probs of `fr`'s tokens when already computed (`base_logp`)."""
+    base = base_logp(tail, fr, tile_rows) if base is None else base
     out = []
     P = fr.slop
     for sv, dW in edits:
@@ -156,7 +167,7 @@ CUT_TIE = 0.01
 
 
 def choose(points: Sequence[Point], *, min_mean: float, max_low_share: float, ignore=(),
-           max_kl: dict | None = None) -> tuple[Point, bool]:
+           max_kl: dict | None = None, phrase: int | None = None) -> tuple[Point, bool]:
     """(among the points passing (d), the one of the smallest total strength whose mean cut over
     its phrases is within CUT_TIE of the largest; True), else (the point of the smallest total
     strength, False). The words in `ignore` (word indices: not measured) are not judged.
@@ -164,22 +175,52 @@ def choose(points: Sequence[Point], *, min_mean: float, max_low_share: float, ig
     what a stronger one does to the other tokens at the contexts; on Qwen the gated edit cut
     0.99 of "Here's an" on dev at 1.0 and 1.0 at 4.0, and at 4.0 (chosen, ties to the larger) the
     solve's targets of -20 nats drove its Gauss-Newton rounds apart (KL 12 on the anchors).
-    A point with a measured `kl` above its `max_kl` does not pass."""
+    A point with a measured `kl` above its `max_kl` does not pass. With `phrase` (a coordinate
+    step of the search, `choose_strength`), the cut compared is that phrase's own."""
     ok = [p for p in points if p.passes(min_mean, max_low_share, ignore, max_kl)]
     if ok:
-        cut = lambda p: float(np.mean(list(p.cut.values()))) if p.cut else 0.0  # noqa: E731
+        if phrase is None:
+            cut = lambda p: float(np.mean(list(p.cut.values()))) if p.cut else 0.0  # noqa: E731
+        else:
+            cut = lambda p: float(p.cut.get(phrase, 0.0))  # noqa: E731
         best = max(cut(p) for p in ok)
         return min((p for p in ok if cut(p) >= best - CUT_TIE), key=lambda p: (sum(p.strength), -cut(p))), True
     return min(points, key=lambda p: sum(p.strength)), False
 
 
-def grid_points(grid: Sequence[float], phrases: int, limit: int = 256) -> list[tuple[float, ...]]:
+#: above this many per-phrase combinations the grid is searched by coordinates (`choose_strength`)
+GRID_LIMIT = 256
+
+
+def grid_points(grid: Sequence[float], phrases: int, limit: int = GRID_LIMIT) -> list[tuple[float, ...]]:
     """Every per-phrase combination of the grid's strengths, or (above `limit` combinations) one
-    shared strength for every phrase."""
+    shared strength for every phrase: the start of the coordinate search."""
     grid = sorted(set(float(x) for x in grid))
     if len(grid) ** phrases <= limit:
         return [tuple(c) for c in itertools.product(grid, repeat=phrases)]
     return [(g,) * phrases for g in grid]
+
+
+def search_strengths(combos, grid, measured, capped=lambda c: c, **pick) -> tuple[list[Point], Point, bool]:
+    """(every point measured, the chosen one, whether it passes): `choose` over `combos`, then with
+    a `grid` (the combinations too many to measure: `combos` the shared strengths) a coordinate
+    search from the best of them, one phrase at a time in order, each step measuring that phrase at
+    every other strength of the grid (`capped`) with the others where they are, and keeping the
+    `choose` of the step by that phrase's own cut (len(grid) + P (len(grid) - 1) points at most).
+    `measured(combos)` -> a Point each."""
+    pts = list(measured(combos))
+    best, passed = choose(pts, **pick)
+    if grid is None:
+        return pts, best, passed
+    seen = {p.strength for p in pts}
+    for ph in range(len(best.strength)):
+        alts = [c for c in dict.fromkeys(capped(best.strength[:ph] + (g,) + best.strength[ph + 1:]) for g in grid)
+                if c not in seen]
+        new = list(measured(alts)) if alts else []
+        seen.update(p.strength for p in new)
+        pts += new
+        best, passed = choose([best] + new, **pick, phrase=ph)
+    return pts, best, passed
 
 
 def choose_strength(cfg, tail, problem, mining: Mining, dev: Sequence[tuple[str, object]],
@@ -204,24 +245,33 @@ def choose_strength(cfg, tail, problem, mining: Mining, dev: Sequence[tuple[str,
     short = [wi for wi in range(len(mining.words)) if uses[wi] < bar_d.min_uses]
     limited = sorted({p for wi in short for p in mining.word_phrases[wi]})
     cap = cfg.unmeasured_strength / cfg.strength
-    combos = list(dict.fromkeys(tuple(min(x, cap) if p in limited else x for p, x in enumerate(c))
-                                for c in grid_points([s / cfg.strength for s in cfg.strength_grid], n_ph)))
-    if edits is None:
-        parts = phrase_parts(problem, n_ph)
-        score = lambda rows: frontier(tail, parts, rows, combos, low=bar_d.low, tile_rows=cfg.tile_rows)  # noqa: E731
-    else:
-        score = lambda rows: [dataclasses.replace(p, strength=c) for p, c in zip(points(  # noqa: E731
+    grid = sorted(set(s / cfg.strength for s in cfg.strength_grid))
+    capped = lambda c: tuple(min(x, cap) if p in limited else x for p, x in enumerate(c))  # noqa: E731
+    combos = list(dict.fromkeys(capped(c) for c in grid_points(grid, n_ph, GRID_LIMIT)))
+    search = len(grid) ** n_ph > GRID_LIMIT
+    parts = phrase_parts(problem, n_ph) if edits is None else None
+    bases: dict = {}
+
+    def score(rows, combos):
+        base = bases.setdefault(id(rows), base_logp(tail, rows, cfg.tile_rows))
+        if edits is None:
+            return frontier(tail, parts, rows, combos, low=bar_d.low, tile_rows=cfg.tile_rows, base=base)
+        return [dataclasses.replace(p, strength=c) for p, c in zip(points(
             tail, rows, edits([tuple(x * cfg.strength for x in c) for c in combos]), low=bar_d.low,
-            tile_rows=cfg.tile_rows), combos)]
+            tile_rows=cfg.tile_rows, base=base), combos)]
+
+    def measured(combos):
+        pts = score(fr, combos)
+        if kl_of is not None:
+            pts = [dataclasses.replace(p, kl=dict(kl_of(tuple(x * cfg.strength for x in p.strength)))) for p in pts]
+        return pts
+
+    pick = dict(min_mean=bar_d.min_mean, max_low_share=bar_d.max_low_share, ignore=short, max_kl=max_kl)
     if fr is None:      # nothing on dev to read: every phrase at its strongest allowed point
         pts, passed = [], False
         best = Point(max(combos, key=sum), {}, None, {}, {}, {})
     else:
-        pts = score(fr)
-        if kl_of is not None:
-            pts = [dataclasses.replace(p, kl=dict(kl_of(tuple(x * cfg.strength for x in p.strength)))) for p in pts]
-        best, passed = choose(pts, min_mean=bar_d.min_mean, max_low_share=bar_d.max_low_share, ignore=short,
-                              max_kl=max_kl)
+        pts, best, passed = search_strengths(combos, grid if search else None, measured, capped, **pick)
     words = [tail.tokens.piece(int(w)) for w in mining.words]
     phrases = list(mining.phrases)
     absolute = lambda p: dataclasses.replace(p, strength=tuple(x * cfg.strength for x in p.strength))  # noqa: E731
@@ -233,7 +283,10 @@ def choose_strength(cfg, tail, problem, mining: Mining, dev: Sequence[tuple[str,
            "frontier": [absolute(p).to_json(phrases, words) for p in pts]}
     held = frontier_rows(collateral, mining)
     if held is not None:   # the same points on the collateral the bars score: reported, never chosen on
-        out["collateral_frontier"] = [absolute(p).to_json(phrases, words) for p in score(held)]
+        shown = list(dict.fromkeys(combos + [best.strength])) if search else [p.strength for p in pts] or combos
+        out["collateral_frontier"] = [absolute(p).to_json(phrases, words) for p in score(held, shown)]
+    out["search"] = ({"kind": "coordinate", "points": len(pts), "combinations": len(grid) ** n_ph} if search
+                     else {"kind": "grid", "points": len(pts)})
     if edits is not None:
         return problem, out
     return (scaled(problem, best.strength) if any(x != 1.0 for x in best.strength) else problem), out

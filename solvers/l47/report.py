@@ -154,6 +154,10 @@ def strength_lines(strength: dict | None) -> list[str]:
     else:
         how = "(NO combination passes (d) on the dev uses: the weakest)"
     lines = [f"strength per phrase, chosen on dev: {chosen} {how}"]
+    search = strength.get("search") or {}
+    if search.get("kind") == "coordinate":
+        lines.append(f"  (coordinate search: {search['points']} points measured of the grid's "
+                     f"{search['combinations']} combinations; each phrase in turn from the best shared strength)")
     lines += unmeasured_lines(strength)
     for label, key in (("dev", "frontier"), ("collateral, held out, not chosen on", "collateral_frontier")):
         rows = strength.get(key) or ()

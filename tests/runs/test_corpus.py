@@ -209,3 +209,87 @@ def test_cli_dataset_corpus_wires_flags_and_reports_config_errors_cleanly(tmp_pa
     assert seen["config"] == CorpusConfig(max_tokens=600, context=16, seed=3) and seen["phrases"] == ["you can use"]
     assert seen["texts"] == [str(tmp_path / "p.txt")]
     assert '"words"' in res.output
+
+
+def test_a_words_uses_are_taken_from_the_callers_texts_first(ids, matcher):
+    """The budget takes a word's uses by source rank (texts, then general English, then the stdlib):
+    with room for a few windows only, every window of each part comes from the texts while they
+    have uses, and the uses are counted by source kind."""
+    words = {ids(" than")[0]: " than"}
+    line = "we do more than this. " * 6
+    sources = ([Source(f"std{k}", line, "stdlib") for k in range(12)] + [Source(f"en{k}", line, "english")
+                                                                      for k in range(12)]
+               + [Source(f"t{k}", line) for k in range(12)])
+    tokens = [np.asarray(ids.text(s.text), np.int32) for s in sources]
+    cfg = CorpusConfig(context=3, after=1, max_window=64, max_tokens=48)
+    p = plan(sources, tokens, words, matcher, cfg)
+    kind = {s.name: s.kind for s in sources}
+    for x in p.parts:
+        assert x.windows > 0 and {kind[n] for n in x.sources} == {"text"}, x
+        assert x.by_kind == {"text": x.uses}
+    assert p.corpus["kinds"] == {"text": 12, "english": 12, "stdlib": 12}
+    # without the texts, general English comes before the stdlib
+    p = plan(sources[:24], tokens[:24], words, matcher, cfg)
+    assert all({kind[n] for n in x.sources} == {"english"} for x in p.parts)
+    # with a budget for everything, every kind is windowed and the counts add up
+    p = plan(sources, tokens, words, matcher, CorpusConfig(context=3, after=1, max_window=64, max_tokens=100_000))
+    for x in p.parts:
+        assert set(x.by_kind) == {"text", "english", "stdlib"}
+        assert sum(k[" than"] for k in x.by_kind.values()) == x.uses[" than"]
+
+
+def test_corpus_sources_order_and_switches(tmp_path):
+    from exactedit.runs.data.corpus import corpus_sources, english_digest, english_sources
+
+    eng = tmp_path / "english"
+    eng.mkdir()
+    (eng / "02-b.txt").write_text("second")
+    (eng / "01-a.txt").write_text("first")
+    (eng / "notes.md").write_text("not a source")
+    (tmp_path / "mine.txt").write_text("my own text")
+    std = tmp_path / "std"
+    std.mkdir()
+    (std / "m.py").write_text('"""Docs."""\n')
+    got = corpus_sources(CorpusConfig(), [tmp_path / "mine.txt"], stdlib_root=std, english_root=eng)
+    assert [(s.name, s.kind) for s in got] == [("mine.txt", "text"), ("english:01-a.txt", "english"),
+                                               ("english:02-b.txt", "english"), ("stdlib:m.py", "stdlib")]
+    assert [s.name for s in corpus_sources(CorpusConfig(english=False, stdlib=False), [tmp_path / "mine.txt"],
+                                           stdlib_root=std, english_root=eng)] == ["mine.txt"]
+    d = english_digest(eng)
+    (eng / "01-a.txt").write_text("First")
+    assert english_digest(eng) != d and len(d) == 64
+    assert english_sources(tmp_path / "missing") == []
+
+
+def test_the_bundled_general_english_corpus_is_there_and_ordinary():
+    """The bundled corpus (runs/bundled/english/) ships: many documents of ordinary prose, each a
+    readable UTF-8 source, with ordinary uses of words the slop phrases end in, and none of the
+    clichés it is written to avoid."""
+    import re
+
+    from exactedit.runs.data.corpus import english_sources
+
+    got = english_sources()
+    assert len(got) >= 30 and all(s.kind == "english" and s.name.startswith("english:") for s in got)
+    text = "\n".join(s.text for s in got).lower()
+    assert len(text.split()) >= 25_000
+    for word in ("an", "use", "example", "do", "file", "list", "code", "way", "here", "following"):
+        assert len(re.findall(rf"\b{word}\b", text)) >= 5, word
+    for cliche in ("delve", "tapestry", "testament to", "it's important to note", "i hope this helps"):
+        assert cliche not in text, cliche
+
+
+def test_the_antislop_report_shows_the_corpus_budget_and_uses_per_word_by_source():
+    from exactedit.runs.antislop.report import corpus_md
+
+    part = {"name": "dev", "budget": 3000, "windows": 4, "rows": 120, "uses": {" use": 5, " do": 0},
+            "taken": {" use": 3, " do": 0}, "by_kind": {"text": {" use": 2, " do": 0}, "english": {" use": 3, " do": 0}}}
+    old = {**part, "name": "solve"}
+    del old["by_kind"]                                   # a record written before the kinds were counted
+    md = corpus_md({"corpus": {"sources": 52, "kinds": {"text": 2, "english": 40, "stdlib": 10}}, "parts": [old, part],
+                    "warnings": ["dev: 0 uses of ' do' (fewer than 10)"]})
+    text = "\n".join(md)
+    assert "52 sources, 2 text, 40 english, 10 stdlib" in text
+    assert "| dev | 3000 | 4 | 120 | ' use' 5 (3; text 2; english 3); ' do' 0 (0; text 0; english 0) |" in text
+    assert "| solve | 3000 | 4 | 120 | ' use' 5 (3); ' do' 0 (0) |" in text
+    assert md[-1] == "warning: dev: 0 uses of ' do' (fewer than 10)"
