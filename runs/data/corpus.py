@@ -6,7 +6,9 @@ banned phrases' final tokens, without sampling (prefill is cheap where generatio
    (runs/bundled/english/: 40 documents of ordinary prose in as many registers, written for
    exactedit, `english:01-letter.txt`) and the docstrings of the Python standard library
    (module, class and function docstrings, one source document per file, `stdlib:json/decoder.py`;
-   prose in a programming register); read offline, in sorted order, bounded in size.
+   prose in a programming register) with the language reference's prose that pydoc ships
+   (pydoc_data/topics.py, one source document per topic); read offline, in sorted order, bounded
+   in size.
 2. The words: token ids, by default the phrases' final tokens as `solve wfld`'s mining finds them
    (`phrase_words`: the fewest-token form after a space). Each document is tokenized by the
    model; a row whose next token is a word is a *use*, unless the shared phrase matcher
@@ -144,10 +146,31 @@ def stdlib_sources(root=None, *, max_file_bytes: int = MAX_FILE_BYTES) -> list[S
             data = p.read_bytes()
         except OSError:
             continue
+        name = f"stdlib:{p.relative_to(root).as_posix()}"
+        if name == "stdlib:pydoc_data/topics.py":       # the language reference's prose, one topic a source
+            out += [Source(f"{name}#{k}", _clean(v), "stdlib") for k, v in _topics(data)]
+            continue
         docs = docstrings(data)
         if docs:
-            out.append(Source(f"stdlib:{p.relative_to(root).as_posix()}", "\n\n".join(docs), "stdlib"))
+            out.append(Source(name, "\n\n".join(docs), "stdlib"))
     return out
+
+
+def _topics(source: bytes) -> list[tuple[str, str]]:
+    """pydoc_data/topics.py's `topics` dict (the language reference's prose per topic) as (key,
+    text) in key order, read from its syntax tree (string constants only; nothing executed)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id == "topics" and isinstance(node.value, ast.Dict)):
+            pairs = [(k.value, v.value) for k, v in zip(node.value.keys, node.value.values)
+                     if isinstance(k, ast.Constant) and isinstance(k.value, str)
+                     and isinstance(v, ast.Constant) and isinstance(v.value, str)]
+            return sorted((k, v) for k, v in pairs if v.strip())
+    return []
 
 
 def english_sources(root=None) -> list[Source]:
