@@ -249,16 +249,31 @@ def _lines(path) -> list[str]:
     return list(read_lines(path))
 
 
-def _phrases(path, top: int | None = None) -> list[str]:
+def _phrases(path, top: int | None = None, kind: str = "style") -> list[str]:
     """A phrases file: one phrase per line, or `exactedit discover`'s JSON (its first `top` usable
-    phrases, each at its measured ban point)."""
+    phrases of `kind`, each at its measured ban point)."""
     from exactedit.solvers import load_phrases
 
-    return list(load_phrases(path, top))
+    return list(load_phrases(path, top, kind))
+
+
+def _check_kind(ctx, param, value):
+    """--kind: discover's entry kinds (style, mixed, topic, comma-separated, or any)."""
+    from exactedit.solvers import kinds_of
+
+    if value is not None:
+        try:
+            kinds_of(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
 
 
 _TOP = click.option("--top", type=click.IntRange(1), default=None,
                     help="With --phrases from `exactedit discover` (JSON): its first N usable phrases.")
+_KIND_HELP = ("With --phrases from `exactedit discover` (JSON): the entries of this kind: style, mixed, topic, "
+              "several comma-separated, or any (topic phrases are the prompts' subject)")
+_KIND = click.option("--kind", default="style", show_default=True, callback=_check_kind, help=_KIND_HELP + ".")
 
 
 def _read_tokens_arg(tokens, text, model_path):
@@ -276,7 +291,10 @@ def _read_tokens_arg(tokens, text, model_path):
         return read_tokens(tokens, field="--tokens")
     body = read_utf8(text, MAX_TEXT_BYTES, FieldError, "--text")
     with LlamaEngine(model_path) as engine:
-        return engine.tokenize(body)
+        toks = engine.tokenize(body)
+    if len(toks) == 0:          # an empty file was refused as the model's "tokens", not named
+        raise FieldError(text, "--text", "no tokens (an empty text): give a text to run on")
+    return toks
 
 
 def _head_tokens(values) -> tuple:
@@ -297,7 +315,7 @@ def main(jax_cache) -> None:
         os.environ["EXACTEDIT_JAX_CACHE"] = jax_cache
 
 
-# ---- top-level commands: apply, demo, discover, generate, inspect, kld, logits, mine, untie ------
+# ---- top-level commands: apply, demo, discover, generate, inspect, kld, logits, mine, serve, untie
 
 @main.command("apply")
 @click.argument("bundle", type=click.Path(file_okay=False, exists=True))
@@ -324,6 +342,9 @@ def _loop_options(demo: bool):
                      help=h("banned phrases, one per line, or discover's JSON with --top" + dflt("the bundled ones")
                      + ("" if demo else " [required]") + ".")),
         _TOP,
+        click.option("--kind", default=None, callback=_check_kind,
+                     help=h("of discover's JSON given as --phrases, the entries of this kind: style, mixed, topic, "
+                     "several comma-separated, or any (topic phrases are the prompts' subject)" + given("style") + ".")),
         click.option("--prompts", type=click.Path(dir_okay=False, exists=True), default=None,
                      help=h("prompts, one per line, whose replies build the solve's data" + dflt("bundled")
                      + ("" if demo else " [required]") + ".")),
@@ -584,7 +605,15 @@ def demo_cmd(out, fixture, model, persona, as_json, **given) -> None:
 @click.option("--alpha0", default=1000.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="The prior's weight in grams (keep it well below your text's word count).")
 @click.option("--min-z", default=3.0, show_default=True, type=float,
-              help="Listed: z at least this (with little text of your own, z stays small: see docs/discover.md).")
+              help="The evidence against your text: z at least this (with little text of your own, z stays small; "
+                   "the language's evidence still lists: see docs/discover.md).")
+@click.option("--min-ratio", default=5.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="The evidence against the language: the model's rate at least this many times its rarest word's "
+                   "wordfreq rate (the Poisson lower bound at --confidence).")
+@click.option("--confidence", default=0.95, show_default=True, type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              help="Of the lower bounds (the rate ratio's, the log-odds').")
+@click.option("--lang", default="en", show_default=True,
+              help="wordfreq's language for the background and the language's evidence (e.g. de, fr, es).")
 @click.option("--sides", default=None, metavar="SIDE,...",
               help="Of reply records with a side (replies.json: base, edited), only these.")
 @click.option("--png", type=click.Path(dir_okay=False), help="Write a chart of the top phrases here.")
@@ -597,10 +626,11 @@ def demo_cmd(out, fixture, model, persona, as_json, **given) -> None:
               help="With --model: a last word this likely after its prefix moves the ban one word earlier.")
 @_CHAT_TEMPLATE
 @JSON_FLAG
-def discover_cmd(model_text, human, out, top, min_count, max_n, background, alpha0, min_z, sides, png, model, contexts,
-                 certain, chat_template, as_json) -> None:
-    """Phrases the model over-uses against your own writing: n-grams ranked by the log-odds z with an
-    informative Dirichlet prior (docs/discover.md); with --model, where to ban each one."""
+def discover_cmd(model_text, human, out, top, min_count, max_n, background, alpha0, min_z, min_ratio, confidence, lang,
+                 sides, png, model, contexts, certain, chat_template, as_json) -> None:
+    """Phrases the model over-uses against your own writing and against written English (or --lang):
+    n-grams with both evidences, each marked style, mixed or topic (docs/discover.md); with --model,
+    where to ban each one."""
     from exactedit.evals.discover import (DiscoverConfig, discover, human_texts, model_texts, plot_discovery,
                                           render_discovery, write_discovery)
 
@@ -608,7 +638,7 @@ def discover_cmd(model_text, human, out, top, min_count, max_n, background, alph
                                                   "--model": _existing(model), "--chat-template": chat_template})
     with _bad_parameter():
         cfg = DiscoverConfig(top=top, min_count=min_count, max_n=max_n, max_len=max(max_n, 8), background=background,
-                             alpha0=alpha0, min_z=min_z)
+                             alpha0=alpha0, min_z=min_z, min_ratio=min_ratio, confidence=confidence, lang=lang)
     chosen = None if sides is None else [s.strip() for s in sides.split(",") if s.strip()]
     if chosen == []:
         raise click.BadParameter("expected side names separated by commas", param_hint="--sides")
@@ -732,6 +762,7 @@ def logits_cmd(model, dump_dir, rows, out, tile_rows, match_engine, verify_hashe
 @click.option("--phrases", required=True, type=click.Path(dir_okay=False, exists=True),
               help="One banned phrase per line, e.g. 'rather than' (or discover's JSON, with --top).")
 @_TOP
+@_KIND
 @click.option("--out", type=click.Path(file_okay=False), help="Dump of the replies with slop contexts.")
 @click.option("--replies", "replies_out", type=click.Path(dir_okay=False),
               help="Write every reply's text here (JSON, base and --edited; `exactedit discover` reads it).")
@@ -755,7 +786,7 @@ def logits_cmd(model, dump_dir, rows, out, tile_rows, match_engine, verify_hashe
 @click.option("--overwrite", is_flag=True)
 @_engine_settings
 @JSON_FLAG
-def mine_cmd(engine_name, model, prompts, phrases, top, out, replies_out, edited, max_new, samples, temperature, top_k, seed,
+def mine_cmd(engine_name, model, prompts, phrases, top, kind, out, replies_out, edited, max_new, samples, temperature, top_k, seed,
              capitalized, n_boot, tags, source, character, png, shape_rules, chat_fallback, chat_template, overwrite, as_json,
              **flags) -> None:
     """Sample replies to the turn end, find prefix-exact slop contexts, dump them; phrase rates
@@ -771,7 +802,7 @@ def mine_cmd(engine_name, model, prompts, phrases, top, out, replies_out, edited
 
     cfg = MineConfig(sampling=Sampling(max_new, temperature, top_k, seed), samples=samples, capitalized=capitalized, n_boot=n_boot, tags=tuple(tags), source=source or "mine",
                      character=character, chat_fallback=chat_fallback, chat_template=chat_template)
-    res = with_progress("sampling", run_mine, model, _lines(prompts), _phrases(phrases, top), out, edited=edited, config=cfg,
+    res = with_progress("sampling", run_mine, model, _lines(prompts), _phrases(phrases, top, kind), out, edited=edited, config=cfg,
                         settings=_settings(**flags), processors=shape_processors(model, shape_rules, edited),
                         overwrite=overwrite)
     if png:
@@ -781,6 +812,32 @@ def mine_cmd(engine_name, model, prompts, phrases, top, out, replies_out, edited
 
         write_replies(res, _lines(prompts), replies_out)
     emit(res, render_mine(res), as_json, allow_nan=False)
+
+
+@main.command("serve")
+@click.option("--model", type=MODEL, required=True, help="GGUF path, or a public model name (qwen, gemma, smollm).")
+@click.option("--rules", type=click.Path(dir_okay=False, exists=True),
+              help="Compiled shaping rules, live on every request (read once, at startup).")
+@click.option("--persona/--no-persona", default=None, help="Override the rules' persona gate.")
+@_CHAT_TEMPLATE
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--model-id", default=None, help="The model's name in /v1/models (default: the GGUF's file name).")
+@click.option("--max-tokens", default=512, show_default=True, type=click.IntRange(1),
+              help="Cap on a request's max_tokens, and its default.")
+@click.option("--max-body", "max_body_bytes", default=1 << 20, show_default=True, type=click.IntRange(1024),
+              help="Cap on a request body, in bytes (413 past it).")
+@click.option("--max-waiting", default=8, show_default=True, type=click.IntRange(0),
+              help="Requests that may wait while one generates (503 past them).")
+@_engine_settings
+def serve_cmd(model, rules, persona, chat_template, host, port, model_id, max_tokens, max_body_bytes, max_waiting,
+              **flags) -> None:
+    """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models), the rules live."""
+    from exactedit.runs.serve import ServeConfig, serve
+
+    serve(ServeConfig(model=str(model), rules=rules, chat_template=chat_template, persona=persona, host=host, port=port,
+                      model_id=model_id, max_tokens=max_tokens, max_body_bytes=max_body_bytes,
+                      max_waiting=max_waiting, settings=_settings(**flags)))
 
 
 @main.command("untie")
@@ -797,7 +854,7 @@ def untie_cmd(model, out, overwrite, as_json) -> None:
     emit(res, render_untie(res), as_json)
 
 
-# ---- bench: dump-verify, engine, generate, gguf-open, head, quant, solve-head, solve-wfld --------
+# ---- bench: dump-verify, engine, generate, gguf-open, head, quant, serve, shape-compile, solve-head, solve-wfld
 
 @main.group()
 def bench() -> None:
@@ -930,6 +987,34 @@ def bench_quant(rows, cols, threads, repeats, qtypes, json_out) -> None:
     emit_json_file(result, format_table(result), json_out)
 
 
+@bench.command("serve")
+@click.option("--model", type=MODEL, default="smollm", show_default=True,
+              help="GGUF path, or a public model name (qwen, gemma, smollm).")
+@click.option("--rules", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Compiled shaping rules, live on the rules side.")
+@click.option("--phrases", default=0, show_default=True, type=click.IntRange(0),
+              help="Instead of --rules: compile this many banned phrases of the model's own words in the run.")
+@click.option("--phrase-seed", default=0, show_default=True, type=int, help="Which of the model's words --phrases draws.")
+@click.option("--prompts", default=8, show_default=True, type=click.IntRange(1, 12), help="The bench's own prompts.")
+@click.option("--seeds", default=1, show_default=True, type=click.IntRange(1), help="Requests per prompt.")
+@click.option("--max-new", default=64, show_default=True, type=click.IntRange(1), help="max_tokens of each request.")
+@click.option("--temperature", default=0.8, show_default=True, type=click.FloatRange(0, 2))
+@click.option("--top-k", default=40, show_default=True, type=click.IntRange(1))
+@click.option("--stream/--no-stream", default=True, show_default=True, help="Streamed requests (SSE) or not.")
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1), help="Alternating repeats; best kept.")
+@JSON_FLAG
+def bench_serve(model, rules, phrases, phrase_seed, prompts, seeds, max_new, temperature, top_k, stream, repeats,
+                as_json) -> None:
+    """`exactedit serve` with the rules vs without them, same requests over HTTP, same run (tokens/s ratio)."""
+    from exactedit.bench import ServeBenchConfig, render_serve_bench, run_serve_bench
+
+    cfg = ServeBenchConfig(str(model), rules=rules, phrases=phrases, phrase_seed=phrase_seed, prompts=prompts,
+                           seeds=seeds, max_new=max_new, temperature=temperature, top_k=top_k, stream=stream,
+                           repeats=repeats)
+    res = with_progress("bench serve", run_serve_bench, cfg)
+    emit(res, render_serve_bench(res), as_json)
+
+
 @bench.command("shape-compile")
 @click.option("--model", type=MODEL, default="qwen", show_default=True, help="GGUF path, or a public model name.")
 @click.option("--phrases", default=1000, show_default=True, type=click.IntRange(1), help="Banned phrases compiled.")
@@ -1032,6 +1117,7 @@ def dataset() -> None:
 @click.option("--phrases", required=True, type=click.Path(dir_okay=False, exists=True),
               help="One banned phrase per line (or discover's JSON, with --top).")
 @_TOP
+@_KIND
 @click.option("--texts", type=click.Path(file_okay=False, exists=True),
               help="A directory of plain .txt files: plain anchors and legitimate uses.")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
@@ -1051,7 +1137,7 @@ def dataset() -> None:
 @click.option("--overwrite", is_flag=True)
 @_engine_settings
 @JSON_FLAG
-def dataset_build(model, prompts, phrases, top, texts, out, overwrite, as_json, n_ctx, n_batch, n_ubatch, n_threads,
+def dataset_build(model, prompts, phrases, top, kind, texts, out, overwrite, as_json, n_ctx, n_batch, n_ubatch, n_threads,
                   flash_attn, **flags) -> None:
     """Sample the model's replies and write the train / heldout / collateral / anchors dumps
     (tags, roles, split by prompt) with a summary of slop contexts and legitimate uses per set."""
@@ -1068,7 +1154,7 @@ def dataset_build(model, prompts, phrases, top, texts, out, overwrite, as_json, 
                       chat_template=flags.pop("chat_template"))
     cfg = DatasetConfig(mine=mine, **flags)
     files = list(text_files([texts], None)) if texts else []
-    res = with_progress("sampling", build_dataset, model, _lines(prompts), _phrases(phrases, top), out, texts=files,
+    res = with_progress("sampling", build_dataset, model, _lines(prompts), _phrases(phrases, top, kind), out, texts=files,
                         config=cfg, settings=_settings(n_ctx, n_batch, n_ubatch, n_threads, flash_attn),
                         overwrite=overwrite)
     emit(res, render_dataset(res), as_json)
@@ -1079,8 +1165,10 @@ def dataset_build(model, prompts, phrases, top, texts, out, overwrite, as_json, 
 @click.option("--phrases", required=True, type=click.Path(dir_okay=False, exists=True),
               help="One banned phrase per line (their final tokens are the words; or discover's JSON, with --top).")
 @_TOP
+@_KIND
 @click.option("--texts", multiple=True, type=click.Path(dir_okay=False, exists=True),
-              help="A plain text file to add to the stdlib's docstrings (repeatable; one source document each).")
+              help="A plain text file of yours, searched first for the words' uses (repeatable; one source document "
+              "each).")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Directory for solve/ dev/ collateral/ and corpus.json.")
 @click.option("--max-tokens", default=12_000, show_default=True, type=click.IntRange(1),
@@ -1095,22 +1183,25 @@ def dataset_build(model, prompts, phrases, top, texts, out, overwrite, as_json, 
 @click.option("--collateral", default=0.25, show_default=True, type=float, help="Share held out for bar (d).")
 @click.option("--stdlib/--no-stdlib", default=True, show_default=True,
               help="Use the Python standard library's docstrings.")
+@click.option("--english/--no-english", default=True, show_default=True,
+              help="Use the bundled general-English corpus (runs/bundled/english/).")
 @click.option("--capitalized/--no-capitalized", default=True, show_default=True)
 @_CHAT_FALLBACK
 @_CHAT_TEMPLATE
 @click.option("--overwrite", is_flag=True)
 @_engine_settings
 @JSON_FLAG
-def dataset_corpus(model, phrases, top, texts, out, overwrite, as_json, n_ctx, n_batch, n_ubatch, n_threads,
+def dataset_corpus(model, phrases, top, kind, texts, out, overwrite, as_json, n_ctx, n_batch, n_ubatch, n_threads,
                    flash_attn, **flags) -> None:
-    """Teacher-force windows of an offline corpus (the stdlib's docstrings, --texts) around each use
-    of the phrases' final tokens: solve / dev / collateral dumps, split by source document."""
+    """Teacher-force windows of an offline corpus (--texts first, then the bundled general English,
+    then the stdlib's docstrings) around each use of the phrases' final tokens: solve / dev /
+    collateral dumps, split by source document."""
     from exactedit.runs import CorpusConfig, build_corpus, render_corpus
 
     _refuse_clobber({"--out": out}, {"--model": model, "--phrases": phrases, "--texts": list(texts),
                                      "--chat-template": flags.get("chat_template")})
     cfg = CorpusConfig(**flags)
-    res = with_progress("prefill", build_corpus, model, _phrases(phrases, top), out, texts=list(texts), config=cfg,
+    res = with_progress("prefill", build_corpus, model, _phrases(phrases, top, kind), out, texts=list(texts), config=cfg,
                         settings=_settings(n_ctx, n_batch, n_ubatch, n_threads, flash_attn), overwrite=overwrite)
     emit(res, render_corpus(res), as_json)
 
@@ -1392,7 +1483,8 @@ def eval_test(protocol, model, bundle, bars, out, unregistered, release_stale_cl
 
 @main.group()
 def shape() -> None:
-    """Sampler-side shaping rules: compile for a model, rates in generation (docs/shaping.md)."""
+    """Sampler-side shaping rules: compile for a model, rates in generation (docs/shaping.md), export
+    for other engines (docs/rules-where.md)."""
 
 
 @shape.command("compile")
@@ -1402,9 +1494,10 @@ def shape() -> None:
 @click.option("--phrases", type=click.Path(dir_okay=False, exists=True),
               help="Add a prefix penalty on these phrases (one per line, or discover's JSON with --top).")
 @_TOP
+@_KIND
 @click.option("--bias", default=6.0, show_default=True, type=float, help="The --phrases penalty (nats).")
 @JSON_FLAG
-def shape_compile_cmd(rules, model, out, phrases, top, bias, as_json) -> None:
+def shape_compile_cmd(rules, model, out, phrases, top, kind, bias, as_json) -> None:
     """Resolve a rules file (TOML) against MODEL's tokenizer, specials and chat template; --phrases
     adds a prefix penalty on a list (phrases whose last word is several tokens are skipped, listed)."""
     from exactedit.native.shaping import compile_file, render_compile
@@ -1412,7 +1505,7 @@ def shape_compile_cmd(rules, model, out, phrases, top, bias, as_json) -> None:
     if rules is None and phrases is None:
         raise click.UsageError("give a RULES file, --phrases, or both")
     _refuse_clobber({"--out": out}, {"RULES": rules, "--model": model, "--phrases": phrases})
-    r = compile_file(rules, model, out, phrases=_phrases(phrases, top) if phrases else (), bias=bias)
+    r = compile_file(rules, model, out, phrases=_phrases(phrases, top, kind) if phrases else (), bias=bias)
     emit(r, render_compile(r), as_json)
 
 
@@ -1424,21 +1517,50 @@ def shape_compile_cmd(rules, model, out, phrases, top, bias, as_json) -> None:
 @click.option("--phrases", type=click.Path(dir_okay=False, exists=True),
               help="Phrases to rate (default: the rules'; or discover's JSON, with --top).")
 @_TOP
+@_KIND
 @_gen_options
 @click.option("--n-boot", default=1000, show_default=True, type=click.IntRange(0), help="Bootstrap resamples.")
 @click.option("--slots", default=16, show_default=True, type=click.IntRange(1),
               help="Replies decoded together (1: one at a time; up to 3: bitwise the one-at-a-time loop).")
 @_engine_settings
 @JSON_FLAG
-def shape_rates_cmd(model, rules, prompts, edited, phrases, top, max_new, temperature, top_k, seeds, n_boot, slots,
+def shape_rates_cmd(model, rules, prompts, edited, phrases, top, kind, max_new, temperature, top_k, seeds, n_boot, slots,
                     as_json, **flags) -> None:
     """Phrase rates and KL of base / rules / weights / both on the same prompts and seeds."""
     from exactedit.native.shaping import render_shape_rates, shape_rates
 
-    r = with_progress("sampling", shape_rates, model, rules, _lines(prompts), _phrases(phrases, top) if phrases else None,
+    r = with_progress("sampling", shape_rates, model, rules, _lines(prompts), _phrases(phrases, top, kind) if phrases else None,
                       edited=edited, config=_gen_config(max_new, temperature, top_k), seeds=seeds or (0,),
                       settings=_settings(**flags), n_boot=n_boot, slots=slots)
     emit(r, render_shape_rates(r), as_json, allow_nan=False)
+
+
+@shape.command("export")
+@click.option("--rules", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="Compiled rules (JSON, exactedit shape compile).")
+@click.option("--format", "fmt", required=True, type=click.Choice(("vllm", "hf", "banned-strings", "gbnf")),
+              help="vllm: bad_words body; hf: transformers sequence_bias; banned-strings: koboldcpp / exllama / "
+                   "TabbyAPI / ik_llama.cpp list; gbnf: a llama.cpp grammar (docs/rules-where.md).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="The file to write.")
+@click.option("--list", "list_style", type=click.Choice(("lines", "json")),
+              help="banned-strings: one per line or a JSON list (default: a list for a .json --out, else lines).")
+@click.option("--case", default="rules", show_default=True, type=click.Choice(("rules", "fold")),
+              help="gbnf: the forms the rules match (as written, Capitalized), or every letter in either case.")
+@click.option("--max-states", type=click.IntRange(1),
+              help="gbnf: refuse a grammar whose automaton needs more states, one rule each (default 60,000).")
+@click.option("--max-tokenizations", type=click.IntRange(1),
+              help="hf: sequences per form of a phrase, its prefix's tokenizations, fewest tokens first (default 16).")
+@JSON_FLAG
+def shape_export_cmd(rules, fmt, out, list_style, case, max_states, max_tokenizations, as_json) -> None:
+    """The rules' phrase bans for another engine: vLLM, transformers, the rewinding phrase-ban
+    engines, or a llama.cpp grammar; says what each loses against the rule."""
+    from exactedit.solvers.shaping import ExportConfig, export_rules, render_export
+
+    _refuse_clobber({"--out": out}, {"--rules": rules})
+    with _bad_parameter():
+        config = ExportConfig(fmt, list_style, case, max_states, max_tokenizations)
+    r = export_rules(rules, out, config)
+    emit(r, render_export(r), as_json)
 
 
 # ---- solve: head, wfld ---------------------------------------------------------------------------

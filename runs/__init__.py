@@ -8,6 +8,7 @@ bench/. Inside, bottom to top (tests/test_layers.py):
     antislop/  `exactedit antislop` and `demo --model NAME`       (bundled inputs: bundled/NAME/antislop/)
     persona/   `exactedit persona` and `demo --model NAME --persona`  (bundled/NAME/persona/)
     demo       `exactedit demo`: the whole workflow on the bundled fixture
+    serve/     `exactedit serve`: the OpenAI-compatible HTTP server, the rules live (its own face)
 
 antislop/ and persona/ import the shared loop code, never each other. Only cli.py, bench/ and other
 runs import this package.

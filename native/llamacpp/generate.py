@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -71,7 +72,8 @@ class Generation:
     prompt: np.ndarray            # int32 [P] the rendered prompt's tokens
     tokens: np.ndarray            # int32 [steps] sampled tokens (the stop token included when one came)
     seed: int                     # the seed of its Sampling (llama.cpp's `dist`)
-    stop: str                     # "turn_end", "end_of_generation" (another stop token) or "max_new" (cut)
+    stop: str                     # "turn_end", "end_of_generation" (another stop token), "max_new" (cut)
+                                  # or "halt" (ended by the loop's `on_token` hook)
     fired: np.ndarray             # bool [steps, rules]
     kl: np.ndarray                # float64 [steps] KL(unshaped || shaped) at T = 1 (0 without rules)
     raw: np.ndarray | None = None        # float32 [steps, V] what llama.cpp handed the chain
@@ -212,11 +214,13 @@ class StepShaping:
 
 
 def _generate(engine: LlamaEngine, toks: np.ndarray, config: Sampling, shaper=None, *, record: bool = False,
-              stop_ids: frozenset | None = None, turn_end: frozenset = frozenset()) -> Generation:
+              stop_ids: frozenset | None = None, turn_end: frozenset = frozenset(),
+              on_token: Callable[[int], bool | None] | None = None) -> Generation:
     """The one-at-a-time engine behind `sample.sample_replies` (which checks the prompt, int32
     [1..n_ctx - max_new]): up to `config.max_new` tokens after `toks`, `shaper` (or None) applied at
     every step; stops after a token of `stop_ids` (None: the vocabulary's end-of-generation
-    tokens), which is kept."""
+    tokens), which is kept. `on_token(token)` is called after each sampled token (a streaming
+    server's hook); when it returns true the reply ends after that token (stop "halt")."""
     lib, s, V = engine._lib, engine.settings, engine.n_vocab
     steps = StepShaping(lib, V, shaper, record=record)
     steps.start(toks)
@@ -224,7 +228,7 @@ def _generate(engine: LlamaEngine, toks: np.ndarray, config: Sampling, shaper=No
     chain = sampler_chain(lib, config.top_k, config.temperature, config.seed, [smp.sampler for smp in steps.samplers])
     batch = lib.llama_batch_init(max(s.n_batch, 1), 0, 1)
     out: list[int] = []
-    stopped = False
+    stopped = halt = False
     try:
         pending, pos = list(toks), 0
         while True:
@@ -246,8 +250,11 @@ def _generate(engine: LlamaEngine, toks: np.ndarray, config: Sampling, shaper=No
             tok = int(lib.llama_sampler_sample(chain, ctx, -1))
             steps.accept(tok)
             out.append(tok)
+            halt = on_token is not None and bool(on_token(tok))
             if (tok in stop_ids) if stop_ids is not None else engine.is_eog(tok):
                 stopped = True
+                break
+            if halt:
                 break
             pending = [tok]
     finally:
@@ -255,4 +262,5 @@ def _generate(engine: LlamaEngine, toks: np.ndarray, config: Sampling, shaper=No
         lib.llama_batch_free(batch)
         lib.llama_sampler_free(chain)
         lib.llama_free(ctx)
-    return steps.generation(toks, out, config.seed, stop_kind(out, stopped, turn_end))
+    stop = "halt" if halt and not stopped else stop_kind(out, stopped, turn_end)
+    return steps.generation(toks, out, config.seed, stop)

@@ -1,7 +1,7 @@
 """Generation's one door: `sample_replies(engine, jobs, ...)`, every reply of every command.
 
 `sample_replies(engine, [(prompt_tokens, Sampling), ...], stop_ids=..., turn_end=..., shapers=...,
-processor=..., slots=..., record=..., sequential=..., progress=...)` samples one reply per job, in
+processor=..., slots=..., record=..., sequential=..., on_token=..., progress=...)` samples one reply per job, in
 job order, up to a stop token (kept) or the job's `max_new` tokens (then the reply is truncated),
 with llama.cpp's own sampler chain (top-k, temperature, seeded dist), and returns one
 `Generation` per job (native/llamacpp/generate.py): its tokens, its seed, why it stopped
@@ -14,7 +14,8 @@ Two engines run behind it, token for token the same up to 3 slots:
   jobs. It runs unless a reply asks for the other;
 - the one-at-a-time loop (native/llamacpp/generate.py), one reply after the other, when there is a
   `processor` (its state is one history), `record` (each step's raw, received and engine rows, for
-  the bitwise shaping check) or `sequential`; `shapers` then makes the one shaper, reset per job.
+  the bitwise shaping check), `on_token` (a per-token hook: `exactedit serve` streams through it) or
+  `sequential`; `shapers` then makes the one shaper, reset per job.
 A `LogitsProcessor` is either a callable `(history, logits) -> logits` (history: the prompt and the
 tokens sampled so far, int32; logits: the raw float32 row; it returns the row the sampler chain
 receives) or an object with the live shaper's interface (`rules`, `reset()`, `push(token)`,
@@ -87,13 +88,15 @@ def sample_replies(engine: LlamaEngine, jobs: Sequence[tuple[np.ndarray, Samplin
                    stop_ids: Iterable[int] | None = None, turn_end: int | Iterable[int] | None = None,
                    shapers: Callable[[], object] | None = None, processor: LogitsProcessor | None = None,
                    slots: int = DEFAULT_SLOTS, record: bool = False, sequential: bool = False,
+                   on_token: Callable[[int, int], bool | None] | None = None,
                    progress: Callable[[int, int], None] | None = None) -> list[Generation]:
     """One `Generation` per (prompt tokens, Sampling) job, in job order (module doc).
     `stop_ids`: the tokens a reply stops after (None: the vocabulary's end-of-generation tokens,
     `engine.is_eog`; empty: none, every reply runs to max_new); `turn_end`: the token(s) whose stop
     is "turn_end". `shapers`: a factory of shapers (solvers.shaping.rules.Shaper), one per slot;
     `processor`: one logits processor or shaper for every reply (one at a time); not both.
-    `progress(done, total)` after each reply."""
+    `on_token(job, token)` after each sampled token of job number `job` (one at a time); a true
+    return ends that reply there (its stop is "halt"). `progress(done, total)` after each reply."""
     s = engine.settings
     todo = [(np.asarray(p, dtype=np.int32), c) for p, c in jobs]
     if not todo:
@@ -107,13 +110,14 @@ def sample_replies(engine: LlamaEngine, jobs: Sequence[tuple[np.ndarray, Samplin
         raise EngineError("sample_replies", "shapers", "give a shaper factory or a processor, not both")
     stops = None if stop_ids is None else frozenset(int(t) for t in stop_ids)
     ends = _token_set(turn_end)
-    if processor is None and not record and not sequential:
+    if processor is None and not record and not sequential and on_token is None:
         return _generate_batched(engine, todo, stop_ids=stops, turn_end=ends, slots=slots, shapers=shapers,
                                  progress=progress)
     shaper = _as_shaper(processor) if shapers is None else shapers()
     out = []
-    for p, c in todo:
-        out.append(_generate(engine, p, c, shaper, record=record, stop_ids=stops, turn_end=ends))
+    for k, (p, c) in enumerate(todo):
+        hook = None if on_token is None else (lambda tok, k=k: on_token(k, tok))
+        out.append(_generate(engine, p, c, shaper, record=record, stop_ids=stops, turn_end=ends, on_token=hook))
         if progress is not None:
             progress(len(out), len(todo))
     return out

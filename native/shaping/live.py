@@ -1,6 +1,7 @@
 """The shaping rules live: compiled rules opened for one model (refused for another file), the
-live `Shaper` and its offline twin, `mine`'s processors, and `exactedit generate` (one reply with the
-rules in the one-at-a-time generation loop, through native/llamacpp/sample.py's door)."""
+live `Shaper` and its offline twin, `mine`'s processors, what a reply starts from (`reply_setup`: the
+rules and the chat template, shared with `exactedit serve`), and `exactedit generate` (one reply with
+the rules in the one-at-a-time generation loop, through native/llamacpp/sample.py's door)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -78,6 +79,23 @@ def same_tokenizer(g, e, where) -> None:
         raise EngineError(where, "tokenizer.ggml.tokens", "differs from the base model's token table")
 
 
+def reply_setup(model, rules_path=None, chat_template=None):
+    """(compiled rules or None, the chat template replies are rendered with): the rules' own
+    template with rules; without, `chat_template` (a Jinja2 file) or else the GGUF's. Where
+    `exactedit generate` and `exactedit serve` both start, so their replies agree."""
+    from exactedit.quant.model import chat_template as ct
+    from exactedit.quant import gguf
+    from exactedit.solvers.shaping.compiled import ShapingRulesError
+
+    if rules_path is not None and chat_template is not None:
+        raise ShapingRulesError(chat_template, "chat_template", "compiled rules render with the template they were "
+                                "compiled with: put it in the rules file's [chat] table instead")
+    g = gguf.open(model)
+    if rules_path is not None:
+        return open_rules(model, rules_path, g)
+    return None, ct.template_of(g, given_template(chat_template))
+
+
 @dataclass(frozen=True)
 class TextGeneration:
     """`exactedit generate`: one reply, and where each rule fired."""
@@ -97,17 +115,7 @@ def generate_text(model, prompt: str, config: Sampling, rules_path=None, setting
                   persona: bool | None = None, chat_template=None) -> TextGeneration:
     """One reply to `prompt` (the model's chat template; the rules' when given; `chat_template`: a
     Jinja2 file used instead of the model's, without rules), rules live."""
-    from exactedit.quant.model import chat_template as ct
-    from exactedit.quant import gguf
-    from exactedit.solvers.shaping.compiled import ShapingRulesError
-
-    if rules_path is not None and chat_template is not None:
-        raise ShapingRulesError(chat_template, "chat_template", "compiled rules render with the template they were "
-                                "compiled with: put it in the rules file's [chat] table instead")
-    g = gguf.open(model)
-    given = given_template(chat_template)
-    compiled, tpl = (open_rules(model, rules_path, g) if rules_path is not None
-                     else (None, ct.template_of(g, given)))
+    compiled, tpl = reply_setup(model, rules_path, chat_template)
     shaper = shaper_for(compiled, persona=persona) if compiled is not None else None
     with LlamaEngine(model, settings) as engine:
         ptoks = prompt_tokens(engine, render_prompt(tpl, prompt), engine.bos_if_added())
