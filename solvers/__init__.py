@@ -13,6 +13,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "TensorEdit": "bundle",
     "apply_bundle": "apply",
     "bundle_identity": "bundle",
+    "kinds_of": "phrases",
     "load_phrases": "phrases",
     "read_bundle": "bundle",
     "render_apply": "apply",

@@ -43,21 +43,25 @@ class PhraseError(FieldError):
 
 
 MAX_PHRASE_BYTES = 256
+DISCOVERED_KINDS = ("style", "mixed", "topic")   # discover's phrase kinds (evals/discover/kinds.py)
 MAX_PHRASES_FILE = 64 << 20   # a phrases file (text or discover's JSON) is read whole
 TOKEN_CONTROL = 3   # llama.cpp's token type of control tokens (chat scaffolding): no text
 _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")   # C0, DEL, C1 controls; surrogates
+# invisible format characters: zero-width space and word joiners, bidirectional marks, embeddings,
+# overrides and isolates, a byte-order mark (ZWJ / ZWNJ, which scripts spell words with, are kept)
+_INVISIBLE = re.compile("[\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
 
 
-def load_phrases(path, top: int | None = None) -> tuple[str, ...]:
+def load_phrases(path, top: int | None = None, kind: str = "style") -> tuple[str, ...]:
     """Banned phrases from a text file (one per line; blank lines and lines starting with '#'
     skipped), or from `exactedit discover`'s JSON (a file whose text starts with '{'): its first
-    `top` usable entries (`discovered_phrases`). A regular file of at most MAX_PHRASES_FILE bytes,
-    UTF-8 (a FIFO or a device is refused, not waited on)."""
+    `top` usable entries of `kind` (`discovered_phrases`). A regular file of at most MAX_PHRASES_FILE
+    bytes, UTF-8 (a FIFO or a device is refused, not waited on)."""
     path = Path(path)
     data = read_regular(path, MAX_PHRASES_FILE, PhraseError, "phrases")
     text = decode_utf8(data, path, PhraseError, "phrases")
     if text.lstrip().startswith("{"):
-        return discovered_phrases(text, path, top)
+        return discovered_phrases(text, path, top, kind)
     phrases = parse_phrases(text.splitlines(), path)
     return phrases[:top] if top else phrases
 
@@ -65,12 +69,17 @@ def load_phrases(path, top: int | None = None) -> tuple[str, ...]:
 def phrase_problem(phrase: str) -> str | None:
     """Why `phrase` (whitespace already collapsed) cannot be banned, or None: longer than
     MAX_PHRASE_BYTES, or holding a control character (NUL, ESC, DEL: no text a model writes, and
-    what a terminal or a C reader of the rules would act on) or a lone surrogate (JSON's "\\ud800":
-    no UTF-8 encodes it)."""
+    what a terminal or a C reader of the rules would act on), a lone surrogate (JSON's "\\ud800":
+    no UTF-8 encodes it) or an invisible format character (a zero-width space, a bidirectional
+    override, a byte-order mark: the phrase would not say what it shows)."""
     bad = _UNPRINTABLE.search(phrase)
     if bad is not None:
         what = "a lone surrogate" if "\ud800" <= bad.group() <= "\udfff" else "a control character"
         return f"phrase {ascii(phrase)[:80]} holds {what} ({ascii(bad.group())} at character {bad.start()})"
+    bad = _INVISIBLE.search(phrase)
+    if bad is not None:     # it compiled into a rule matching no text the phrase shows (a BOM in "you can\ufeff use")
+        return (f"phrase {ascii(phrase)[:80]} holds an invisible format character ({ascii(bad.group())} at character "
+                f"{bad.start()}): it hides what the phrase says, and no reply writes it there")
     if len(phrase.encode("utf-8")) > MAX_PHRASE_BYTES:
         return f"phrase longer than {MAX_PHRASE_BYTES} bytes"
     return None
@@ -87,12 +96,31 @@ def ban_text(phrase: str) -> str | None:
     return " ".join(words) if len(words) >= 2 and words[-1] else None
 
 
-def discovered_phrases(text: str, where, top: int | None = None) -> tuple[str, ...]:
-    """The ban list of discover's JSON ({"phrases": [{"phrase", "ban_phrase"?, ...}, ...]}, sorted
-    by z): each entry at its measured ban point (`ban_phrase`, written by `discover --model`), else
-    its text without trailing punctuation; one-word entries skipped (a ban needs a prefix);
-    duplicates kept once; the first `top` of them."""
+def kinds_of(kind: str) -> frozenset[str] | None:
+    """The entry kinds `kind` takes ("style", "mixed", "topic", a comma list of them, or "any":
+    None, every entry); a ValueError names the choices."""
+    wanted = frozenset(k.strip() for k in str(kind).split(",") if k.strip())
+    if wanted == {"any"}:
+        return None
+    if not wanted or not wanted <= set(DISCOVERED_KINDS):
+        raise ValueError(f"kind: expected one of {', '.join(DISCOVERED_KINDS)} (or several, comma-separated) or "
+                         f"any, got {kind!r}")
+    return wanted
+
+
+def discovered_phrases(text: str, where, top: int | None = None, kind: str = "style") -> tuple[str, ...]:
+    """The ban list of discover's JSON ({"phrases": [{"phrase", "ban_phrase"?, "kind"?, ...}, ...]},
+    in its order): the entries of `kind` (`kinds_of`: "style" by default, so the prompts' subject
+    is never banned unasked; an entry without a kind, from an older discover, always counts), each at
+    its measured ban point (`ban_phrase`, written by `discover --model`), else its text without
+    trailing punctuation; one-word entries skipped (a ban needs a prefix); duplicates kept once; the
+    first `top` of them."""
     import json
+
+    try:
+        wanted = kinds_of(kind)
+    except ValueError as exc:
+        raise PhraseError(where, "kind", str(exc)) from None
 
     try:
         doc = json.loads(text)
@@ -108,6 +136,11 @@ def discovered_phrases(text: str, where, top: int | None = None) -> tuple[str, .
         if not isinstance(e, dict) or not isinstance(e.get("phrase"), str):
             raise PhraseError(where, f"phrases[{k}].phrase", "expected an object with a string 'phrase'")
         ban = e.get("ban_phrase")
+        entry_kind = e.get("kind")
+        if entry_kind is not None and not isinstance(entry_kind, str):
+            raise PhraseError(where, f"phrases[{k}].kind", "expected a string")
+        if wanted is not None and entry_kind is not None and entry_kind not in wanted:
+            continue
         if ban is not None and not isinstance(ban, str):
             raise PhraseError(where, f"phrases[{k}].ban_phrase", "expected a string")
         phrase = ban_text(" ".join((ban or e["phrase"]).split()))
@@ -120,7 +153,9 @@ def discovered_phrases(text: str, where, top: int | None = None) -> tuple[str, .
         if top and len(out) >= top:
             break
     if not out:
-        raise PhraseError(where, "phrases", "no usable phrase (entries of two or more words)")
+        of = "" if wanted is None else f" of kind {kind}"
+        raise PhraseError(where, "phrases", f"no usable phrase{of} (entries of two or more words)"
+                          + ("" if wanted is None else "; --kind any takes every kind"))
     return tuple(out)
 
 

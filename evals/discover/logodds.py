@@ -3,7 +3,7 @@ Words"), and the background distributions its prior comes from.
 
     log_odds(y_m, y_h, n_m, n_h, alpha, alpha_total) -> LogOdds(delta, var, z)
     prior(p, alpha0, alpha_min) -> (alpha, alpha_total)
-    wordfreq_token_logp(keys, human_counts) -> float64 [K]   log p of each key token (English)
+    wordfreq_token_logp(keys, human_counts, lang) -> float64 [K]   log p of each key token (wordfreq)
     normalized(logp) -> float64 [T]                           per order: p summing to 1 over the grams
 
 For a gram w with counts y_m (model) and y_h (human) out of n_m and n_h grams of its order, and a
@@ -28,12 +28,13 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from exactedit.evals.discover.language import FLOORS, word_freqs
 from exactedit.evals.discover.tokens import is_punct
 
 #: the least background share left to the rest of the vocabulary beside one gram
 REST_MIN = 1e-9
 #: wordfreq's smallest frequency in its large English list: unknown words get this much
-WORDFREQ_FLOOR = 1e-8
+WORDFREQ_FLOOR = FLOORS["large"]
 
 
 class LogOdds(NamedTuple):
@@ -72,22 +73,17 @@ def normalized(logp) -> np.ndarray:
     return np.exp(logp - top - np.log(np.exp(logp - top).sum()))
 
 
-def wordfreq_token_logp(keys: Sequence[str], human_counts) -> np.ndarray:
-    """log p of each key token in English text. Words (and emoji) from `wordfreq` (at least
-    WORDFREQ_FLOOR), scaled by the share of words among the human corpus's tokens; punctuation,
-    which wordfreq does not list, from the human corpus itself: its count there plus one, over the
-    human tokens plus the number of punctuation keys. An n-gram's background is the product over its
-    tokens, normalized per order (`normalized`)."""
-    from wordfreq import word_frequency
-
+def wordfreq_token_logp(keys: Sequence[str], human_counts, lang: str = "en", freqs=None) -> np.ndarray:
+    """log p of each key token in written `lang`. Words (and emoji) from `wordfreq` (at least its
+    list's smallest frequency: WORDFREQ_FLOOR for English), scaled by the share of words among the
+    human corpus's tokens; punctuation, which wordfreq does not list, from the human corpus itself:
+    its count there plus one, over the human tokens plus the number of punctuation keys. An n-gram's
+    background is the product over its tokens, normalized per order (`normalized`). `freqs`: the
+    words' frequencies already looked up (language.word_freqs), NaN at punctuation."""
     counts = np.asarray(human_counts, np.float64)
     punct = np.fromiter((is_punct(k) for k in keys), bool, len(keys))
     total = max(counts.sum(), 1.0)
     word_share = max(counts[~punct].sum(), 1.0) / total
-    out = np.empty(len(keys), np.float64)
-    for i, k in enumerate(keys):
-        if punct[i]:
-            out[i] = (counts[i] + 1.0) / (total + punct.sum())
-        else:
-            out[i] = word_share * word_frequency(k, "en", minimum=WORDFREQ_FLOOR)
+    freqs = word_freqs(keys, lang) if freqs is None else np.asarray(freqs, np.float64)
+    out = np.where(punct, (counts + 1.0) / (total + punct.sum()), word_share * np.nan_to_num(freqs, nan=1.0))
     return np.log(out)

@@ -1,7 +1,7 @@
 """The texts `discover` compares, read from files and tagged by source.
 
-    model_texts(paths, *, sides=None, limits=LIMITS) -> list[Text]
-    human_texts(paths, *, limits=LIMITS) -> list[Text]
+    model_texts(paths, *, sides=None, limits=LIMITS) -> Texts     a list of Text, and the files skipped
+    human_texts(paths, *, limits=LIMITS) -> Texts
     input_files(paths) -> list[Path]          directories walked for .txt .md .jsonl .json
     strip_harness(text) -> str                Claude Code's harness tags removed (linear time)
 
@@ -34,7 +34,10 @@ files are read (a FIFO, a device, a symlink loop is refused by name, never waite
 parsed one record at a time, each from a bounded window, so a list of a million empty objects never
 stands in memory as objects. A malformed line or record is a DiscoverError naming the file and the
 line (record); so is a lone surrogate (valid JSON "\\ud800", which no writer can encode); a file that
-yields no usable text is an error naming the file and what it held (never a silent zero).
+yields no usable text is an error naming the file and what it held (never a silent zero) when the
+file was named; one found by a directory walk (a session of summaries alone, an empty note) is
+skipped and listed in the result's `skipped` (`Texts`), and only a walk that finds no usable file at
+all is an error.
 """
 from __future__ import annotations
 
@@ -52,6 +55,20 @@ from exactedit.files import check_regular, decode_utf8, lone_surrogate, open_reg
 
 class DiscoverError(FieldError):
     """An input of `discover` cannot be used (names the file, the field or line, and why)."""
+
+
+class NoTextError(DiscoverError):
+    """A file that yields no usable text: an error when named, skipped (and reported) when found by a
+    directory walk."""
+
+
+class Texts(list):
+    """The texts read (a list of Text), and `skipped`: the files of walked directories that held no
+    usable text, each {"file", "why"}."""
+
+    def __init__(self, texts=(), skipped=()):
+        super().__init__(texts)
+        self.skipped = tuple(skipped)
 
 
 @dataclass(frozen=True)
@@ -88,12 +105,12 @@ _HARNESS_OPEN = re.compile(rf"<({'|'.join(HARNESS_TAGS)})>|^\[Request interrupte
 _WS = re.compile(r"[ \t\n\r]*")
 
 
-def model_texts(paths, *, sides: Iterable[str] | None = None, limits: Limits = LIMITS) -> list[Text]:
+def model_texts(paths, *, sides: Iterable[str] | None = None, limits: Limits = LIMITS) -> Texts:
     """The model's texts in `paths` (assistant turns, replies, plain files)."""
     return _read(paths, "model", None if sides is None else frozenset(sides), limits)
 
 
-def human_texts(paths, *, limits: Limits = LIMITS) -> list[Text]:
+def human_texts(paths, *, limits: Limits = LIMITS) -> Texts:
     """The user's own texts in `paths` (user turns, plain files, reply records)."""
     return _read(paths, "human", None, limits)
 
@@ -102,7 +119,13 @@ def input_files(paths) -> list[Path]:
     """Files named, and the .txt / .md / .jsonl / .json files under directories named (sorted, hidden
     entries skipped), each once. Each must be a regular file (symlinks followed): a FIFO, a device,
     a socket or a symlink loop is refused by name."""
-    out: dict[Path, Path] = {}
+    return list(_inputs(paths))
+
+
+def _inputs(paths) -> dict[Path, bool]:
+    """`input_files` as file -> whether a directory walk found it (else it was named)."""
+    out: dict[Path, bool] = {}
+    seen: dict[Path, Path] = {}
     for p in map(Path, [paths] if isinstance(paths, (str, os.PathLike)) else paths):
         if p.is_dir():
             found = _walk(p)
@@ -117,8 +140,9 @@ def input_files(paths) -> list[Path]:
             raise DiscoverError(p, "path", "not a file or directory")
         for f in found:
             check_regular(f, None, DiscoverError, "file")
-            out.setdefault(f.resolve(), f)
-    return list(out.values())
+            first = seen.setdefault(f.resolve(), f)
+            out[first] = out.get(first, True) and p.is_dir()
+    return out
 
 
 def _walk(directory: Path) -> list[Path]:
@@ -152,12 +176,22 @@ class _Tally:
                                               "(the limit); pass fewer files")
 
 
-def _read(paths, side: str, sides, limits: Limits) -> list[Text]:
+def _read(paths, side: str, sides, limits: Limits) -> Texts:
+    """Every file's texts; a file found by a directory walk that yields none is skipped and listed."""
     out: list[Text] = []
+    skipped = []
     tally = _Tally(side, limits)
-    for path in input_files(paths):
-        out += _read_file(path, side, sides, limits, tally)
-    return out
+    for path, walked in _inputs(paths).items():
+        try:
+            out += _read_file(path, side, sides, limits, tally)
+        except NoTextError as exc:
+            if not walked:
+                raise
+            skipped.append({"file": str(path), "why": exc.message})
+    if not out and skipped:
+        raise DiscoverError(skipped[0]["file"], "turns", f"no file holds usable {side} text ({len(skipped)} skipped; "
+                                                         f"the first: {skipped[0]['why']})")
+    return Texts(out, skipped)
 
 
 def _read_file(path: Path, side: str, sides, limits: Limits, tally: _Tally) -> list[Text]:
@@ -168,7 +202,7 @@ def _read_file(path: Path, side: str, sides, limits: Limits, tally: _Tally) -> l
     if suffix in (".txt", ".md"):
         text = _decode(path, read_regular(path, limits.file_bytes, DiscoverError, "file"), "text")
         if not text.strip():
-            raise DiscoverError(path, "text", "empty: no text to count")
+            raise NoTextError(path, "text", "empty: no text to count")
         tally.text(path, len(text))                  # (decoded UTF-8 holds no lone surrogate)
         return [Text(text, path.name, str(path))]
     records = _jsonl(path, limits) if suffix == ".jsonl" else _json(path, limits)
@@ -196,7 +230,7 @@ def _read_file(path: Path, side: str, sides, limits: Limits, tally: _Tally) -> l
     if not out:
         held = ", ".join(f"{n} {k}" for k, n in kinds.most_common(6)) or "no records"
         want = "assistant turns or reply texts" if side == "model" else "user turns or reply texts"
-        raise DiscoverError(path, "turns", f"0 usable {side} texts ({want}); read {held}")
+        raise NoTextError(path, "turns", f"0 usable {side} texts ({want}); read {held}")
     return out
 
 

@@ -18,7 +18,7 @@ RATE_SEED = 10_000        # the rate prompts' seeds start at seed + this: never 
 CORPUS_AFTER = 4          # tokens past each use in a corpus window (runs/data/corpus.py `after`)
 # the settings `exactedit antislop` (and `demo --model`) has a flag for; the others come from the
 # model's bundled defaults.toml or the class
-FLAGS = frozenset({"phrases", "top", "prompts", "rate_prompts", "watch", "texts", "same_sense", "chat_template",
+FLAGS = frozenset({"phrases", "top", "kind", "prompts", "rate_prompts", "watch", "texts", "same_sense", "chat_template",
                    "samples", "rate_samples", "max_new", "seed", "ridge", "corpus_tokens", "key", "word_holds",
                    "strength_grid", "rules_bias"})
 
@@ -40,6 +40,7 @@ class AntislopConfig:
     rate_prompts: str | None = None     # one prompt per line: held-out, for the phrase rates only
     phrases: str | None = None          # one banned phrase per line, or discover's JSON
     top: int | None = None              # the first `top` phrases of `phrases` (discover's JSON: its usable ones)
+    kind: str = "style"                 # discover's JSON: the entries of this kind (style, mixed, topic, a list, any)
     watch: str | None = None            # phrases measured in generation too, not solved for (optional)
     same_sense: str | None = None       # PHRASE=WORD[,WORD] per line: paraphrases held, never raised (optional)
     texts: tuple[str, ...] | None = None  # plain texts (legitimate uses, plain anchors)
@@ -90,6 +91,10 @@ class AntislopConfig:
                                  "corpus_tokens": 0, "corpus_context": 1, "word_holds": 0}, FLAGS)
         if self.top is not None:
             out += st.integers(self, {"top": 1}, FLAGS)
+        out += _kind_problems(self.kind, st.flag("kind", FLAGS))
+        out += st.reply_room(self.max_new, FLAGS)
+        out += st.utf8_paths(self, ("model", "prompts", "rate_prompts", "phrases", "watch", "same_sense", "texts",
+                                    "chat_template"), FLAGS)
         out += st.seeds(self.seed, {"the data replies": (0, self.samples), "the rate replies":
                                     (RATE_SEED, self.rate_samples)}, FLAGS)
         if self.key not in KEYS + (AUTO_KEY,):
@@ -112,7 +117,8 @@ class AntislopConfig:
         try:
             parse_shape(f"prefix-penalty={float(b)!r}")
         except ValueError:
-            near = float(np.float32(b))
+            with np.errstate(over="ignore"):
+                near = float(np.float32(b))
             return [f"{where}: {b!r} is not a float32 number (the compiled rules hold the penalty in float32, "
                     f"as {near!r}): give one float32 holds exactly, e.g. {_f32_near(b)}"]
         return []
@@ -149,12 +155,12 @@ class AntislopConfig:
         return bundled_file(getattr(self, name), self.bundled, name, f"{name}.txt", self.model, AntislopError)
 
     def phrase_list(self) -> tuple[str, ...]:
-        """The phrases solved for: the phrases file's lines, or discover's JSON's usable entries
-        (each at its measured ban point), the first `top` of them."""
+        """The phrases solved for: the phrases file's lines, or discover's JSON's usable entries of
+        `kind` (each at its measured ban point), the first `top` of them."""
         from exactedit.solvers.phrases import PhraseError, load_phrases
 
         try:
-            return load_phrases(self.file("phrases"), self.top)
+            return load_phrases(self.file("phrases"), self.top, self.kind)
         except PhraseError as exc:
             raise AntislopError(str(exc)) from None
 
@@ -185,10 +191,32 @@ class AntislopConfig:
         return text_files(self.texts, self.bundled)
 
 
+def _kind_problems(kind, where: str) -> list[str]:
+    """discover's entry kinds asked for, as `solvers.phrases.kinds_of` takes them."""
+    from exactedit.solvers.phrases import kinds_of
+
+    try:
+        kinds_of(kind)
+    except ValueError as exc:
+        return [f"{where}: {exc}"]
+    return []
+
+
 def _f32_near(x: float) -> str:
-    """Numbers near `x` that float32 holds exactly (multiples of 1/8 and 1/2 around it)."""
-    picks = dict.fromkeys(v for v in (round(x * 8) / 8, round(x * 2) / 2, float(round(x))) if v > 0)
-    return " or ".join(f"{v:g}" for v in picks)
+    """Numbers near `x` that float32 holds exactly and the penalty takes (> 0, finite): multiples of
+    1/8 and 1/2 around it where float32 holds them, else the float32 nearest it (before: 1e39 was
+    offered for 1e39, which float32 holds as inf, nothing at all for 1e-45, and 1e308 was an
+    OverflowError traceback)."""
+    f32 = np.finfo(np.float32)
+
+    def exact(v: float) -> bool:
+        return 0 < v <= float(f32.max) and float(np.float32(v)) == v
+
+    picks = [v for v in ((round(x * 8) / 8, round(x * 2) / 2, float(round(x))) if x < float(f32.max) else ()) if exact(v)]
+    if not picks:
+        near = float(np.float32(min(x, float(f32.max))))
+        picks = [near if exact(near) else float(f32.smallest_subnormal)]
+    return " or ".join(f"{v:g}" if float(f"{v:g}") == v else repr(v) for v in dict.fromkeys(picks))
 
 
 DEFAULTS_FILE = "defaults.toml"

@@ -31,9 +31,9 @@ __all__ = ["CONTINUATION_CUT", "REPORTS", "demo_targets", "frontier_png", "new_s
 def new_slop_of(edited: Sequence[str], base: Sequence[str]):
     """What took the banned phrases' place: `exactedit discover` on the edited model's rate replies
     against the base model's (same prompts and seeds), both corpora pooled as the prior's background
-    (the reference is the same model's own text, not English at large); the prior's weight is a
-    tenth of the smaller side's words, so a phrase needs the evidence of several replies. None when
-    either side has no words."""
+    (the reference is the same model's own text, not English at large: no evidence against the
+    language, `min_ratio` None); the prior's weight is a tenth of the smaller side's words, so a
+    phrase needs the evidence of several replies. None when either side has no words."""
     from exactedit.evals.discover import DiscoverError, Text, discover
 
     def texts(side, replies):
@@ -44,7 +44,7 @@ def new_slop_of(edited: Sequence[str], base: Sequence[str]):
     if words == 0:
         return None
     try:
-        return discover(e, b, top=NEW_SLOP_TOP, background="human", alpha0=max(10.0, words / 10))
+        return discover(e, b, top=NEW_SLOP_TOP, background="human", alpha0=max(10.0, words / 10), min_ratio=None)
     except DiscoverError:
         return None
 

@@ -49,3 +49,75 @@ def corpus(seed: int, docs: int, plants: dict[str, float] = {}, sentences: int =
                 planted[phrase] += copies
         texts.append(" ".join(out))
     return texts, planted
+
+
+#: the subjects of `chats`: each prompt is about one; its replies use its words
+TOPICS = {
+    "baking": "sourdough flour oven dough yeast loaf crust starter knead bake".split(),
+    "travel": "itinerary passport airline luggage hostel train visa museum beach ferry".split(),
+    "finance": "budget savings mortgage interest invoice pension taxes index fund loan".split(),
+    "gardening": "tomato compost seedlings soil mulch pruning roses watering greenhouse weeds".split(),
+    "fitness": "squats cardio protein workout stretching treadmill muscles reps marathon hydration".split(),
+    "music": "guitar chords melody rhythm tempo piano scales chorus amplifier metronome".split(),
+    "history": "empire treaty medieval dynasty revolution archives monarchy battle colonial parliament".split(),
+    "astronomy": "telescope galaxy nebula orbit planets eclipse comet constellation asteroid lunar".split(),
+}
+ASKS = ("How do I get started with {a} and {b}?", "What should I know about {a} before trying {b}?",
+        "Can you explain {a} and {b} to a beginner?", "What is the best way to handle {a} with {b}?")
+
+
+def chats(seed: int, prompts: int, replies: int, words: int, plants: dict[str, int],
+          topic_share: float = 0.12) -> tuple[list[tuple[str, str]], Counter]:
+    """(prompt, reply) pairs: `prompts` prompts over TOPICS in turn, each with `replies` replies,
+    about `words` words in all. A reply's sentences are common English words at their frequencies,
+    a share `topic_share` of them replaced by its topic's words; plants[phrase] = exact copies, each
+    put into a reply drawn at random (between two words of a sentence). Returns (pairs, planted)."""
+    common, p = _words()
+    rng = np.random.default_rng(seed)
+    names = list(TOPICS)
+    asks = []
+    for i in range(prompts):
+        topic = TOPICS[names[i % len(names)]]
+        a, b = rng.choice(topic, 2, replace=False)
+        asks.append((ASKS[int(rng.integers(len(ASKS)))].format(a=a, b=b), topic))
+    per_reply = words / (prompts * replies)
+    pairs, bodies = [], []
+    for prompt, topic in asks:
+        for _ in range(replies):
+            sents, n = [], 0
+            while n < per_reply:
+                k = int(rng.integers(6, 16))
+                drawn = [str(w) if w != "i" else "I" for w in rng.choice(common, k, p=p)]
+                drawn = [str(rng.choice(topic)) if rng.random() < topic_share else w for w in drawn]
+                sents.append(drawn)
+                n += k
+            pairs.append(prompt)
+            bodies.append(sents)
+    planted: Counter = Counter()
+    for phrase, copies in plants.items():
+        for _ in range(copies):
+            sents = bodies[int(rng.integers(len(bodies)))]
+            sent = sents[int(rng.integers(len(sents)))]
+            at = int(rng.integers(0, len(sent) + 1))
+            sent[at:at] = phrase.split()
+            planted[phrase] += 1
+    out = []
+    for prompt, sents in zip(pairs, bodies):
+        text = " ".join(" ".join(s)[:1].upper() + " ".join(s)[1:] + str(rng.choice([".", ".", "?", "!"]))
+                        for s in sents)
+        out.append((prompt, text))
+    return out, planted
+
+
+def prose(seed: int, words: int, plants: dict[str, int] = {}) -> list[str]:  # noqa: B006
+    """The user's own writing: paragraphs of common English words (about `words` in all), with
+    plants[phrase] copies of the user's own phrases."""
+    texts, _ = corpus(seed, max(1, words // 90), sentences=8)
+    rng = np.random.default_rng(seed + 1)
+    texts = [t.split() for t in texts]
+    for phrase, copies in plants.items():
+        for _ in range(copies):
+            t = texts[int(rng.integers(len(texts)))]
+            at = int(rng.integers(1, len(t)))
+            t[at:at] = phrase.split()
+    return [" ".join(t) for t in texts]

@@ -41,12 +41,15 @@ def test_table_json_file_and_png(inputs, tmp_path):
     lines = res.stdout.splitlines()
     assert lines[0].startswith("model text: 240 texts") and "human text: 120 texts" in lines[0]
     head = next(i for i, line in enumerate(lines) if line.lstrip().startswith("#"))
-    assert lines[head].split() == ["#", "phrase", "z", "log-odds", "model", "/1k", "human", "/1k", "sources"]
+    assert lines[head].split() == ["#", "phrase", "kind", "evidence", "score", "z", "log-odds", "xen>=", "model", "/1k",
+                                   "human", "/1k", "prompts", "D", "func", "sources"]
     cells = {line[3:].split("  ")[0].strip() for line in lines[head + 1:]}
     assert {"'delve into'", "\"it's worth noting that\""} <= cells
     assert f"wrote {out} and {png}" in res.stdout
     data = json.loads(out.read_text())
-    assert set(data) == {"phrases", "model", "human", "settings", "notes"} and len(data["phrases"]) <= 5
+    assert set(data) >= {"phrases", "model", "human", "settings", "notes"} and len(data["phrases"]) <= 5
+    assert {p["kind"] for p in data["phrases"]} <= {"style", "mixed", "topic"}
+    assert {p["evidence"] for p in data["phrases"]} <= {"both", "user", "language"}
     assert data["model"]["sources"] == {"replies.json:edited": 120, "replies.json:base": 120}
     assert data["settings"]["top"] == 5 and data["settings"]["background"] == "wordfreq"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -90,3 +93,34 @@ def test_render_and_plot_an_empty_result(tmp_path):
     d = discover(corpus(23, 40)[0], corpus(24, 40)[0], min_count=1000)
     assert "no phrase is over-used at these settings" in render_discovery(d)
     assert plot_discovery(d, tmp_path / "empty.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_lang_flag_and_a_language_wordfreq_lacks(inputs, tmp_path):
+    res = run("--model-text", inputs / "replies.json", "--human", inputs / "mine", "--out", tmp_path / "o.json",
+              "--lang", "xx")
+    assert res.exit_code == 2 and "wordfreq has no word list for language 'xx'" in res.output
+    assert not (tmp_path / "o.json").exists()
+    res = run("--model-text", inputs / "replies.json", "--human", inputs / "mine", "--out", tmp_path / "o.json",
+              "--lang", "fr", "--min-ratio", 50, "--confidence", 0.99, "--json")
+    assert res.exit_code == 0, res.output
+    settings = json.loads(res.stdout)["settings"]
+    assert (settings["lang"], settings["min_ratio"], settings["confidence"]) == ("fr", 50.0, 0.99)
+
+
+@pytest.mark.parametrize("command", [["shape", "compile"], ["mine", "--prompts", "P"], ["dataset", "corpus"]])
+def test_kind_picks_the_entries_phrase_lists_take(command, tmp_path):
+    """--phrases found.json takes its style entries unless --kind says otherwise: a list of topic
+    entries alone is refused by default (before the model is opened) and read with --kind topic (the
+    run then stops at the junk model); an unknown kind is a usage error."""
+    found, model, prompts = tmp_path / "found.json", tmp_path / "m.gguf", tmp_path / "p.txt"
+    found.write_text(json.dumps({"phrases": [{"phrase": "in Python", "kind": "topic"}]}))
+    model.write_bytes(b"junk")
+    prompts.write_text("How do I sort a list?\n")
+    args = [str(prompts) if a == "P" else a for a in command] + ["--model", str(model), "--phrases", str(found),
+                                                               "--out", str(tmp_path / "out")]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 1 and "no usable phrase of kind style" in res.output, res.output
+    res = CliRunner().invoke(main, args + ["--kind", "topic"])
+    assert res.exit_code == 1 and "no usable phrase" not in res.output and "m.gguf" in res.output, res.output
+    res = CliRunner().invoke(main, args + ["--kind", "subject"])
+    assert res.exit_code == 2 and "Invalid value for '--kind'" in res.output

@@ -122,15 +122,24 @@ def test_json_shape_and_sources(planted):
     tagged = [Text(t, "qwen" if i % 3 else "gemma", f"m[{i}]") for i, t in enumerate(model)]
     d = discover(tagged, human, top=5)
     data = json.loads(d.to_json())
-    assert set(data) == {"phrases", "model", "human", "settings", "notes"}
-    assert set(data["phrases"][0]) == {"phrase", "n", "z", "log_odds", "model_count", "human_count", "model_per_1k",
-                                       "human_per_1k", "model_docs", "human_docs", "sources", "example"}
+    assert set(data) == {"phrases", "model", "human", "settings", "listed", "prompts", "closest", "skipped", "notes"}
+    assert set(data["phrases"][0]) == {
+        "phrase", "n", "kind", "evidence", "score", "z", "log_odds", "user_ratio_low", "lang_per_1k", "lang_ratio",
+        "lang_ratio_low", "cohesion", "model_count", "human_count", "model_per_1k", "human_per_1k", "model_docs",
+        "human_docs", "prompts", "prompt_share", "dispersion", "spread", "echo", "word_spread", "word_echo", "unrelated_per_1k",
+        "function_share",
+        "sources", "example"}
+    assert data["closest"] is None and data["skipped"] == [] and data["prompts"] == 300     # no prompts: 1 text each
     assert data["model"] == {"texts": 300, "tokens": d.model.tokens, "words": d.model.words,
                              "sources": {"qwen": 200, "gemma": 100}}
     assert data["settings"] == {**DiscoverConfig().__dict__, "top": 5}
     first = d.phrases[0]
     assert sum(first.sources.values()) == first.model_count and set(first.sources) <= {"qwen", "gemma"}
-    assert [p.z for p in d.phrases] == sorted((p.z for p in d.phrases), reverse=True)
+    order = [("style", "mixed", "topic").index(p.kind) for p in d.phrases]
+    assert order == sorted(order) and sum(data["listed"].values()) >= len(d.phrases)
+    for kind in set(p.kind for p in d.phrases):                 # by kind, then by score
+        scores = [p.score for p in d.phrases if p.kind == kind]
+        assert scores == sorted(scores, reverse=True)
     assert isinstance(d, Discovery) and data == d.to_dict()
 
 
@@ -151,3 +160,27 @@ def test_inputs_with_nothing_to_count_are_refused():
 def test_config_checks(fields):
     with pytest.raises(ValueError):
         DiscoverConfig(**fields)
+
+
+def test_an_empty_list_names_the_closest_phrase_and_the_settings_that_list_it():
+    """Nothing passes (the language's bar set out of reach, z small on a small text of the user's):
+    the result names the nearest gram, what it misses, and settings that do list it."""
+    from exactedit.evals.discover.report import render_discovery
+
+    model, human = corpus(1, 40, SLOP)[0], corpus(2, 12)[0]
+    d = discover(model, human, min_ratio=1e9)
+    assert d.phrases == () and d.closest is not None
+    near = d.closest
+    assert near["phrase"].lower() in SLOP and near["model_count"] >= 3 and near["z"] < 3
+    assert any("under --min-z 3" in m and "under --min-ratio 1e+09" in m for m in near["misses"])
+    assert near["summary"] in d.notes and "It would be listed with --min-z" in near["summary"]
+    text = render_discovery(d)
+    assert "no phrase is over-used" in text and f"closest: {near['phrase']!r}" in text and "listed with:" in text
+    ways = dict(w.split(" ") for w in near["changes"][0].split(" or "))
+    for flag, value in ways.items():
+        field = {"--min-z": "min_z", "--min-ratio": "min_ratio"}[flag]
+        listed = discover(model, human, **{"min_ratio": 1e9, field: float(value)}).phrases
+        assert near["phrase"] in {p.phrase for p in listed}, (flag, value)
+    assert set(ways) == {"--min-z", "--min-ratio"}
+    d = discover(model, human, min_count=1000)
+    assert "--min-count" in " ".join(d.closest["changes"]) and d.closest["model_count"] < 1000

@@ -178,3 +178,47 @@ def test_mutated_bytes_raise_only_our_error(tmp_path, edits):
             assert str(f) in str(exc)
         else:
             assert got and all(t.text.strip() for t in got)
+
+
+def test_a_directory_walk_skips_and_reports_files_with_no_usable_text(tmp_path):
+    """A walked file with no usable turn (a session of summaries, tool calls only, an empty note) is
+    skipped and listed; named, it is still an error; a walk finding no usable file at all is one."""
+    d = tmp_path / "sessions"
+    d.mkdir()
+    jsonl(d / "a.jsonl", CLAUDE_CODE)
+    jsonl(d / "b-summary.jsonl", [CLAUDE_CODE[0], CLAUDE_CODE[0]])
+    jsonl(d / "c-tools.jsonl", [CLAUDE_CODE[2], CLAUDE_CODE[3]])
+    (d / "d-empty.md").write_text("  \n")
+    got = model_texts([d])
+    assert [t.text for t in got] == ["I'll look at it.", "Done.", "I'll look at it."]
+    assert [(s["file"], s["why"][:23]) for s in got.skipped] == [
+        (str(d / "b-summary.jsonl"), "0 usable model texts (a"), (str(d / "d-empty.md"), "empty: no text to count")]
+    human = human_texts([d])
+    assert [s["file"] for s in human.skipped] == [str(d / "b-summary.jsonl"), str(d / "c-tools.jsonl"),
+                                                  str(d / "d-empty.md")]
+    with pytest.raises(DiscoverError, match=r"b-summary\.jsonl: turns: 0 usable model texts"):
+        model_texts([d / "b-summary.jsonl"])                    # named: an error, as before
+    with pytest.raises(DiscoverError, match=r"d-empty\.md: text: empty"):
+        model_texts([d, d / "d-empty.md"])                      # named and walked: named
+    e = tmp_path / "nothing"
+    e.mkdir()
+    jsonl(e / "s.jsonl", [CLAUDE_CODE[0]])
+    (e / "t.txt").write_text("")
+    with pytest.raises(DiscoverError, match=r"no file holds usable model text \(2 skipped; the first: 0 usable"):
+        model_texts([e])
+
+
+def test_skipped_files_reach_the_result_and_the_table(tmp_path):
+    from exactedit.evals.discover import discover, render_discovery
+
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "a.txt").write_text("We delve into the data and delve into the rest. " * 4)
+    (d / "b.txt").write_text("Then we delve into it once more, as we delve into things. " * 4)
+    jsonl(d / "c.jsonl", [CLAUDE_CODE[0]])
+    (tmp_path / "h.txt").write_text("I walked to the shop and bought some bread for the week.")
+    r = discover(model_texts([d]), human_texts([tmp_path / "h.txt"]))
+    assert r.skipped == ({"side": "model", "file": str(d / "c.jsonl"),
+                          "why": "0 usable model texts (assistant turns or reply texts); read 1 'summary' lines"},)
+    assert r.to_dict()["skipped"] == [dict(r.skipped[0])]
+    assert f"note: skipped {d / 'c.jsonl'} (model side): 0 usable" in render_discovery(r)
