@@ -274,6 +274,11 @@ _TOP = click.option("--top", type=click.IntRange(1), default=None,
 _KIND_HELP = ("With --phrases from `exactedit discover` (JSON): the entries of this kind: style, mixed, topic, "
               "several comma-separated, or any (topic phrases are the prompts' subject)")
 _KIND = click.option("--kind", default="style", show_default=True, callback=_check_kind, help=_KIND_HELP + ".")
+_RULES_MODE_HELP = ("How the rules' banned phrases are kept out: penalty (the prefix penalty on the phrase's last "
+                    "token) or rewind (as well, a phrase or a case / spacing / quote variant of it that completes is "
+                    "rolled back to its first token and resampled with that token banned there; docs/shaping.md)")
+_RULES_MODE = click.option("--rules-mode", type=click.Choice(["penalty", "rewind"]), default="penalty",
+                           show_default=True, help=_RULES_MODE_HELP + ".")
 
 
 def _read_tokens_arg(tokens, text, model_path):
@@ -390,6 +395,9 @@ def _loop_options(demo: bool):
         click.option("--rules-bias", default=None, type=float,
                      help=h("the shipped rules' prefix penalty in nats (shape compile --bias), > 0 and a number "
                      "float32 holds exactly, e.g. 6 or 6.5" + given("6") + ".")),
+        click.option("--rules-mode", type=click.Choice(["penalty", "rewind"]), default=None,
+                     help=h("the rates stage's arms with rules: " + _RULES_MODE_HELP[:1].lower() + _RULES_MODE_HELP[1:]
+                     + given("penalty") + ".")),
     ]
 
     def wrap(f):
@@ -663,11 +671,12 @@ def discover_cmd(model_text, human, out, top, min_count, max_n, background, alph
 @click.option("--prompt", required=True, help="The user's message.")
 @click.option("--rules", type=click.Path(dir_okay=False, exists=True), help="Compiled shaping rules to run live.")
 @click.option("--persona/--no-persona", default=None, help="Override the rules' persona gate.")
+@_RULES_MODE
 @_CHAT_TEMPLATE
 @_gen_options
 @_engine_settings
 @JSON_FLAG
-def generate_cmd(model, prompt, rules, persona, chat_template, max_new, temperature, top_k, seeds, as_json,
+def generate_cmd(model, prompt, rules, persona, rules_mode, chat_template, max_new, temperature, top_k, seeds, as_json,
                  **flags) -> None:
     """Sample one reply with llama.cpp, the shaping rules (if given) between logits and sampler."""
     from exactedit.native.llamacpp import Sampling
@@ -677,7 +686,7 @@ def generate_cmd(model, prompt, rules, persona, chat_template, max_new, temperat
         raise click.UsageError("generate takes one --seed")
     cfg = Sampling(max_new=max_new, temperature=temperature, top_k=top_k, seed=seeds[0] if seeds else 0)
     r = generate_text(model, prompt, cfg, rules, settings=_settings(**flags), persona=persona,
-                      chat_template=chat_template)
+                      chat_template=chat_template, rules_mode=rules_mode)
     emit(r, render_generation(r), as_json)
 
 
@@ -819,6 +828,7 @@ def mine_cmd(engine_name, model, prompts, phrases, top, kind, out, replies_out, 
 @click.option("--rules", type=click.Path(dir_okay=False, exists=True),
               help="Compiled shaping rules, live on every request (read once, at startup).")
 @click.option("--persona/--no-persona", default=None, help="Override the rules' persona gate.")
+@_RULES_MODE
 @_CHAT_TEMPLATE
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
@@ -830,12 +840,13 @@ def mine_cmd(engine_name, model, prompts, phrases, top, kind, out, replies_out, 
 @click.option("--max-waiting", default=8, show_default=True, type=click.IntRange(0),
               help="Requests that may wait while one generates (503 past them).")
 @_engine_settings
-def serve_cmd(model, rules, persona, chat_template, host, port, model_id, max_tokens, max_body_bytes, max_waiting,
-              **flags) -> None:
+def serve_cmd(model, rules, persona, rules_mode, chat_template, host, port, model_id, max_tokens, max_body_bytes,
+              max_waiting, **flags) -> None:
     """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models), the rules live."""
     from exactedit.runs.serve import ServeConfig, serve
 
-    serve(ServeConfig(model=str(model), rules=rules, chat_template=chat_template, persona=persona, host=host, port=port,
+    serve(ServeConfig(model=str(model), rules=rules, chat_template=chat_template, persona=persona, rules_mode=rules_mode,
+                      host=host, port=port,
                       model_id=model_id, max_tokens=max_tokens, max_body_bytes=max_body_bytes,
                       max_waiting=max_waiting, settings=_settings(**flags)))
 
@@ -854,7 +865,7 @@ def untie_cmd(model, out, overwrite, as_json) -> None:
     emit(res, render_untie(res), as_json)
 
 
-# ---- bench: dump-verify, engine, generate, gguf-open, head, quant, serve, shape-compile, solve-head, solve-wfld
+# ---- bench: dump-verify, engine, gbnf, generate, gguf-open, head, quant, serve, shape-compile, solve-head, solve-wfld
 
 @main.group()
 def bench() -> None:
@@ -939,6 +950,35 @@ def bench_gguf_open(vocab, merges, layers, repeats, gguf_py_repeats, json_out) -
                               gguf_py_repeats=gguf_py_repeats)
     r = with_progress("bench gguf-open", run_gguf_open_bench, cfg)
     emit_json_file(r, render_gguf_open_bench(r), json_out)
+
+
+@bench.command("gbnf")
+@click.option("--model", type=MODEL, required=True, help="GGUF path, or a public model name (smollm, qwen, gemma).")
+@click.option("--rules", type=click.Path(dir_okay=False, exists=True), help="Compiled rules: their phrases' grammar.")
+@click.option("--phrases", type=click.Path(dir_okay=False, exists=True),
+              help="Or a phrase list (one per line, or discover's JSON with --top).")
+@_TOP
+@click.option("--case", default="rules", show_default=True, type=click.Choice(("rules", "fold")))
+@click.option("--sampler", default="chain", show_default=True, type=click.Choice(("chain", "check-first")),
+              help="chain: llama-cpp-python's (the grammar on every step); check-first: llama.cpp's common "
+                   "sampler, greedy (the drawn token checked alone).")
+@click.option("--prompts", default=4, show_default=True, type=click.IntRange(1, 8), help="Of the bench's own prompts.")
+@click.option("--max-new", default=64, show_default=True, type=click.IntRange(1))
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0), help="0: greedy.")
+@click.option("--repeats", default=2, show_default=True, type=click.IntRange(1), help="Rotating repeats; best kept.")
+@click.option("--threads", default=2, show_default=True, type=click.IntRange(1))
+@JSON_FLAG
+def bench_gbnf(model, rules, phrases, top, case, sampler, prompts, max_new, temperature, repeats, threads,
+               as_json) -> None:
+    """The phrase-ban grammar (shape export --format gbnf) on llama.cpp: tokens/s against no grammar."""
+    from exactedit.native.shaping import GrammarCostConfig, grammar_cost, render_grammar_cost
+
+    if (rules is None) == (phrases is None):
+        raise click.UsageError("give --rules or --phrases")
+    cfg = GrammarCostConfig(model, rules, phrases, top, case, sampler, prompts=prompts, max_new=max_new,
+                            temperature=temperature, repeats=repeats, threads=threads)
+    r = with_progress("bench gbnf", grammar_cost, cfg)
+    emit(r, render_grammar_cost(r), as_json)
 
 
 @bench.command("head")
@@ -1522,16 +1562,17 @@ def shape_compile_cmd(rules, model, out, phrases, top, kind, bias, as_json) -> N
 @click.option("--n-boot", default=1000, show_default=True, type=click.IntRange(0), help="Bootstrap resamples.")
 @click.option("--slots", default=16, show_default=True, type=click.IntRange(1),
               help="Replies decoded together (1: one at a time; up to 3: bitwise the one-at-a-time loop).")
+@_RULES_MODE
 @_engine_settings
 @JSON_FLAG
 def shape_rates_cmd(model, rules, prompts, edited, phrases, top, kind, max_new, temperature, top_k, seeds, n_boot, slots,
-                    as_json, **flags) -> None:
+                    rules_mode, as_json, **flags) -> None:
     """Phrase rates and KL of base / rules / weights / both on the same prompts and seeds."""
     from exactedit.native.shaping import render_shape_rates, shape_rates
 
     r = with_progress("sampling", shape_rates, model, rules, _lines(prompts), _phrases(phrases, top, kind) if phrases else None,
                       edited=edited, config=_gen_config(max_new, temperature, top_k), seeds=seeds or (0,),
-                      settings=_settings(**flags), n_boot=n_boot, slots=slots)
+                      settings=_settings(**flags), n_boot=n_boot, slots=slots, rules_mode=rules_mode)
     emit(r, render_shape_rates(r), as_json, allow_nan=False)
 
 

@@ -250,9 +250,18 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def _resolve(p: Path) -> Path:
+    """`p` with its symlinks resolved; a symlink loop (Python 3.11's resolve raises RuntimeError:
+    `apply --out LOOP` was a traceback) resolves no further than its absolute path."""
+    try:
+        return p.resolve()
+    except (RuntimeError, OSError):
+        return p.absolute()
+
+
 def _same(a: Path, b: Path) -> bool:
     """Same file: equal after resolving symlinks, or the same inode (a hard link, a bind mount)."""
-    if a.resolve() == b.resolve():
+    if _resolve(a) == _resolve(b):
         return True
     ia = _identity(a)
     return ia is not None and ia == _identity(b)
@@ -260,7 +269,7 @@ def _same(a: Path, b: Path) -> bool:
 
 def _within(inner: Path, outer: Path) -> bool:
     """`inner` is `outer` or lies somewhere below it (symlinks resolved, inodes compared)."""
-    inner, outer = inner.resolve(), outer.resolve()
+    inner, outer = _resolve(inner), _resolve(outer)
     if inner == outer or outer in inner.parents:
         return True
     target = _identity(outer)

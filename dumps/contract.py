@@ -30,6 +30,8 @@ def write_tokens(path, tokens) -> Path:
     if toks.ndim != 1 or toks.size == 0 or not np.issubdtype(toks.dtype, np.integer) or toks.min() < 0 \
             or toks.max() > np.iinfo(np.int32).max:
         raise StrataError(path, "tokens", "expected a non-empty 1-D array of non-negative int32 ids")
+    if toks.size > MAX_TOKENS:                      # `read_tokens` would refuse it: not written
+        raise StrataError(path, "tokens", f"{toks.size} ids, over the limit of {MAX_TOKENS} a tokens file is read with")
     atomic_write_bytes(path, toks.astype("<i4").tobytes())
     return path
 

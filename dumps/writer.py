@@ -13,7 +13,7 @@ import numpy as np
 
 from exactedit.dumps.errors import DumpFormatError
 from exactedit.dumps.format import (
-    ARCHS, MANIFEST, DocInfo, DumpExpect, Manifest, is_int, check_docs, check_shapes, field_spec,
+    ARCHS, MANIFEST, MANIFEST_MAX_BYTES, DocInfo, DumpExpect, Manifest, is_int, check_docs, check_shapes, field_spec,
     parse_manifest, required_fields,
 )
 from exactedit.dumps.reader import Progress, check_values
@@ -77,7 +77,12 @@ def write_dump(path, *, arch: str, layer: int, fields: Mapping[str, Any], docs: 
     manifest = {"format": "exactedit-dump", "version": 1, "arch": arch, "layer": layer, "rows": rows,
                 "model_sha256": model_sha256, "fields": files, "sha256": {n: "0" * 64 for n in files},
                 "docs": [d.to_json() for d in docs], "meta": meta}
-    parse_manifest(manifest, path)  # the same checks the reader applies, before anything is written
+    # the same checks the reader applies, before anything is written; its size too (the hashes
+    # written later are as long as these zeros)
+    text = json.dumps(parse_manifest(manifest, path).to_json(), indent=1, ensure_ascii=True, allow_nan=False) + "\n"
+    if len(text) > MANIFEST_MAX_BYTES:
+        raise DumpFormatError(path, MANIFEST, f"{len(text)} bytes ({len(docs)} documents), over the limit of "
+                              f"{MANIFEST_MAX_BYTES} a dump's manifest is read back with; write fewer documents")
     _refuse_existing(path, overwrite)
 
     tmp = path.parent / f"{path.name}.tmp-{os.getpid()}"

@@ -1,7 +1,8 @@
 """`exactedit apply BUNDLE --model M --out M2.gguf`: write a bundle's edits into a copy of a GGUF.
 
 The model must be the one the bundle was solved on (its sha256 is in the bundle's inputs), and
-every edited tensor must exist there with the bundle's type and shape. Row patches replace only
+every edited tensor must exist there with the bundle's type and shape (checked from the manifest,
+before an edit file is read: solvers.bundle.read_bundle's `tensors`). Row patches replace only
 their rows (all other rows keep their bytes); the copy is written by `quant.gguf.transplant`, which keeps
 every other byte of the file and writes its own JSON manifest beside the output. `overwrite`
 replaces a previous output, never an input: an output that is the model (a symlink or hard link
@@ -19,7 +20,7 @@ from exactedit.quant import gguf
 from exactedit.files import refuse_clobber
 from exactedit.quant.gguf.patch import RowPatch, apply_row_patch
 from exactedit.quant.gguf.transplant import TransplantResult, transplant
-from exactedit.solvers.bundle import Bundle, BundleError, read_bundle
+from exactedit.solvers.bundle import Bundle, BundleError, model_tensors, read_bundle
 
 Progress = Callable[[int, int], None]
 
@@ -55,8 +56,10 @@ def apply_bundle(bundle, model, out, *, overwrite: bool = False, check_model: bo
     manifest = out.with_name(out.name + ".manifest.json")
     refuse_clobber({"out": out, "manifest": manifest},
                    {"bundle": bundle.path if isinstance(bundle, Bundle) else bundle, "model": model})
-    b = bundle if isinstance(bundle, Bundle) else read_bundle(bundle)
     with gguf.open(model) as g:
+        # the edits bounded by the model's tensors before any edit file is read (a crafted entry
+        # declaring a huge shape over a sparse file was read whole)
+        b = bundle if isinstance(bundle, Bundle) else read_bundle(bundle, tensors=model_tensors(g))
         if check_model:
             want = b.input("model").sha256
             got = g.sha256()

@@ -17,7 +17,11 @@ Writing: every file goes into `DIR.tmp/` (fsynced), then the directory is rename
 validates the manifest and re-hashes every file. A bundle is untrusted input: each file is read
 once, without blocking (a FIFO, a device or a symlink loop is refused by name), and bounded: the
 manifest by MAX_MANIFEST_BYTES, a report by MAX_FILE_BYTES, an edit's file by the size its entry
-declares (shape, type, row ids), checked before a byte of it is read.
+declares (shape, type, row ids), checked before a byte of it is read; and what the edits declare is
+bounded before any edit file is read: at most MAX_EDIT_BYTES in all, and, when the target model's
+tensors are given (`read_bundle(path, tensors=...)`, as `apply` does), each edit a tensor of that
+model with its type and shape, at most its rows, no tensor twice. `write_bundle` refuses what
+these readers would refuse (a report over MAX_FILE_BYTES, edits over MAX_EDIT_BYTES).
 
 `Bundle.sha256` is the bundle's identity: the sha256 of what decides the edit, i.e. the solver, the
 inputs' roles and sha256 (not their paths), the full config, and each edit's content (tensor, kind,
@@ -51,6 +55,8 @@ EDIT_KINDS = ("rows", "tensor")
 MAX_MANIFEST_BYTES = 16 << 20    # manifest.json, read whole: a full-vocabulary row list is ~3 MB of it
 MAX_FILE_BYTES = 64 << 20        # a report or PNG listed in `files` (hashed, never held); an edit's
                                  # file is bounded by the size its manifest entry declares
+MAX_EDIT_BYTES = 8 << 30         # what a bundle's edits declare in all (each is read whole, and held):
+                                 # a whole 262k x 5376 Q6_K head is 1.2 GB
 
 
 class BundleError(FieldError):
@@ -102,6 +108,13 @@ class InputRef:
     role: str
     path: str
     sha256: str
+
+
+def _file_size(e: TensorEdit) -> int:
+    """The bytes of an edit's file: a row patch's uint32 count, then per row a uint32 id and the
+    row; a whole tensor's rows."""
+    k, rb = np.asarray(e.raw).shape
+    return 4 + k * (4 + rb) if e.kind == "rows" else k * rb
 
 
 def edit_digest(e: TensorEdit) -> str:
@@ -164,6 +177,12 @@ def write_bundle(out, *, solver: str, inputs: Sequence[InputRef], config: Mappin
     if out.exists() and not overwrite:
         raise BundleError(out, "output", "exists; pass overwrite to replace it")
     names = [e.file_name for e in edits] + list(files or {})
+    total = sum(_file_size(e) for e in edits)
+    if total > MAX_EDIT_BYTES:                      # no reader would take it
+        raise BundleError(out, "edits", f"{total} bytes of edits, over the limit of {MAX_EDIT_BYTES}")
+    for name, data in (files or {}).items():
+        if len(data) > MAX_FILE_BYTES:
+            raise BundleError(out, name, f"{len(data)} bytes, over the limit of {MAX_FILE_BYTES} for a bundle's file")
     if len(set(names)) != len(names) or MANIFEST in names:
         raise BundleError(out, "files", f"file names must be distinct and not {MANIFEST}: {names}")
     for name in names:
@@ -235,8 +254,19 @@ def _need(path, obj: Mapping, key: str, kind, where: str = ""):
     return value
 
 
-def read_bundle(path) -> Bundle:
-    """Read and validate a bundle: manifest schema, every file's sha256, every edit's bytes."""
+Tensors = Mapping[str, tuple[str, tuple[int, ...]]]     # tensor name -> (ggml type, shape) of a model
+
+
+def model_tensors(g) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """The tensors of an open GGUF as `read_bundle` bounds a bundle's edits by: name -> (type, shape)."""
+    return {name: (info.type_name, tuple(int(x) for x in info.shape)) for name, info in g.tensors.items()}
+
+
+def read_bundle(path, tensors: Tensors | None = None) -> Bundle:
+    """Read and validate a bundle: manifest schema, every file's sha256, every edit's bytes. With
+    `tensors` (`model_tensors` of the model the edits are for), every edit must be one of them, of
+    its type and shape, each at most once: checked before any edit file is read, like the
+    MAX_EDIT_BYTES cap on what the edits declare in all."""
     path = Path(path)
     file = path / MANIFEST
     if not os.path.lexists(file):
@@ -259,7 +289,9 @@ def read_bundle(path) -> Bundle:
     record = _need(path, m, "record", dict)
     for name, sha in files.items():
         _check_file(path, name, sha)
-    edits = tuple(_read_edit(path, i, e) for i, e in enumerate(_need(path, m, "edits", list)))
+    entries = [_edit_entry(path, i, e, tensors) for i, e in enumerate(_need(path, m, "edits", list))]
+    _bound_edits(path, entries, tensors is not None)
+    edits = tuple(_read_edit(path, entry) for entry in entries)
     ident = bundle_identity(solver, inputs, config, edits)
     if m.get("identity") != ident:
         raise BundleError(path, "identity", f"{m.get('identity')!r} does not match the bundle's content ({ident})")
@@ -300,27 +332,76 @@ def _check_file(path: Path, name, sha) -> None:
     _altered(path, name, _sha256_bytes(data), sha)
 
 
-def _read_edit(path: Path, i: int, e) -> TensorEdit:
+@dataclass(frozen=True)
+class _EditEntry:
+    """An edit's manifest entry, validated, with the size its file must have."""
+
+    where: str
+    tensor: str
+    kind: str
+    type_name: str
+    shape: tuple[int, int]
+    row_bytes: int
+    rows: list | None
+    name: str
+    sha: str
+    size: int
+
+
+def _edit_entry(path: Path, i: int, e, tensors: Tensors | None) -> _EditEntry:
     where = f"edits[{i}]"
     tensor = _need(path, e, "tensor", str, where)
     kind = _need(path, e, "kind", str, where)
     type_name = _need(path, e, "type", str, where)
     shape = _need(path, e, "shape", list, where)
-    if len(shape) != 2 or not all(isinstance(x, int) and x > 0 for x in shape):
+    if len(shape) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in shape):
         raise BundleError(path, f"{where}.shape", f"expected [rows, cols] of positive integers, got {shape}")
     if type_name not in quant.SUPPORTED:
         raise BundleError(path, f"{where}.type", f"expected one of {quant.SUPPORTED}, got {type_name!r}")
     if kind not in EDIT_KINDS:
         raise BundleError(path, f"{where}.kind", f"expected one of {EDIT_KINDS}, got {kind!r}")
+    if tensors is not None:
+        if tensor not in tensors:
+            raise BundleError(path, f"{where}.tensor", f"{tensor!r:.200} is not a tensor of the model")
+        if tensors[tensor] != (type_name, tuple(shape)):
+            want_type, want_shape = tensors[tensor]
+            raise BundleError(path, f"{where}.shape", f"{type_name} {shape}; the model's {tensor} is "
+                              f"{want_type} {list(want_shape)}")
     try:
         rb = quant.row_bytes(type_name, shape[1])
     except ExacteditError as exc:
         raise BundleError(path, f"{where}.shape", str(exc)) from None
     rows = _need(path, e, "rows", list, where) if kind == "rows" else None
+    if rows is not None and len(rows) > shape[0]:
+        raise BundleError(path, f"{where}.rows", f"{len(rows)} row ids for a tensor of {shape[0]} rows")
     # the file's size follows from the entry (uint32 count + per row a uint32 id and the row; or
     # every row): checked before a byte is read, so an edit file is never read past what it declares
     size = 4 + len(rows) * (4 + rb) if rows is not None else shape[0] * rb
     name, sha = _need(path, e, "file", str, where), _need(path, e, "sha256", str, where)
+    return _EditEntry(where, tensor, kind, type_name, (shape[0], shape[1]), rb, rows, name, sha, size)
+
+
+def _bound_edits(path: Path, entries: Sequence[_EditEntry], per_model: bool) -> None:
+    """What the edits declare, bounded before any of their files is read: MAX_EDIT_BYTES in all
+    (naming the first edit that passes it); against a model, no tensor edited twice."""
+    total = 0
+    for e in entries:
+        total += e.size
+        if total > MAX_EDIT_BYTES:
+            what = "rows" if e.rows is not None else "shape"
+            raise BundleError(path, f"{e.where}.{what}", f"declares {e.size} bytes ({total} with the edits "
+                              f"before it), over the limit of {MAX_EDIT_BYTES} bytes of edits in a bundle")
+    if per_model:
+        seen = set()
+        for e in entries:
+            if e.tensor in seen:
+                raise BundleError(path, f"{e.where}.tensor", f"{e.tensor!r:.200} is edited twice")
+            seen.add(e.tensor)
+
+
+def _read_edit(path: Path, entry: _EditEntry) -> TensorEdit:
+    where, tensor, kind, type_name, shape = entry.where, entry.tensor, entry.kind, entry.type_name, entry.shape
+    rb, rows, name, sha, size = entry.row_bytes, entry.rows, entry.name, entry.sha, entry.size
     f = _file(path, name, sha)
     data = read_regular(f, size, BundleError, f"{where}.file")
     if len(data) != size:

@@ -24,6 +24,7 @@ import contextlib
 import datetime as _dt
 import hashlib
 import json
+import os
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,11 +33,12 @@ from typing import Any, Iterator, Mapping
 from exactedit.evals.protocol.storage import (_BAD_HEAD, HeadFile, LedgerError, parse_head, require_writable,
                                              sqlite_errors)
 from exactedit.errors import ExacteditError
-from exactedit.files import atomic_write_text, file_sha256  # file_sha256: re-exported
+from exactedit.files import atomic_write_text, check_regular, file_sha256, open_regular  # file_sha256: re-exported
 
 DEFAULT_WORKSPACE = Path(".exactedit")
 DB_NAME = "ledger.sqlite"
 HEAD_NAME = "ledger.head"
+MAX_HEAD_BYTES = 4096     # "N HASH" and a pending "pending M HASH": about 150 bytes
 GENESIS = "0" * 64
 
 _SCHEMA = """
@@ -304,11 +306,24 @@ class Ledger:
                               f"cannot be written ({exc.strerror or exc})") from exc
 
     def _read_head(self) -> HeadFile | None:
-        try:
-            return parse_head(self.head_path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
+        """The head file: None when there is none; a FIFO, device or symlink loop standing there is
+        refused by name (LedgerError), never waited on or read on (before: a FIFO hung every command
+        that opens the ledger, /dev/zero read until memory ran out); a file that does not parse, or
+        longer than a head is, is a bad head (`_BAD_HEAD`: it matches no chain)."""
+        path = self.head_path
+        if not os.path.lexists(path):
             return None
-        except (ValueError, OSError):
+        check_regular(path, None, LedgerError, HEAD_NAME)
+        try:
+            with open_regular(path, None, LedgerError, HEAD_NAME) as fh:
+                data = fh.read(MAX_HEAD_BYTES + 1)
+        except (LedgerError, OSError):
+            return _BAD_HEAD
+        if len(data) > MAX_HEAD_BYTES:
+            return _BAD_HEAD
+        try:
+            return parse_head(data.decode("utf-8"))
+        except ValueError:
             return _BAD_HEAD
 
     def entries(self, kind: str | None = None) -> tuple[Entry, ...]:

@@ -21,6 +21,7 @@ from exactedit.files import atomic_write_bytes, read_regular
 TRACE_ROLES = ("pool", "train", "dev", "test", "blind", "anchors", "collateral")
 SPLIT_KEYS = ("source", "character")
 EDIT_SET_RULES = ("explicit", "top-train-style")
+MAX_STEPS = 100_000              # a stopping rule's step budget: --max-steps 10^15 ran (and tracked) for ever
 MAX_PROTOCOL_BYTES = 16 << 20    # a protocol (TOML, read whole): its phrase tuples as ids, 400k of them fit
 
 Token = str | int
@@ -75,6 +76,9 @@ class StoppingRule:
     def __post_init__(self):
         if self.every < 1 or self.max_steps < self.every:
             raise ValueError(f"stopping needs 1 <= every <= max_steps, got {self.every}, {self.max_steps}")
+        if self.max_steps > MAX_STEPS:      # the solve runs every step (no early stop) and tracks each checkpoint
+            raise ValueError(f"stopping.max_steps: {self.max_steps} is more than the {MAX_STEPS} steps a solve may "
+                             "take (it runs them all, after the generation)")
         if self.metric not in ("style", "ordinary", "all"):
             raise ValueError(f"stopping.metric must be style, ordinary or all, got {self.metric!r}")
 
@@ -216,7 +220,13 @@ def write_protocol(path, name: str, traces: Sequence[Trace], *, description: str
                        ("tokens", tokens)):
         if value is not None:
             doc[key] = {f.name: _toml_value(getattr(value, f.name)) for f in fields(value)}
-    raw = tomli_w.dumps(doc).encode("utf-8")
+    text = tomli_w.dumps(doc)
+    try:
+        raw = text.encode("utf-8")
+    except UnicodeEncodeError as exc:               # a path of bytes that are not UTF-8: no TOML holds it
+        line = text.count("\n", 0, exc.start) + 1
+        raise ProtocolError(path, "file", f"line {line} holds a lone surrogate ({ascii(exc.object[exc.start])}): a "
+                            "path or name that is not UTF-8 text; no TOML file holds it") from None
     protocol = _parse(path, raw)
     atomic_write_bytes(path, raw)
     return protocol

@@ -31,6 +31,7 @@ KINDS = ("starter", "signoff", "kaomoji", "lowercase")
 RULES_VERSION = 2         # bumped when what a style matches changes (2: starters and sign-offs as whole words)
 SIGNOFF_TAIL = 8          # characters a sign-off may be followed by (punctuation, an emoji, a space)
 MAX_STYLE_TEXT = 200      # a starter or sign-off longer than this is refused (it is a spec, not a text)
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")   # C0, DEL, C1 controls; lone surrogates
 
 __all__ = ["KAOMOJI", "KINDS", "RULES_VERSION", "Style", "StyleError", "StyleRate", "initiation", "initiations", "rate_change",
            "style_rate"]
@@ -60,6 +61,11 @@ class Style:
                 raise StyleError(f"style {self.kind}: needs its text, as {self.kind}:TEXT")
             if len(self.text) > MAX_STYLE_TEXT or "\n" in self.text:
                 raise StyleError(f"style {self.kind}: the text must be one line of at most {MAX_STYLE_TEXT} characters")
+            bad = _UNPRINTABLE.search(self.text)
+            if bad is not None:         # no reply shows it, and no UTF-8 report could hold a surrogate
+                what = "a lone surrogate" if "\ud800" <= bad.group() <= "\udfff" else "a control character"
+                raise StyleError(f"style {self.kind}: the text holds {what} ({ascii(bad.group())} at character "
+                                 f"{bad.start()})")
         elif self.text:
             raise StyleError(f"style {self.kind}: takes no text (got {self.text!r})")
 

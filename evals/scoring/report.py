@@ -68,14 +68,43 @@ def report_to_json(r: BarReport) -> dict:
             "kld": {k: {kk: _num(vv) for kk, vv in v.items()} for k, v in r.kld.items()}}
 
 
+def _typed(value, kinds, where: str, what: str):
+    """`value` when it is one of `kinds` (a bool is no number), else TypeError naming `where`."""
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise TypeError(f"{where}: expected {what}, got {value!r:.80}")
+    return value
+
+
+def _bar_row(b, i: int) -> BarRow:
+    """One bar as read back: every field of the type `report_to_json` writes (a number or null
+    where a number may be missing), else TypeError naming the field (a string compared as a number
+    was a TypeError deep in `eval blind`)."""
+    nan = lambda v: math.nan if v is None else v  # noqa: E731
+
+    def num(key):
+        return nan(_typed(b[key], (int, float, type(None)), f"bars[{i}].{key}", "a number or null"))
+
+    def text(key):
+        return _typed(b[key], (str,), f"bars[{i}].{key}", "a string")
+
+    ci = _typed(b["ci"], (list,), f"bars[{i}].ci", "[low, high]")
+    if len(ci) != 2:
+        raise TypeError(f"bars[{i}].ci: expected [low, high], got {ci!r:.80}")
+    ci = tuple(nan(_typed(c, (int, float, type(None)), f"bars[{i}].ci", "[low, high] numbers or null")) for c in ci)
+    return BarRow(text("key"), text("bar"), text("label"), num("number"), num("threshold"), text("op"),
+                  _typed(b["passed"], (bool, type(None)), f"bars[{i}].passed", "true, false or null"),
+                  _typed(b["n"], (int,), f"bars[{i}].n", "an integer"), ci, num("base"), num("edited"),
+                  text("scope"))
+
+
 def report_from_json(obj: Mapping) -> BarReport:
-    """Inverse of `report_to_json` (null -> NaN). Raises ValueError on a foreign document."""
+    """Inverse of `report_to_json` (null -> NaN). Raises ValueError on a foreign document, TypeError
+    naming the field where a bar's field or `meta` has the wrong type."""
     if not isinstance(obj, Mapping) or obj.get("kind") != REPORT_KIND:
         raise ValueError(f"not an exactedit eval report (kind {REPORT_KIND!r})")
     nan = lambda v: math.nan if v is None else v  # noqa: E731
-    rows = tuple(BarRow(b["key"], b["bar"], b["label"], nan(b["number"]), nan(b["threshold"]), b["op"],
-                        b["passed"], b["n"], tuple(nan(c) for c in b["ci"]), nan(b["base"]), nan(b["edited"]),
-                        b["scope"]) for b in obj["bars"])
+    rows = tuple(_bar_row(b, i) for i, b in enumerate(obj["bars"]))
+    _typed(obj.get("meta", {}), (dict,), "meta", "an object")
     phrases = tuple(PhraseRow(p["phrase"], tuple(p["tokens"]), p["n"], nan(p["base"]), nan(p["edited"]),
                               p.get("text", "")) for p in obj.get("phrases", []))
     kld = {k: {kk: nan(vv) for kk, vv in v.items()} for k, v in obj.get("kld", {}).items()}
@@ -166,11 +195,15 @@ def _atomic(path: Path, write) -> None:
 
 def write_report(r: BarReport, out_dir, stem: str, title: str = "", png: bool = True,
                  extra_md: str = "") -> WrittenFiles:
-    """Write STEM.json, STEM.md (+ `extra_md`) and (with phrases) STEM.png into out_dir."""
+    """Write STEM.json, STEM.md (+ `extra_md`) and (with phrases) STEM.png into out_dir. A JSON
+    larger than `read_report` reads (MAX_REPORT_BYTES) is refused (ReportError) before any is written."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / f"{stem}.json", "md": out_dir / f"{stem}.md"}
-    text = json.dumps(report_to_json(r), indent=2, sort_keys=True, allow_nan=False) + "\n"
+    text = json.dumps(report_to_json(r), indent=2, sort_keys=True, allow_nan=False) + "\n"   # ASCII
+    if len(text) > MAX_REPORT_BYTES:                # `read_report` would refuse it: not written
+        raise ReportError(paths["json"], "file", f"{len(text)} bytes, over the limit of {MAX_REPORT_BYTES} a report "
+                          "is read back with")
     _atomic(paths["json"], lambda p: p.write_text(text, encoding="utf-8"))
     md = format_markdown(r, title) + ("\n" + extra_md if extra_md else "")
     _atomic(paths["md"], lambda p: p.write_text(md, encoding="utf-8"))

@@ -2,7 +2,8 @@
 (`capture`), the model's own chat (`chat`), labelled documents (`documents`), llama-perplexity's
 chunks (`perplexity_chunks`), the real public models of the `live` extra (`models`), and generation:
 one door, `sample_replies` (`sample`), in front of two engines, the one-at-a-time loop with a per-step
-logits hook (`generate`) and its batched form (`batched`); every reply is a `Generation`.
+logits hook (`generate`) and its batched form (`batched`), both with the rules' rewind mode
+(`rewind`: a banned phrase or a variant rolled back and resampled); every reply is a `Generation`.
 
 The names below are imported on first use (their modules pull in numba / JAX).
 """
@@ -16,6 +17,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "Sampling": "generate",
     "SEED_LIMIT": "generate",
     "LlamaEngine": "engine",
+    "RewindConfig": "rewind",
     "dump_documents": "documents",
     "dump_text_chunks": "perplexity_chunks",
     "import_dump": "documents",

@@ -30,6 +30,7 @@ import numpy as np
 
 from exactedit.native.llamacpp.engine import EngineError, LlamaEngine, sampler_chain
 from exactedit.native.llamacpp.generate import Sampling, Generation, StepShaping, stop_kind
+from exactedit.native.llamacpp.rewind import Rewinder
 
 __all__ = ["DEFAULT_SLOTS"]
 
@@ -48,17 +49,20 @@ class _Slot:
     steps: StepShaping | None = None
     pos: int = 0
     stopped: bool = False
+    rewind: object = None    # rewind mode: its rewind.Rewinder
 
 
 def _generate_batched(engine: LlamaEngine, jobs: Sequence[tuple[np.ndarray, Sampling]], *,
                       stop_ids: frozenset | None = None, turn_end: frozenset = frozenset(), slots: int = DEFAULT_SLOTS,
                       shapers: Callable[[], object] | None = None,
-                      progress: Callable[[int, int], None] | None = None) -> list[Generation]:
+                      progress: Callable[[int, int], None] | None = None, rewind=None) -> list[Generation]:
     """The batched engine behind `sample.sample_replies` (which checks the jobs' prompts, int32
     [1..n_ctx - max_new], and `slots`): one `Generation` per (prompt, config) job, in job order;
     `slots` replies decode at once. `shapers`: makes a shaper (solvers.shaping.rules.Shaper) for each
     slot, reset for each of its jobs; the rules then run live in every reply as in the one-at-a-time
-    loop (its `shape` and `probe` samplers first in the reply's chain, the same per-step record)."""
+    loop (its `shape` and `probe` samplers first in the reply's chain, the same per-step record).
+    `rewind`: a rewind.RewindConfig (rewind mode): each reply rolls back as in the one-at-a-time
+    loop (its own stream's KV cells removed)."""
     lib, s, V = engine._lib, engine.settings, engine.n_vocab
     if not jobs:
         return []
@@ -68,7 +72,7 @@ def _generate_batched(engine: LlamaEngine, jobs: Sequence[tuple[np.ndarray, Samp
     per_seq = -(-per_seq // 256) * 256                      # whole 256-cell pages per stream
     ctx = engine._context(None, n_seq=n_slots, n_ctx=per_seq * n_slots)
     mem = lib.llama_get_memory(ctx)
-    cap = max(s.n_batch, n_slots)
+    cap = max(min(s.n_batch, per_seq), n_slots)             # a prefill chunk is at most a stream's cells
     batch = lib.llama_batch_init(cap, 0, 1)
     results: list[Generation | None] = [None] * len(jobs)
     active: dict[int, _Slot] = {}
@@ -84,13 +88,16 @@ def _generate_batched(engine: LlamaEngine, jobs: Sequence[tuple[np.ndarray, Samp
         nonlocal next_job
         p, c = jobs[next_job]
         lib.llama_memory_seq_rm(mem, slot, -1, -1)
-        steps = None
-        if slot_shapers is not None:
-            steps = StepShaping(lib, V, slot_shapers[slot])
+        steps = rw = None
+        if slot_shapers is not None or rewind is not None:
+            steps = StepShaping(lib, V, slot_shapers[slot] if slot_shapers is not None else None)
             steps.start(p)
+        if rewind is not None:
+            rw = Rewinder(rewind, engine.piece)
+            steps.banned = rw.banned
         first = [smp.sampler for smp in steps.samplers] if steps is not None else ()
         active[slot] = _Slot(next_job, p, c, sampler_chain(lib, c.top_k, c.temperature, c.seed, first),
-                             list(int(t) for t in p), [], steps)
+                             list(int(t) for t in p), [], steps, rewind=rw)
         next_job += 1
 
     def finish(slot: int) -> None:
@@ -100,7 +107,8 @@ def _generate_batched(engine: LlamaEngine, jobs: Sequence[tuple[np.ndarray, Samp
         n = len(st.out)
         stop = stop_kind(st.out, st.stopped, turn_end)
         if st.steps is not None:
-            results[st.job] = st.steps.generation(st.prompt, st.out, st.config.seed, stop)
+            results[st.job] = st.steps.generation(st.prompt, st.out, st.config.seed, stop,
+                                                  st.rewind.events if st.rewind is not None else ())
         else:
             results[st.job] = Generation(st.prompt, np.array(st.out, dtype=np.int32), int(st.config.seed), stop,
                                          np.zeros((n, 0), bool), np.zeros(n, np.float64))
@@ -129,11 +137,21 @@ def _generate_batched(engine: LlamaEngine, jobs: Sequence[tuple[np.ndarray, Samp
 
     def sample(slot: int, idx: int) -> None:
         st = active[slot]
+        open_text = st.steps.open_text if st.rewind is not None else True
         tok = int(lib.llama_sampler_sample(st.chain, ctx, idx))
         if st.steps is not None:
             st.steps.accept(tok)
         st.out.append(tok)
         st.stopped = (tok in stops) if stops is not None else engine.is_eog(tok)
+        if st.rewind is not None:
+            back = st.rewind.push(tok, open_text, ended=st.stopped or len(st.out) >= st.config.max_new)
+            if back is not None:            # roll back (generate.py): keep `back` tokens, decode the last kept again
+                del st.out[back:]
+                st.steps.rewind(st.prompt, st.out)
+                st.pos, st.stopped = st.prompt.size + back - 1, False
+                lib.llama_memory_seq_rm(mem, slot, st.pos, -1)
+                st.pending = [int(st.prompt[st.pos]) if back == 0 else st.out[-1]]
+                return
         if st.stopped or len(st.out) >= st.config.max_new:
             finish(slot)
             if next_job < len(jobs):

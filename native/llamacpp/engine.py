@@ -35,6 +35,13 @@ class EngineError(FieldError):
     """The engine is missing, refused a model, or failed while evaluating."""
 
 
+# llama.cpp takes the token counts as uint32 and the threads as int32: a larger value wrapped (an
+# n_ctx of 2^32 + 2048 ran as 2048 while the dump recorded the other), a million threads crashed
+# it, and the batch of a huge n_batch was allocated token by token (a hang)
+MAX_SETTING_TOKENS = 1 << 24
+MAX_THREADS = 512            # ggml's GGML_MAX_N_THREADS
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     """How llama.cpp evaluates a sequence. Every field changes numbers, so all are recorded.
@@ -52,8 +59,9 @@ class EngineSettings:
     def __post_init__(self):
         for key in ("n_ctx", "n_batch", "n_ubatch", "n_threads"):
             value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise EngineError("EngineSettings", key, f"expected an integer >= 1, got {value!r}")
+            top = MAX_THREADS if key == "n_threads" else MAX_SETTING_TOKENS
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= top:
+                raise EngineError("EngineSettings", key, f"expected an integer in [1, {top}], got {value!r}")
         if self.n_ubatch > self.n_batch:
             raise EngineError("EngineSettings", "n_ubatch",
                               f"{self.n_ubatch} exceeds n_batch {self.n_batch}")
@@ -248,7 +256,7 @@ class LlamaEngine:
         ctx = self._context(callback)
         T, V = toks.size, self.n_vocab
         logits = np.empty((T, V), dtype=np.float32)
-        batch = lib.llama_batch_init(s.n_batch, 0, 1)
+        batch = lib.llama_batch_init(min(s.n_batch, T), 0, 1)       # a decode call takes at most T tokens
         try:
             for start in range(0, T, s.n_batch):
                 n = min(s.n_batch, T - start)

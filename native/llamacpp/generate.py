@@ -17,7 +17,11 @@ seed and why it stopped, which rules fired at each step, the KL(unshaped || shap
 distribution (temperature 1, full vocabulary, float64), and with `record` the raw logits, the logits
 the chain received, and the engine's own `llama_get_logits_ith` row, per step (float32 [steps, V]).
 Without a shaper the same loop and chain run (the base arms of a comparison), so arms differ only
-by the rules.
+by the rules. With a `rewind` (native/llamacpp/rewind.py, `--rules-mode rewind`) the loop also rolls
+back: where a banned phrase or a variant completes, the reply's tokens from the phrase's first one
+are dropped with their KV cells (`llama_memory_seq_rm`) and their per-step records, the shaper is
+rebuilt over what is kept, and that step is sampled again with the phrase's first token banned
+(-inf in the `shape` sampler, after the rules). Without one the loop is what it always was.
 """
 from __future__ import annotations
 
@@ -80,6 +84,7 @@ class Generation:
     received: np.ndarray | None = None   # float32 [steps, V] what the chain after the rules received
     engine_rows: np.ndarray | None = None  # float32 [steps, V] llama_get_logits_ith(ctx, -1)
     kl_rules: np.ndarray | None = None     # float64 [steps, rules] KL of each fired rule applied alone
+    rewinds: tuple = ()                    # rewind mode: the reply's rewind.RewindEvent, in order
 
     @property
     def truncated(self) -> bool:
@@ -161,6 +166,13 @@ class StepShaping:
         self.ids = np.arange(n_vocab, dtype=np.int32)
         self.steps = {"raw": [], "received": [], "engine": [], "fired": [], "kl": [], "kl_rules": []}
         self.samplers = [_Sampler(lib, self._shape), _Sampler(lib, self._probe)]
+        self.banned: Callable[[], tuple] | None = None     # rewind mode: tokens banned at this step
+
+    @property
+    def open_text(self) -> bool:
+        """Whether the current row is open text, where the rules may fire (True without a trigger state)."""
+        row = getattr(self.shaper, "row", None)
+        return True if row is None else bool(row.open_text)
 
     def start(self, prompt) -> None:
         if self.shaper is not None:
@@ -185,6 +197,8 @@ class StepShaping:
                                            for rule, h in zip(self.shaper.rules, self.shaper.hits())])
         if self.record:
             self.steps["raw"].append(raw)
+        if self.banned is not None and (ban := self.banned()):
+            cur["logit"][list(ban)] = -np.inf
 
     def _probe(self, arr) -> None:
         if self.record:
@@ -198,11 +212,21 @@ class StepShaping:
         if self.shaper is not None:
             self.shaper.push(tok)
 
+    def rewind(self, prompt, kept: list) -> None:
+        """Back to the step after the reply's `kept` tokens (rewind mode): later steps' records
+        dropped, the shaper's state rebuilt over the prompt and `kept`."""
+        for v in self.steps.values():
+            del v[len(kept):]
+        self.start(prompt)
+        if self.shaper is not None:
+            for t in kept:
+                self.shaper.push(int(t))
+
     def detach(self, chain) -> None:
         for _ in self.samplers:
             self.lib.llama_sampler_chain_remove(chain, 0)
 
-    def generation(self, prompt: np.ndarray, out: list, seed: int, stop: str) -> Generation:
+    def generation(self, prompt: np.ndarray, out: list, seed: int, stop: str, rewinds: tuple = ()) -> Generation:
         st, V, n = self.steps, self.V, len(out)
         fired = np.array(st["fired"], dtype=bool).reshape(n, self.n_rules)
         stack = (lambda k: np.stack(st[k]) if st[k] else np.zeros((0, V), np.float32)) if self.record \
@@ -210,21 +234,26 @@ class StepShaping:
         kl_rules = np.array(st["kl_rules"], dtype=np.float64).reshape(n, self.n_rules) if self.alone else None
         return Generation(prompt, np.array(out, dtype=np.int32), int(seed), stop, fired,
                           np.array(st["kl"], dtype=np.float64), stack("raw"), stack("received"), stack("engine"),
-                          kl_rules)
+                          kl_rules, tuple(rewinds))
 
 
 def _generate(engine: LlamaEngine, toks: np.ndarray, config: Sampling, shaper=None, *, record: bool = False,
               stop_ids: frozenset | None = None, turn_end: frozenset = frozenset(),
-              on_token: Callable[[int], bool | None] | None = None) -> Generation:
+              on_token: Callable[[int], bool | None] | None = None, rewind=None) -> Generation:
     """The one-at-a-time engine behind `sample.sample_replies` (which checks the prompt, int32
     [1..n_ctx - max_new]): up to `config.max_new` tokens after `toks`, `shaper` (or None) applied at
     every step; stops after a token of `stop_ids` (None: the vocabulary's end-of-generation
     tokens), which is kept. `on_token(token)` is called after each sampled token (a streaming
-    server's hook); when it returns true the reply ends after that token (stop "halt")."""
+    server's hook); when it returns true the reply ends after that token (stop "halt").
+    `rewind`: a rewind.Rewinder (rewind mode): where a banned phrase completes the reply rolls back
+    to its first token (its KV cells removed) and samples again with that token banned there, and
+    `on_token` sees a token only once it can no longer be rolled back."""
     lib, s, V = engine._lib, engine.settings, engine.n_vocab
     steps = StepShaping(lib, V, shaper, record=record)
     steps.start(toks)
     ctx = engine._context(None)
+    if rewind is not None:
+        steps.banned, sent = rewind.banned, 0
     chain = sampler_chain(lib, config.top_k, config.temperature, config.seed, [smp.sampler for smp in steps.samplers])
     batch = lib.llama_batch_init(max(s.n_batch, 1), 0, 1)
     out: list[int] = []
@@ -247,11 +276,28 @@ def _generate(engine: LlamaEngine, toks: np.ndarray, config: Sampling, shaper=No
             if record:
                 row = lib.llama_get_logits_ith(ctx, -1)
                 steps.steps["engine"].append(np.ctypeslib.as_array(row, shape=(V,)).copy())
+            open_text = steps.open_text if rewind is not None else True
             tok = int(lib.llama_sampler_sample(chain, ctx, -1))
             steps.accept(tok)
             out.append(tok)
-            halt = on_token is not None and bool(on_token(tok))
-            if (tok in stop_ids) if stop_ids is not None else engine.is_eog(tok):
+            is_stop = (tok in stop_ids) if stop_ids is not None else engine.is_eog(tok)
+            if rewind is None:
+                halt = on_token is not None and bool(on_token(tok))
+            else:
+                back = rewind.push(tok, open_text, ended=is_stop or len(out) >= config.max_new)
+                if back is not None:            # roll back: keep `back` tokens, decode the last kept again
+                    del out[back:]
+                    steps.rewind(toks, out)
+                    pos = len(toks) + back - 1
+                    lib.llama_memory_seq_rm(lib.llama_get_memory(ctx), 0, pos, -1)
+                    pending = [int(toks[pos]) if back == 0 else out[-1]]
+                    continue
+                sent, halt = _hand_over(out, sent, rewind.committed, on_token)
+                if halt and sent < len(out):    # halted on a token before the last: the reply ends there
+                    del out[sent:]
+                    steps.rewind(toks, out)
+                    is_stop = False
+            if is_stop:
                 stopped = True
                 break
             if halt:
@@ -263,4 +309,14 @@ def _generate(engine: LlamaEngine, toks: np.ndarray, config: Sampling, shaper=No
         lib.llama_sampler_free(chain)
         lib.llama_free(ctx)
     stop = "halt" if halt and not stopped else stop_kind(out, stopped, turn_end)
-    return steps.generation(toks, out, config.seed, stop)
+    return steps.generation(toks, out, config.seed, stop, () if rewind is None else rewind.events)
+
+
+def _hand_over(out: list, sent: int, upto: int, on_token) -> tuple[int, bool]:
+    """Rewind mode: `on_token` for the tokens out[sent:upto] (those no longer rolled back), up to
+    the first that halts; (tokens handed over, halted)."""
+    while sent < upto:
+        sent += 1
+        if on_token is not None and on_token(out[sent - 1]):
+            return sent, True
+    return sent, False

@@ -30,6 +30,7 @@ import numpy as np
 from exactedit.native.llamacpp.batched import DEFAULT_SLOTS, _generate_batched
 from exactedit.native.llamacpp.engine import EngineError, LlamaEngine
 from exactedit.native.llamacpp.generate import Generation, Sampling, _generate
+from exactedit.native.llamacpp.rewind import RewindConfig, Rewinder
 
 __all__ = ["DEFAULT_SLOTS", "LogitsProcessor", "sample_replies"]
 
@@ -89,14 +90,18 @@ def sample_replies(engine: LlamaEngine, jobs: Sequence[tuple[np.ndarray, Samplin
                    shapers: Callable[[], object] | None = None, processor: LogitsProcessor | None = None,
                    slots: int = DEFAULT_SLOTS, record: bool = False, sequential: bool = False,
                    on_token: Callable[[int, int], bool | None] | None = None,
-                   progress: Callable[[int, int], None] | None = None) -> list[Generation]:
+                   progress: Callable[[int, int], None] | None = None,
+                   rewind: RewindConfig | None = None) -> list[Generation]:
     """One `Generation` per (prompt tokens, Sampling) job, in job order (module doc).
     `stop_ids`: the tokens a reply stops after (None: the vocabulary's end-of-generation tokens,
     `engine.is_eog`; empty: none, every reply runs to max_new); `turn_end`: the token(s) whose stop
     is "turn_end". `shapers`: a factory of shapers (solvers.shaping.rules.Shaper), one per slot;
     `processor`: one logits processor or shaper for every reply (one at a time); not both.
     `on_token(job, token)` after each sampled token of job number `job` (one at a time); a true
-    return ends that reply there (its stop is "halt"). `progress(done, total)` after each reply."""
+    return ends that reply there (its stop is "halt"). `progress(done, total)` after each reply.
+    `rewind`: a rewind.RewindConfig, the rewind mode (native/llamacpp/rewind.py): a banned phrase or a
+    variant that completes is rolled back and resampled, in either engine; `on_token` then sees a
+    token once it can no longer be rolled back. None (the penalty mode) leaves the loops as they are."""
     s = engine.settings
     todo = [(np.asarray(p, dtype=np.int32), c) for p, c in jobs]
     if not todo:
@@ -112,12 +117,14 @@ def sample_replies(engine: LlamaEngine, jobs: Sequence[tuple[np.ndarray, Samplin
     ends = _token_set(turn_end)
     if processor is None and not record and not sequential and on_token is None:
         return _generate_batched(engine, todo, stop_ids=stops, turn_end=ends, slots=slots, shapers=shapers,
-                                 progress=progress)
+                                 progress=progress, rewind=rewind)
     shaper = _as_shaper(processor) if shapers is None else shapers()
     out = []
     for k, (p, c) in enumerate(todo):
         hook = None if on_token is None else (lambda tok, k=k: on_token(k, tok))
-        out.append(_generate(engine, p, c, shaper, record=record, stop_ids=stops, turn_end=ends, on_token=hook))
+        rw = None if rewind is None else Rewinder(rewind, engine.piece)
+        out.append(_generate(engine, p, c, shaper, record=record, stop_ids=stops, turn_end=ends, on_token=hook,
+                             rewind=rw))
         if progress is not None:
             progress(len(out), len(todo))
     return out

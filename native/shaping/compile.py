@@ -38,6 +38,16 @@ def compile_file(rules, model, out, *, phrases: Sequence[str] = (), bias: float 
     from exactedit.quant import gguf
     from exactedit.files import file_sha256
 
+    if phrases:         # refused before the model loads, naming the flag (a bias of 0 or -0 was a rule doing nothing)
+        from exactedit.solvers.shaping.rules import parse_shape
+
+        try:
+            parse_shape(f"prefix-penalty={float(bias)!r}")
+            if not bias > 0:
+                raise ValueError
+        except ValueError:
+            raise ShapingRulesError("--bias", "bias", f"expected a finite number of nats > 0 that float32 holds "
+                                    f"exactly (e.g. 6 or 6.5), got {bias!r}") from None
     spec = load_rules(rules) if rules is not None else RulesSpec("(no rules file)", "", ())
     if chat_template is not None and spec.chat.template is None:
         from exactedit.native.llamacpp.chat import given_template

@@ -1,7 +1,8 @@
 """The shaping rules live: compiled rules opened for one model (refused for another file), the
 live `Shaper` and its offline twin, `mine`'s processors, what a reply starts from (`reply_setup`: the
-rules and the chat template, shared with `exactedit serve`), and `exactedit generate` (one reply with
-the rules in the one-at-a-time generation loop, through native/llamacpp/sample.py's door)."""
+rules and the chat template, shared with `exactedit serve`), the rules' mode (`rewind_for`: "penalty",
+or "rewind": native/llamacpp/rewind.py), and `exactedit generate` (one reply with the rules in the
+one-at-a-time generation loop, through native/llamacpp/sample.py's door)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ import numpy as np
 from exactedit.native.llamacpp.chat import given_template, prompt_tokens, render_prompt
 from exactedit.native.llamacpp.engine import EngineError, LlamaEngine
 from exactedit.native.llamacpp.generate import Sampling
+from exactedit.native.llamacpp.rewind import RULES_MODES, RewindConfig, summarize_rewinds
 from exactedit.native.llamacpp.sample import sample_replies
 
 
@@ -45,6 +47,23 @@ def shaper_for(compiled, *, persona: bool | None = None):
     from exactedit.solvers.shaping.rules import Shaper
 
     return Shaper(compiled.rules, compiled.vocab, persona=compiled.persona if persona is None else persona)
+
+
+def rewind_for(compiled, mode: str = "penalty", where="--rules") -> RewindConfig | None:
+    """The rewind of `--rules-mode`: None for "penalty" (the compiled rules alone); for "rewind",
+    the compiled prefix penalty's phrases caught with their variants and rolled back (the rules stay
+    live beside it). Rewind needs rules with a prefix penalty."""
+    from exactedit.solvers.shaping.compiled import ShapingRulesError
+
+    if mode not in RULES_MODES:
+        raise ShapingRulesError(where, "rules_mode", f"expected one of {', '.join(RULES_MODES)}, got {mode!r}")
+    if mode == "penalty":
+        return None
+    pen = compiled.rule("prefix-penalty") if compiled is not None else None
+    if pen is None:
+        raise ShapingRulesError(where, "rules_mode", "rewind rolls back the rules' banned phrases: give compiled "
+                                "rules with a prefix penalty (exactedit shape compile --phrases)")
+    return RewindConfig(tuple(p.text for p in pen.phrases))
 
 
 def offline_rules(compiled, persona: bool):
@@ -106,27 +125,33 @@ class TextGeneration:
     truncated: bool
     fired: dict
     kl: dict
+    rules_mode: str = "penalty"
+    rewinds: dict | None = None         # rewind mode: rewind.summarize_rewinds, and the events
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
 
 def generate_text(model, prompt: str, config: Sampling, rules_path=None, settings=None,
-                  persona: bool | None = None, chat_template=None) -> TextGeneration:
+                  persona: bool | None = None, chat_template=None, rules_mode: str = "penalty") -> TextGeneration:
     """One reply to `prompt` (the model's chat template; the rules' when given; `chat_template`: a
-    Jinja2 file used instead of the model's, without rules), rules live."""
+    Jinja2 file used instead of the model's, without rules), rules live; `rules_mode` "rewind" rolls
+    back the rules' phrases and their variants (`rewind_for`)."""
     compiled, tpl = reply_setup(model, rules_path, chat_template)
+    rewind = rewind_for(compiled, rules_mode)
     shaper = shaper_for(compiled, persona=persona) if compiled is not None else None
     with LlamaEngine(model, settings) as engine:
         ptoks = prompt_tokens(engine, render_prompt(tpl, prompt), engine.bos_if_added())
         gen, = sample_replies(engine, [(ptoks, config)], processor=shaper, sequential=True,
-                              stop_ids=compiled.vocab.turn_end if compiled is not None else None)
+                              stop_ids=compiled.vocab.turn_end if compiled is not None else None, rewind=rewind)
         text = b"".join(engine.piece(int(t)) for t in gen.tokens).decode("utf-8", "replace")
     names = [r.name for r in compiled.rules] if compiled is not None else []
     fired = {n: [int(i) for i in np.flatnonzero(gen.fired[:, j])] for j, n in enumerate(names)}
     kl = {"steps": int(gen.kl.size), "mean": float(gen.kl.mean()) if gen.kl.size else 0.0,
           "max": float(gen.kl.max()) if gen.kl.size else 0.0}
-    return TextGeneration(prompt, text, int(gen.tokens.size), gen.truncated, fired, kl)
+    rewinds = None if rewind is None else {**summarize_rewinds([gen.rewinds]),
+                                           "events": [e._asdict() for e in gen.rewinds]}
+    return TextGeneration(prompt, text, int(gen.tokens.size), gen.truncated, fired, kl, rules_mode, rewinds)
 
 
 def render_generation(r: TextGeneration) -> str:
@@ -135,4 +160,8 @@ def render_generation(r: TextGeneration) -> str:
         out.append(f"  {name}: fired at steps {steps}")
     if r.fired:
         out.append(f"  KL(unshaped || shaped) per step: mean {r.kl['mean']:.4g}, max {r.kl['max']:.4g}")
+    if r.rewinds is not None:
+        out.append(f"  rewinds: {r.rewinds['rewinds']}"
+                   + "".join(f", {p!r} x{n}" for p, n in r.rewinds["phrases"].items())
+                   + (f"; kept past the bounds: {r.rewinds['kept']}" if r.rewinds["kept"] else ""))
     return "\n".join(out)

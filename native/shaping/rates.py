@@ -8,7 +8,10 @@ the phrase, per 1,000 tokens, continuation at its prefix, bootstrap intervals ov
 the arms with rules, the KL of the shaped against the unshaped distribution (temperature 1, full
 vocabulary, each step of the arm's own generation) is reported at each rule's trigger steps and
 over whole replies (the mean over every step, the steps where no rule fired counting 0), as
-SPEC.md section 6 asks of a rule scored like an edit.
+SPEC.md section 6 asks of a rule scored like an edit. With `rules_mode` "rewind" the arms with rules
+also roll back the rules' phrases and their variants (native/llamacpp/rewind.py); each such arm
+reports its rewinds (per phrase, the rollbacks made and the phrases kept past the bounds, and the
+rollbacks of each reply).
 """
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ from exactedit.native.llamacpp.engine import EngineError, EngineSettings, LlamaE
 from exactedit.native.llamacpp.generate import Sampling
 from exactedit.native.llamacpp.sample import DEFAULT_SLOTS, sample_replies
 from exactedit.native.llamacpp.chat import prompt_tokens, render_prompt
-from exactedit.native.shaping.live import open_rules, same_tokenizer, shaper_for
+from exactedit.native.llamacpp.rewind import summarize_rewinds
+from exactedit.native.shaping.live import open_rules, rewind_for, same_tokenizer, shaper_for
 
 ARMS = ("base", "rules", "weights", "both")
 
@@ -37,11 +41,15 @@ class ArmRun:
     stops: tuple = ()
     kl: dict = field(default_factory=dict)
     fired: dict = field(default_factory=dict)
+    rewinds: dict | None = None        # rewind mode, arms with rules: rewind.summarize_rewinds + per reply
 
     def to_dict(self) -> dict:
-        return {"model": self.model, "replies": len(self.replies),
-                "tokens": int(sum(r.tokens.size for r in self.replies)),
-                "truncated": int(sum(r.truncated for r in self.replies)), "kl": self.kl, "fired": self.fired}
+        out = {"model": self.model, "replies": len(self.replies),
+               "tokens": int(sum(r.tokens.size for r in self.replies)),
+               "truncated": int(sum(r.truncated for r in self.replies)), "kl": self.kl, "fired": self.fired}
+        if self.rewinds is not None:
+            out["rewinds"] = self.rewinds
+        return out
 
 
 @dataclass(frozen=True)
@@ -70,17 +78,18 @@ def kl_summary(names: Sequence[str], fired: np.ndarray, kl: np.ndarray, kl_rules
     return out
 
 
-def _run_arm(name, path, ptoks, seeds, cfg, compiled, settings, slots, progress) -> ArmRun:
+def _run_arm(name, path, ptoks, seeds, cfg, compiled, settings, slots, progress, rewind=None) -> ArmRun:
     from exactedit.evals.rates.phrase_rates import Reply
 
     shapers = (lambda: shaper_for(compiled)) if name in ("rules", "both") else None
+    rewind = rewind if shapers is not None else None
     jobs = [(i, int(seed)) for i in range(len(ptoks)) for seed in seeds]
     turn_end = tuple(compiled.vocab.turn_end)
     with LlamaEngine(path, settings) as engine:
         gens = sample_replies(engine, [(ptoks[i], Sampling(cfg.max_new, cfg.temperature, cfg.top_k, seed))
                                        for i, seed in jobs],
                               stop_ids=turn_end, turn_end=turn_end, slots=slots, shapers=shapers,
-                              progress=None if progress is None else lambda *_: progress())
+                              progress=None if progress is None else lambda *_: progress(), rewind=rewind)
     replies = tuple(Reply(i, g.seed, g.prompt, g.tokens, g.truncated) for g, (i, _) in zip(gens, jobs))
     stops = tuple(g.stop for g in gens)
     if shapers is None:
@@ -89,18 +98,22 @@ def _run_arm(name, path, ptoks, seeds, cfg, compiled, settings, slots, progress)
     fired_all = np.concatenate([g.fired for g in gens])
     kl_all = np.concatenate([g.kl for g in gens])
     kl_alone = np.concatenate([g.kl_rules for g in gens])
+    rewinds = None if rewind is None else {**summarize_rewinds([g.rewinds for g in gens]),
+                                           "per_reply": [[e._asdict() for e in g.rewinds] for g in gens]}
     return ArmRun(name, str(path), replies, stops, kl_summary(names, fired_all, kl_all, kl_alone),
-                  {n: int(fired_all[:, j].sum()) for j, n in enumerate(names)})
+                  {n: int(fired_all[:, j].sum()) for j, n in enumerate(names)}, rewinds)
 
 
 def shape_rates(model, rules_path, prompts: Sequence[str], phrases: Sequence[str] | None = None, *, edited=None,
                 config: Sampling | None = None, seeds: Sequence[int] = (0,),
                 settings: EngineSettings | None = None, n_boot: int = 1000, level: float = 0.95,
-                slots: int = DEFAULT_SLOTS, progress: Callable[[int, int], None] | None = None) -> ShapeRates:
+                slots: int = DEFAULT_SLOTS, progress: Callable[[int, int], None] | None = None,
+                rules_mode: str = "penalty") -> ShapeRates:
     """Generate every arm and compare each with `base`. `phrases`: the rates' phrases (default:
     the compiled prefix penalty's). Every arm decodes `slots` replies at a time through the same
     loop (native/llamacpp/sample.py's door, batched; 1: one at a time, token for token the loop of
-    `exactedit generate`)."""
+    `exactedit generate`). `rules_mode` "rewind": the arms with rules roll back the rules' phrases
+    and their variants too (native/shaping/live.py `rewind_for`)."""
     from exactedit.evals.rates.phrase_rates import phrase_rates
     from exactedit.quant import gguf
     from exactedit.solvers.phrases import PhraseMatcher, TokenBytes, parse_phrases
@@ -111,6 +124,7 @@ def shape_rates(model, rules_path, prompts: Sequence[str], phrases: Sequence[str
         raise EngineError(model, "prompts", "no prompts")
     g = gguf.open(model)
     compiled, tpl = open_rules(model, rules_path, g)
+    rewind = rewind_for(compiled, rules_mode, rules_path)
     if edited is not None:
         same_tokenizer(g, gguf.open(edited), edited)
     pen = compiled.rule("prefix-penalty")
@@ -129,15 +143,18 @@ def shape_rates(model, rules_path, prompts: Sequence[str], phrases: Sequence[str
         if progress is not None:
             progress(done[0], total)
 
-    runs = {a: _run_arm(a, edited if a in ("weights", "both") else model, ptoks, seeds, cfg, compiled, settings, slots, tick)
-            for a in arms}
+    runs = {a: _run_arm(a, edited if a in ("weights", "both") else model, ptoks, seeds, cfg, compiled, settings,
+                        slots, tick, rewind) for a in arms}
     matcher = PhraseMatcher(phrases, TokenBytes(load_tokens(g)))
     vs = {a: phrase_rates(matcher, list(runs["base"].replies), list(runs[a].replies), n_boot=n_boot, level=level,
                           seed=int(seeds[0]) if seeds else 0) for a in arms if a != "base"}
     info = {"model": str(model), "model_sha256": compiled.model["sha256"], "edited": str(edited or ""),
             "rules": str(rules_path), "phrases": list(phrases), "prompts": len(prompts)}
-    return ShapeRates(runs, vs, {"max_new": cfg.max_new, "temperature": cfg.temperature, "top_k": cfg.top_k,
-                                 "seeds": list(seeds), "slots": slots}, info)
+    conf = {"max_new": cfg.max_new, "temperature": cfg.temperature, "top_k": cfg.top_k, "seeds": list(seeds),
+            "slots": slots}
+    if rules_mode != "penalty":
+        conf["rules_mode"] = rules_mode
+    return ShapeRates(runs, vs, conf, info)
 
 
 def render_shape_rates(r: ShapeRates) -> str:
@@ -167,4 +184,9 @@ def render_shape_rates(r: ShapeRates) -> str:
                        + ", ".join(f"{n} {k}" for n, k in r.arms[a].fired.items()) + "):")
             out += [f"  {k:28} steps {v['steps']:5}  mean {f(v['mean'], '{:.4g}')}  median {f(v['median'], '{:.4g}')}"
                     f"  max {f(v['max'], '{:.4g}')}" for k, v in r.arms[a].kl.items()]
+        rw = r.arms[a].rewinds
+        if rw is not None:
+            out.append(f"rewinds, arm {a}: {rw['rewinds']} in {rw['replies_rewound']} replies"
+                       + "".join(f", {p!r} x{n}" for p, n in rw["phrases"].items())
+                       + (f"; kept past the bounds: {rw['kept']}" if rw["kept"] else ""))
     return "\n".join(out)

@@ -274,10 +274,14 @@ def check_edit(base: Baseline, bundle, *, tolerance: Tolerance | None = None, ed
     (an already edited GGUF, e.g. one made elsewhere): a file whose bytes are not the bundle's
     claim fails."""
     from exactedit.solvers.apply import apply_bundle
-    from exactedit.solvers.bundle import read_bundle
+    from exactedit.solvers.bundle import Bundle, model_tensors, read_bundle
 
     tolerance = tolerance or Tolerance()
-    b = read_bundle(bundle)
+    if isinstance(bundle, Bundle):
+        b = bundle
+    else:
+        with gguf.open(base.model) as g:      # the edits bounded by the model's tensors before they are read
+            b = read_bundle(bundle, tensors=model_tensors(g))
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         if edited is None:
             edited = apply_bundle(b, base.model, Path(tmp) / "edited.gguf", check_model=check_model).out

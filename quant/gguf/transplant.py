@@ -65,8 +65,14 @@ class _Seg:
 
 
 def _check_paths(src: Path, dst: Path, manifest: Path, overwrite: bool) -> None:
+    def resolved(p: Path) -> Path:
+        try:
+            return p.resolve()
+        except (RuntimeError, OSError):     # a symlink loop: Python 3.11 raises RuntimeError (a traceback)
+            return p.absolute()
+
     def same(a: Path, b: Path) -> bool:
-        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+        return resolved(a) == resolved(b) or (a.exists() and b.exists() and os.path.samefile(a, b))
 
     for path, what in ((dst, "output"), (dst.with_name(dst.name + ".tmp"), "temporary output"),
                        (manifest, "manifest"), (manifest.with_name(manifest.name + ".tmp"),
@@ -77,7 +83,7 @@ def _check_paths(src: Path, dst: Path, manifest: Path, overwrite: bool) -> None:
     if same(dst, manifest):
         raise GGUFFormatError(dst, "manifest", "the manifest path is the output path")
     for path, what in ((dst, "output"), (manifest, "manifest")):
-        if path.exists() and not overwrite:
+        if os.path.lexists(path) and not overwrite:      # a dangling link or a loop stands there too
             raise GGUFFormatError(path, what, "exists; pass overwrite=True to replace it")
 
 

@@ -3,7 +3,9 @@ with the same seeds and sampler chain (native/shaping/rates.py, `shape rates`), 
 report reads from them: per arm against base the phrase rates with bootstrap intervals over
 prompts, each reply's text (DIR/replies.json, the records `exactedit discover` reads), the
 replies that ended at the turn end, and the variant artefacts of the phrases (a case or spacing
-variant of a banned word after its prefix)."""
+variant of a banned word after its prefix). With `rules_mode` "rewind" the arms with rules also roll
+back the rules' phrases and their variants (native/llamacpp/rewind.py); each of their replies
+records its rewinds."""
 from __future__ import annotations
 
 import json
@@ -19,7 +21,8 @@ __all__ = ["ARM_LABELS", "arms_png", "rate_arms"]
 
 
 def rate_arms(model, rules, edited, prompts: Sequence[str], phrases: Sequence[str], seeds: Sequence[int], *,
-              max_new: int, n_boot: int, out, progress: Callable[[int, int], None] | None = None) -> dict:
+              max_new: int, n_boot: int, out, progress: Callable[[int, int], None] | None = None,
+              rules_mode: str = "penalty") -> dict:
     """Generate the four arms, write out/rates.json, out/replies.json, out/phrase-rates.png (base
     against the edited weights) and out/arms.png (every arm's continuation at each phrase's prefix);
     return the record the report reads."""
@@ -34,7 +37,7 @@ def rate_arms(model, rules, edited, prompts: Sequence[str], phrases: Sequence[st
 
     out = Path(out)
     sr = shape_rates(model, rules, prompts, phrases, edited=edited, config=Sampling(max_new=max_new), seeds=seeds,
-                     n_boot=n_boot, progress=progress)
+                     n_boot=n_boot, progress=progress, rules_mode=rules_mode)
     g = gguf.open(model)
     compiled, _ = open_rules(model, rules, g)
     turn_end = tuple(compiled.vocab.turn_end)
@@ -42,13 +45,15 @@ def rate_arms(model, rules, edited, prompts: Sequence[str], phrases: Sequence[st
     records, texts = [], {}
     for arm, run in sr.arms.items():
         texts[arm] = []
-        for x, stop in zip(run.replies, run.stops, strict=True):
+        for k, (x, stop) in enumerate(zip(run.replies, run.stops, strict=True)):
             body = [int(t) for t in x.tokens if int(t) not in turn_end]
             text = table.decode(body)
             texts[arm].append(text)
             records.append({"side": arm, "name": reply_name(prompts[x.prompt], x.seed), "prompt": prompts[x.prompt],
                             "seed": int(x.seed), "tokens": int(x.tokens.size), "stop": stop,
                             "text": text})
+            if run.rewinds is not None:
+                records[-1]["rewinds"] = run.rewinds["per_reply"][k]
     atomic_write_text(out / "replies.json", json.dumps(records, indent=1, ensure_ascii=False) + "\n")
     obj = sr.to_dict()
     atomic_write_text(out / "rates.json", json.dumps(obj, indent=1, default=str) + "\n")

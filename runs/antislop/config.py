@@ -20,7 +20,7 @@ CORPUS_AFTER = 4          # tokens past each use in a corpus window (runs/data/c
 # model's bundled defaults.toml or the class
 FLAGS = frozenset({"phrases", "top", "kind", "prompts", "rate_prompts", "watch", "texts", "same_sense", "chat_template",
                    "samples", "rate_samples", "max_new", "seed", "ridge", "corpus_tokens", "key", "word_holds",
-                   "strength_grid", "rules_bias"})
+                   "strength_grid", "rules_bias", "rules_mode"})
 
 __all__ = ["AntislopConfig", "AntislopError", "LOOP", "RATE_SEED", "model_defaults"]
 
@@ -63,6 +63,7 @@ class AntislopConfig:
     gated_strength_grid: tuple[float, ...] = (4.0, 2.0, 1.0, 0.5)
     chat_template: str | None = None    # a Jinja2 chat template file (default: the bundled chat_template.jinja, if any)
     rules_bias: float = 6.0             # the shipped rules' prefix penalty (shape compile --bias), nats
+    rules_mode: str = "penalty"         # the rates stage's rules arms: "penalty", or "rewind" (phrases rolled back)
 
     @classmethod
     def for_model(cls, model: str = "qwen", **given) -> "AntislopConfig":
@@ -84,6 +85,7 @@ class AntislopConfig:
         through WfldConfig; the rules' penalty as `shape compile` takes it) and the seeds of every
         reply (data and rate replies) in llama.cpp's range. What needs a file read or the corpus
         module (same-sense words, the corpus's settings) is preflight's (runs/antislop/checks.py)."""
+        from exactedit.native.llamacpp.rewind import RULES_MODES
         from exactedit.runs.loop import settings as st
         from exactedit.solvers.l47.config import KEYS, WfldConfig
 
@@ -103,6 +105,9 @@ class AntislopConfig:
                             ("gated_strength_grid", "strength_grid")):
             out += st.downstream(lambda: WfldConfig(**{field: getattr(self, name)}), [name], FLAGS)
         out += self._rules_problems(st)
+        if self.rules_mode not in RULES_MODES:
+            out.append(f"{st.flag('rules_mode', FLAGS)}: expected one of {', '.join(RULES_MODES)}, "
+                       f"got {self.rules_mode!r}")
         return out
 
     def _rules_problems(self, st) -> list[str]:

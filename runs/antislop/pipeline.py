@@ -299,11 +299,15 @@ def _rates(r: _Run, rec: dict) -> dict:
 
     def rates():
         return rate_arms(r.model, r.out / "rules.json", r.out / "edited.gguf", r.rate_prompts, r.measured, seeds,
-                         max_new=c.max_new, n_boot=c.n_boot, out=r.out, progress=r.tick("rates (4 arms)"))
+                         max_new=c.max_new, n_boot=c.n_boot, out=r.out, progress=r.tick("rates (4 arms)"),
+                         rules_mode=c.rules_mode)
 
+    # the rules' mode joins the stage's inputs only when it is not the default (a run made before the
+    # mode existed keeps its rates)
+    mode = {"rules_mode": c.rules_mode} if c.rules_mode != "penalty" else {}
     return r.run("rates", {"edited": rec["apply"]["sha256"], "rules": r.stages.outputs("rules"),
                            "prompts": list(r.rate_prompts), "phrases": list(r.measured), "seeds": seeds,
-                           "max_new": c.max_new, "n_boot": c.n_boot},
+                           "max_new": c.max_new, "n_boot": c.n_boot, **mode},
                  ["rates.json", "replies.json", "phrase-rates.png", "arms.png"], rates)
 
 

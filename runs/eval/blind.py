@@ -26,7 +26,7 @@ from typing import Callable, Mapping
 
 from exactedit.evals.protocol.ledger import Ledger, ProtocolRecord, head_json, ledger_id
 from exactedit.evals.protocol.registry import BlindRegistry
-from exactedit.evals.scoring.report import BarReport, WrittenFiles, report_to_json, write_report
+from exactedit.evals.scoring.report import BarReport, ReportError, WrittenFiles, report_to_json, write_report
 
 SEEN_KINDS = ("score", "test")
 
@@ -73,6 +73,23 @@ def compare_to_dev(dev: BarReport, blind: BarReport, factor: float) -> tuple[Bli
     out.append(BlindComparison("(g) ordinary-token mean dlogp", d, b, allowed, ">=",
                                bool(math.isfinite(d) and math.isfinite(b) and b >= allowed)))
     return tuple(out)
+
+
+def dev_settings(dev: BarReport, path, protocol=None) -> tuple[str, tuple[str, ...]]:
+    """What the blind run repeats of the dev run, from the dev report at `path`: the protocol file
+    (`protocol` when given, else the report's meta.protocol) and the shaping rules (meta.shapes). A
+    field missing or of the wrong type is a ReportError naming the report and the field (a number
+    there was a TypeError traceback)."""
+    meta = dev.meta
+    if protocol is None:
+        protocol = meta.get("protocol")
+        if not isinstance(protocol, str) or not protocol.strip():
+            why = "missing" if protocol is None else f"expected the protocol file's path, got {protocol!r:.80}"
+            raise ReportError(path, "meta.protocol", f"{why}; give --protocol")
+    shapes = meta.get("shapes", [])
+    if not isinstance(shapes, list) or not all(isinstance(s, str) for s in shapes):
+        raise ReportError(path, "meta.shapes", f"expected a list of shaping rules (strings), got {shapes!r:.80}")
+    return str(protocol), tuple(shapes)
 
 
 def run_blind(ledger: Ledger, *, record: ProtocolRecord, bundle_sha256: str, doc_sha256: str,

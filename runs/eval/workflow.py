@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
-from exactedit.runs.eval.blind import BlindResult, run_blind
+from exactedit.runs.eval.blind import BlindResult, dev_settings, run_blind
 from exactedit.evals.scoring.evaluate import EvalError, ScoreConfig, TraceInput, protocol_traces, score_traces
 from exactedit.dumps import VerifyCache
 from exactedit.evals.protocol.ledger import (
@@ -32,7 +32,8 @@ from exactedit.evals.protocol.ledger import (
 )
 from exactedit.evals.protocol.registry import BlindRegistry
 from exactedit.evals.protocol.protocol import Protocol, load_protocol
-from exactedit.evals.scoring.report import BarReport, WrittenFiles, read_report, report_from_json, report_to_json, write_report
+from exactedit.evals.scoring.report import (BarReport, ReportError, WrittenFiles, read_report, report_from_json,
+                                            report_to_json, write_report)
 from exactedit.evals.protocol.splits import Splits, build_splits, record_splits, recorded_splits
 from exactedit.evals.protocol.testonce import score_test_once
 
@@ -138,10 +139,12 @@ def edited_model(model, bundle, workspace) -> Iterator[tuple[Path | None, str]]:
     if bundle is None:
         yield None, ""
         return
+    from exactedit.quant import gguf
     from exactedit.solvers.apply import apply_bundle
-    from exactedit.solvers.bundle import read_bundle
+    from exactedit.solvers.bundle import model_tensors, read_bundle
 
-    b = read_bundle(bundle)
+    with gguf.open(model) as g:          # the edits bounded by the model's tensors before they are read
+        b = read_bundle(bundle, tensors=model_tensors(g))
     tmp = Path(workspace) / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix=f"edited-{b.sha256[:16]}-", dir=tmp))
@@ -228,13 +231,16 @@ def blind(model, bundle, doc, dev_report, workspace, out_dir, command: str, *, p
     from exactedit.solvers.bundle import read_bundle
 
     dev, dev_sha = read_report(dev_report, "--dev-report")     # ReportError naming the file and the flag
-    protocol = load_protocol(protocol_path or dev.meta.get("protocol", ""))
+    protocol_path, shapes = dev_settings(dev, dev_report, protocol_path)
+    try:
+        config = ScoreConfig(heldout_role="blind", bars="anti-slop", shapes=shapes, chunk_rows=chunk_rows)
+    except ValueError as exc:
+        raise ReportError(dev_report, "meta.shapes", str(exc)) from None
+    protocol = load_protocol(protocol_path)
     bundle_sha = read_bundle(bundle).sha256
     cache = VerifyCache()
     d = read_dump(doc, check_finite=False, cache=cache)
     doc_sha = d.sha256()
-    config = ScoreConfig(heldout_role="blind", bars="anti-slop", shapes=tuple(dev.meta.get("shapes", ())),
-                         chunk_rows=chunk_rows)
     trace = TraceInput("blind", Path(doc), {x.name: "blind" for x in d.docs})
     with Ledger.open(workspace) as ledger, BlindRegistry.open(home) as registry:
         record = require_registered(ledger, protocol, command)

@@ -72,10 +72,10 @@ class PreflightError(ExacteditError):
     """Every problem preflight found, in one error: the whole list, so that one fix-and-retry
     round is enough. `problems` holds them (each a `Problem` naming file and field)."""
 
-    def __init__(self, model, problems: Sequence[Problem]):
+    def __init__(self, model, problems: Sequence[Problem], command: str = "antislop"):
         self.model, self.problems = str(model), tuple(problems)
         n = len(self.problems)
-        super().__init__(f"exactedit antislop cannot run on {self.model} ({n} problem{'s' * (n != 1)}, "
+        super().__init__(f"exactedit {command} cannot run on {self.model} ({n} problem{'s' * (n != 1)}, "
                          "found before any generation):\n" + "\n".join(f"  - {p}" for p in self.problems))
 
 
@@ -290,7 +290,7 @@ def preflight_head(model, *, chat_template=None) -> PreflightResult:
     try:
         g = gguf.open(model)
     except ExacteditError as exc:
-        raise PreflightError(model, [Problem.of(exc, model, "file")]) from None
+        raise PreflightError(model, [Problem.of(exc, model, "file")], "persona") from None
     with g:
         spec = _tail(g, problems)
         if spec is not None:
@@ -304,7 +304,7 @@ def preflight_head(model, *, chat_template=None) -> PreflightResult:
                                         "the logits pass a final softcap: solve head needs them linear in the head rows"))
         template = _template(model, chat_template, problems)
     if problems:
-        raise PreflightError(model, problems)
+        raise PreflightError(model, problems, "persona")
     head = spec.tensor("head")
     down = spec.tensor("ffn_down")
     return PreflightResult(str(model), spec.kind, spec.architecture, down.name, down.type_name, head.name,

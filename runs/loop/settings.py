@@ -18,7 +18,7 @@ from typing import Callable, Mapping, Sequence
 
 from exactedit.native.llamacpp.generate import SEED_LIMIT, seed_problem
 
-__all__ = ["SEED_LIMIT", "downstream", "flag", "integers", "numbers", "refusal", "seeds"]
+__all__ = ["SEED_LIMIT", "downstream", "flag", "integers", "numbers", "refusal", "reply_room", "seeds", "utf8_paths"]
 
 
 def flag(name: str, flags=()) -> str:
@@ -64,11 +64,46 @@ def seeds(seed, derived: Mapping[str, tuple[int, int]], flags=()) -> list[str]:
     out = []
     for what, (offset, count) in derived.items():
         span = offset + max(int(count), 1) - 1 if isinstance(count, int) else offset
-        if int(seed) + span >= SEED_LIMIT:
+        if span >= SEED_LIMIT:          # no seed gives this many: the count is what to change
+            out.append(f"{flag('seed', flags)}: {what} need the seeds seed + {offset} ... seed + {span}, more "
+                       f"than llama.cpp's {SEED_LIMIT} seeds: give fewer replies")
+        elif int(seed) + span >= SEED_LIMIT:
             out.append(f"{flag('seed', flags)}: {seed} gives {what} the seeds up to seed + {span} = "
                        f"{int(seed) + span}, past llama.cpp's last seed {SEED_LIMIT - 1}: give a seed <= "
                        f"{SEED_LIMIT - 1 - span}")
     return out
+
+
+def utf8_paths(cfg, names: Sequence[str], flags=()) -> list[str]:
+    """Each path-valued field of `names` (a path, or a tuple of them; None: not given) UTF-8 text: a
+    file name of bytes that are not UTF-8 reaches Python as a lone surrogate, and the run writes its
+    inputs' paths into its protocol, reports and phrase list, where it was a UnicodeEncodeError
+    after the generation (the protocol) or at the very end (the report)."""
+    from exactedit.files import lone_surrogate
+
+    out = []
+    for name in names:
+        v = getattr(cfg, name)
+        for p in (v if isinstance(v, (tuple, list)) else (v,)):
+            at = None if p is None else lone_surrogate(str(p))
+            if at is not None:
+                out.append(f"{flag(name, flags)}: {ascii(str(p))} is not UTF-8 (a byte no UTF-8 text holds, at "
+                           f"character {at}): give a path of UTF-8 text")
+                break
+    return out
+
+
+def reply_room(max_new, flags=()) -> list[str]:
+    """`max_new` leaves room for a prompt in the engine's context: the loops generate with the
+    default EngineSettings (n_ctx 2048), and a reply cap of n_ctx or more was refused only when the
+    first generation began, as "needs 1..-N tokens"."""
+    from exactedit.native.llamacpp.engine import EngineSettings
+
+    n_ctx = EngineSettings().n_ctx
+    if isinstance(max_new, int) and not isinstance(max_new, bool) and max_new >= n_ctx:
+        return [f"{flag('max_new', flags)}: {max_new} leaves no room for a prompt in the engine's context of "
+                f"{n_ctx} tokens: give at most {n_ctx - 1} (less the longest prompt's tokens)"]
+    return []
 
 
 def downstream(make: Callable[[], object], settings: Sequence[str], flags=()) -> list[str]:

@@ -217,8 +217,15 @@ class Stages:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _save(self) -> None:
-        atomic_write_text(self.out / self.state_file, json.dumps(self.state, indent=1, sort_keys=True, default=str) + "\n")
+    def _save(self, stage: str | None = None) -> None:
+        """Write the state (atomically); one larger than `read_state` reads back (MAX_STATE_BYTES)
+        is refused (StageError naming the stage whose entry made it so) and nothing is written."""
+        text = json.dumps(self.state, indent=1, sort_keys=True, default=str) + "\n"     # ASCII: len is bytes
+        if len(text) > MAX_STATE_BYTES:
+            raise StageError(f"{self.out / self.state_file}: {len(text)} bytes with stage {stage!r}'s entry, over the "
+                             f"{MAX_STATE_BYTES} a run's state may hold (read back, it would be refused): its record "
+                             "is too large")
+        atomic_write_text(self.out / self.state_file, text)
 
     def _hashes(self, outputs: Sequence[str]) -> dict[str, str]:
         return {str(p.relative_to(self.out)): file_sha256(p) for o in outputs for p in _files(self.out / o)}
@@ -284,7 +291,11 @@ class Stages:
                                        "seconds": round(time.perf_counter() - t0, 2)}, default=str))
         entry["sha256"] = entry_sha256(name, entry)
         stages[name] = entry
-        self._save()
+        try:
+            self._save(name)
+        except StageError:
+            del stages[name]            # the state on disk has no entry: the next run redoes the stage
+            raise
         self.ran.append(name)
         return json.loads(json.dumps(entry["record"]))
 
@@ -312,6 +323,20 @@ class RunResult:
     resumed: tuple[str, ...] = ()
 
 
+def _utf8_path(flag: str, path) -> None:
+    """Refuse (StageError naming the flag) a path that no UTF-8 text holds (a name of bytes that are
+    not UTF-8, as the shell hands it over: a lone surrogate): the run writes its paths into its
+    protocol and reports, and such a path was a UnicodeEncodeError at the solve stage, after the
+    generation, or at the report, at the very end."""
+    from exactedit.files import lone_surrogate
+
+    at = lone_surrogate(str(path))
+    if at is not None:
+        raise StageError(f"{ascii(str(path))}: {flag}: the path is not UTF-8 (a byte no UTF-8 text holds, at "
+                         f"character {at}): the run writes its paths into its protocol and report; give a path "
+                         "of UTF-8 text")
+
+
 class StagedRun:
     """What every resumable edit run resolves once and shares: the model (located by path or public
     name), its chat template, the plain texts, progress by label, and, once `start` has been
@@ -321,6 +346,7 @@ class StagedRun:
     def __init__(self, out, model, template, texts, progress: Progress | None):
         from exactedit.native.llamacpp.models import locate
 
+        _utf8_path("--out", out)     # the inputs' paths are the configs' (runs/loop/settings.py utf8_paths)
         self.out = Path(out)
         self.progress = progress
         self.tick = (lambda label: (lambda d, t: progress(label, d, t))) if progress else (lambda label: None)

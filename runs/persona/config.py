@@ -3,6 +3,8 @@
 NAME --persona`: runs/bundled/NAME/persona/persona.toml and its files) and the head solve's settings."""
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +16,7 @@ PERSONA_FILE = "persona.toml"
 MAX_SYSTEM_CHARS = 4000         # a persona prompt longer than this is refused (it is read from a user's file)
 RATE_SEED = 10_000        # rate replies' seeds start at seed + this: never a data reply's seed
 DEVICES = ("auto", "cpu", "gpu")
+_UNTYPABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")   # controls but tab and newlines; surrogates
 # the settings `exactedit persona` has a flag for; the others come from persona.toml or the class
 FLAGS = frozenset({"system", "style", "prompts", "rate_prompts", "texts", "chat_template", "samples", "rate_samples",
                    "max_new", "seed", "edit_count", "rank", "lr", "max_steps", "device"})
@@ -76,6 +79,12 @@ class PersonaConfig:
                        f"got {self.rank}")
         out += st.numbers(self, {"dev": (0, 0.5, "()"), "lr": (0, None, "()"), "w_kl": (0, None, "[)"),
                                  "min_ratio": (0, None, "()")}, FLAGS)
+        out += st.reply_room(self.max_new, FLAGS)
+        if isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 1:
+            # lr 1e308 passed, and the solve ended in NaN weights after the whole generation
+            out.append(f"{st.flag('lr', FLAGS)}: {self.lr!r} is more than 1: Adam moves each head weight by about "
+                       "lr a step, and the head's weights are of order 0.1")
+        out += st.utf8_paths(self, ("model", "prompts", "rate_prompts", "texts", "chat_template"), FLAGS)
         out += st.seeds(self.seed, {"the persona and plain replies": (0, self.samples),
                                     "the rate replies": (RATE_SEED, self.rate_samples)}, FLAGS)
         if self.device not in DEVICES:
@@ -84,6 +93,12 @@ class PersonaConfig:
                                         or len(self.system) > MAX_SYSTEM_CHARS):
             out.append(f"{st.flag('system', FLAGS)}: the persona prompt must be non-empty and at most "
                        f"{MAX_SYSTEM_CHARS} characters")
+        elif self.system is not None and (bad := _UNTYPABLE.search(self.system)) is not None:
+            # a lone surrogate (a byte no UTF-8 holds, as the shell hands it over) failed tokenizing
+            # with a UnicodeEncodeError after the run had started; a NUL ends the text in C
+            what = "a lone surrogate" if "\ud800" <= bad.group() <= "\udfff" else "a control character"
+            out.append(f"{st.flag('system', FLAGS)}: the persona prompt holds {what} ({ascii(bad.group())} at "
+                       f"character {bad.start()}); give UTF-8 text")
         if not out:
             out += st.downstream(self.head_config, ["rank", "null_k", "lr", "w_kl"], FLAGS)
             out += st.downstream(self.stopping, ["every", "max_steps", "min_ratio"], FLAGS)

@@ -11,7 +11,9 @@ headers are sent, is one `data: {"error": ...}` event. Nothing in a request name
 model, the rules and the template are the server's, fixed at startup.
 
 A streamed reply sends only text that can no longer change (runs/serve/stream.py), so with the
-rules' prefix penalty a banned phrase, which the rules keep from completing, is never sent. A
+rules' prefix penalty a banned phrase, which the rules keep from completing, is never sent; with
+`--rules-mode rewind` the loop hands over only tokens it can no longer roll back, so neither a
+phrase nor a variant of it that the rewind takes back is ever sent. A
 client that goes away stops its reply at the next token."""
 from __future__ import annotations
 

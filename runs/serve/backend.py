@@ -2,7 +2,9 @@
 opened once (native/shaping/live.py `reply_setup`, where `exactedit generate` starts too), and
 each reply sampled through generation's one door (native/llamacpp/sample.py `sample_replies`,
 the one-at-a-time loop with the rules' live shaper, stopping at the rules' turn end) exactly as
-`exactedit generate` samples it: a greedy reply here is token for token `generate`'s.
+`exactedit generate` samples it: a greedy reply here is token for token `generate`'s, in either
+rules mode (`--rules-mode rewind`: the loop hands over a token only once it can no longer be
+rolled back, so a stream never sends a phrase it would take back).
 
 `prompt_of_chat` and `prompt_of_text` may run on any thread (the template renders under its own
 lock, tokenizing reads the vocabulary only); `run` must run on one thread at a time (the app's
@@ -17,7 +19,7 @@ from exactedit import __version__
 from exactedit.files import file_sha256
 from exactedit.native.llamacpp import LlamaEngine, Sampling, sample_replies
 from exactedit.native.llamacpp.chat import prompt_tokens
-from exactedit.native.shaping.live import reply_setup, shaper_for
+from exactedit.native.shaping.live import reply_setup, rewind_for, shaper_for
 from exactedit.quant.model.chat_template import ChatTemplateError
 from exactedit.runs.serve.config import ServeConfig
 from exactedit.runs.serve.protocol import ApiError, Reply
@@ -35,6 +37,7 @@ class Backend:
         compiled, self.template = reply_setup(cfg.model, cfg.rules, cfg.chat_template)
         self.model_id = cfg.served_id
         self.shaper = shaper_for(compiled, persona=cfg.persona) if compiled is not None else None
+        self.rewind = rewind_for(compiled, cfg.rules_mode, cfg.rules)
         self.rule_names = tuple(r.name for r in compiled.rules) if compiled is not None else ()
         self.stop_ids = frozenset(compiled.vocab.turn_end) if compiled is not None else None
         self.fingerprint = f"exactedit-{__version__}" + (f"-rules-{file_sha256(cfg.rules)[:12]}" if cfg.rules else "")
@@ -86,9 +89,11 @@ class Backend:
             return stream.stopped or cancelled()
 
         gen, = sample_replies(self.engine, [(prompt, sampling)], processor=self.shaper, stop_ids=self.stop_ids,
-                              on_token=on_token)
+                              on_token=on_token, rewind=self.rewind)
         tail = stream.finish()
         if tail and on_text is not None:
             on_text(tail)
         fired = {name: int(n) for name, n in zip(self.rule_names, gen.fired.sum(axis=0))}
-        return Reply(stream.text, int(prompt.size), int(gen.tokens.size), _FINISH[gen.stop], sampling.seed, fired)
+        rewinds = None if self.rewind is None else tuple(e.phrase for e in gen.rewinds if not e.kept)
+        return Reply(stream.text, int(prompt.size), int(gen.tokens.size), _FINISH[gen.stop], sampling.seed, fired,
+                     rewinds)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from exactedit.errors import FieldError
 from exactedit.native.llamacpp import EngineSettings
+from exactedit.native.llamacpp.rewind import RULES_MODES
 
 __all__ = ["DEFAULT_PORT", "ServeConfig", "ServeError"]
 
@@ -23,8 +24,10 @@ class ServeConfig:
     """`exactedit serve`'s flags, 1:1. `rules`: compiled shaping rules (`exactedit shape compile`),
     live on every request, read once here and never from a request; `chat_template`: a Jinja2 file
     rendered instead of the model's own (without rules: compiled rules carry the template they were
-    compiled with); `persona` overrides the rules' persona gate. `model_id`: the name /v1/models
-    lists (default: the GGUF file's name without .gguf).
+    compiled with); `persona` overrides the rules' persona gate; `rules_mode` "rewind" rolls back the
+    rules' phrases and their variants (native/llamacpp/rewind.py; a stream then holds back text
+    while it may still become one). `model_id`: the name /v1/models lists (default: the GGUF file's
+    name without .gguf).
 
     Bounds: `max_tokens` caps a request's max_tokens (and is the default when a request gives none,
     less where the context has no room); `max_body_bytes` caps a request body; one reply generates
@@ -35,6 +38,7 @@ class ServeConfig:
     rules: str | None = None
     chat_template: str | None = None
     persona: bool | None = None
+    rules_mode: str = "penalty"
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     model_id: str | None = None
@@ -56,6 +60,11 @@ class ServeConfig:
         if self.rules is not None and self.chat_template is not None:
             raise ServeError(self.chat_template, "chat_template", "compiled rules render with the template they "
                              "were compiled with: put it in the rules file's [chat] table instead")
+        if self.rules_mode not in RULES_MODES:
+            raise ServeError("serve", "rules_mode",
+                             f"expected one of {', '.join(RULES_MODES)}, got {self.rules_mode!r}")
+        if self.rules_mode == "rewind" and self.rules is None:
+            raise ServeError("serve", "rules_mode", "rewind rolls back the rules' banned phrases: give --rules")
         if self.model_id is not None and not (isinstance(self.model_id, str) and self.model_id.strip()):
             raise ServeError("serve", "model_id", f"expected a non-empty name, got {self.model_id!r}")
 

@@ -199,7 +199,8 @@ def sampling_of(req: _Request, *, cap: int, prompt_tokens: int, n_ctx: int, n_vo
 class Reply:
     """One reply as the server reports it: its text (cut before a stop string; the stop token's
     text left out), the prompt's and the reply's token counts (the stop token counted), why it
-    ended (OpenAI's "stop" or "length"), its seed, and how many steps each rule fired at."""
+    ended (OpenAI's "stop" or "length"), its seed, how many steps each rule fired at, and in rewind
+    mode the phrase of each rollback, in order."""
 
     text: str
     prompt_tokens: int
@@ -207,13 +208,17 @@ class Reply:
     finish_reason: str
     seed: int
     fired: dict
+    rewinds: tuple | None = None
 
     def usage(self) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                 "total_tokens": self.prompt_tokens + self.completion_tokens}
 
     def extra(self) -> dict:
-        return {"seed": self.seed, "rules_fired": dict(self.fired)}
+        out = {"seed": self.seed, "rules_fired": dict(self.fired)}
+        if self.rewinds is not None:
+            out["rewinds"] = list(self.rewinds)
+        return out
 
 
 def new_id(prefix: str) -> tuple[str, int]:

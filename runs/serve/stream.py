@@ -2,7 +2,10 @@
 strings. Text is held back while it could still turn out to be the start of a stop string, and
 bytes while they are an incomplete UTF-8 character, so a streaming client is never sent text
 that the final reply does not have: the concatenation of everything `push` and `finish` return
-is the final text, which ends before the first stop string (the stop string not included)."""
+is the final text, which ends before the first stop string (the stop string not included). In the
+rules' rewind mode the pieces come from tokens the generation loop can no longer roll back
+(native/llamacpp/rewind.py `Rewinder.committed`): text that may still become a banned phrase is held
+there, before it reaches this stream."""
 from __future__ import annotations
 
 import codecs

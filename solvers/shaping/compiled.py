@@ -128,7 +128,17 @@ def _penalty_dict(r) -> dict:
 
 
 def write_compiled(compiled: CompiledRules, path) -> None:
-    atomic_write_text(path, json.dumps(compiled.to_dict(), separators=(",", ":")) + "\n")
+    """Write `compiled` as JSON (atomically). What `read_compiled` would refuse is refused here,
+    naming the file and the field, before anything is written: more than MAX_BYTES, or a
+    vocabulary over MAX_VOCAB."""
+    V = compiled.vocab.size
+    if not 1 <= V <= MAX_VOCAB:
+        raise ShapingRulesError(path, "model.vocab", f"expected 1..{MAX_VOCAB}, got {V}")
+    text = json.dumps(compiled.to_dict(), separators=(",", ":")) + "\n"          # ASCII: len is bytes
+    if len(text) > MAX_BYTES:
+        raise ShapingRulesError(path, "file", f"{len(text)} bytes; compiled rules are at most {MAX_BYTES} (fewer "
+                                "phrases, or a shorter chat template)")
+    atomic_write_text(path, text)
 
 
 def _depth(obj) -> int:

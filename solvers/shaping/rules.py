@@ -36,7 +36,9 @@ __all__ = [
 
 def _f32_exact(x: float, what: str) -> float:
     x = float(x)
-    if not np.isfinite(x) or x < 0 or float(np.float32(x)) != x:
+    with np.errstate(over="ignore"):            # past float32's range: inf, refused below (no warning printed)
+        f32 = float(np.float32(x))
+    if not np.isfinite(x) or x < 0 or f32 != x:
         raise ValueError(f"{what} must be a finite number >= 0 that float32 holds exactly (e.g. 6 or 6.5), got {x!r}")
     return x
 
@@ -375,6 +377,9 @@ def parse_shape(spec: str) -> tuple[str, float | None]:
         bias = float(value)
     except ValueError:
         raise ValueError(f"{name} needs a bias, e.g. {name}=6; got {spec!r}") from None
-    if not np.isfinite(bias) or bias < 0 or float(np.float32(bias)) != bias:
-        raise ValueError(f"{name} needs a finite bias >= 0 that float32 holds exactly (e.g. 6 or 6.5), got {value!r}")
+    try:
+        _f32_exact(bias, name)
+    except ValueError:
+        raise ValueError(f"{name} needs a finite bias >= 0 that float32 holds exactly (e.g. 6 or 6.5), "
+                         f"got {value!r}") from None
     return name, bias

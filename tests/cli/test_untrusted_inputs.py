@@ -220,12 +220,14 @@ def test_eval_inputs_refuse_special_files_by_name(tmp_path, model, kind):
 
 
 @pytest.mark.parametrize("victim, field", [("manifest.json", "manifest"), ("report.json", "files"),
-                                           ("output.weight.rows", "edits[0].file")])
+                                           ("output.weight.q6k", "edits[0].file")])
 @pytest.mark.parametrize("kind", ["fifo", "zero"])
 def test_apply_refuses_special_files_in_a_bundle(tmp_path, model, victim, field, kind):
     from exactedit.solvers.bundle import InputRef, TensorEdit, write_bundle
 
-    edit = TensorEdit("output.weight", "rows", "F32", (32, 4), np.zeros((1, 16), np.uint8), np.array([3]))
+    # an edit of the model's own head (Q6_K [32, 256]): apply checks the entry against the model
+    # before any edit file is read, so a mismatched one is refused before its file is looked at
+    edit = TensorEdit("output.weight", "rows", "Q6_K", (32, 256), np.zeros((1, 210), np.uint8), np.array([3]))
     write_bundle(tmp_path / "b", solver="head", inputs=[InputRef("model", str(model), "ab" * 32)], config={},
                  edits=[edit], files={"report.json": b"{}"})
     (tmp_path / "b" / victim).unlink()
