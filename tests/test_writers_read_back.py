@@ -127,3 +127,16 @@ def test_a_protocol_no_toml_holds_is_refused_naming_the_line(tmp_path):
     with pytest.raises(ProtocolError, match=r"p\.toml: file: line \d+ holds a lone surrogate \('\\udcff'\)"):
         write_protocol(tmp_path / "p.toml", "x", [Trace("train", Path("/tmp/a\udcffb/train"), "train")])
     assert not (tmp_path / "p.toml").exists()
+
+
+def test_discover_refuses_to_write_a_json_phrases_would_not_read_back(tmp_path, monkeypatch):
+    from exactedit.evals.discover.report import write_discovery
+    from exactedit.solvers import phrases as ph
+
+    monkeypatch.setattr(ph, "MAX_PHRASES_FILE", 200)
+    big = {"phrases": [{"phrase": f"phrase {k}"} for k in range(40)]}
+    with pytest.raises(ph.PhraseError, match="--top"):
+        write_discovery(big, tmp_path / "found.json")
+    assert not (tmp_path / "found.json").exists() and not list(tmp_path.iterdir())
+    small = {"phrases": [{"phrase": "you can use"}]}
+    assert ph.load_phrases(write_discovery(small, tmp_path / "ok.json")) == ("you can use",)

@@ -102,6 +102,11 @@ def plot_discovery(d: Discovery, path, top: int = 30) -> Path:
 def write_discovery(d: Discovery | dict, path) -> Path:
     """The Discovery's JSON (or a JSON object built from one, e.g. with ban points added), written
     through `path.tmp` + fsync + rename."""
+    from exactedit.solvers.phrases import MAX_PHRASES_FILE, PhraseError
+
     text = d.to_json() if isinstance(d, Discovery) else json.dumps(d, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+    if len(text.encode("utf-8")) > MAX_PHRASES_FILE:      # --phrases F.json would refuse to read it back
+        raise PhraseError(path, "out", f"{len(text.encode('utf-8'))} bytes, over the {MAX_PHRASES_FILE} bytes a "
+                          "phrases file may hold (--phrases would refuse it): give a smaller --top")
     atomic_write_text(path, text)
     return Path(path)
