@@ -180,8 +180,9 @@ def predict_rmsnorm(g: gguf.GGUFFile, R: np.ndarray, hh: np.ndarray, match: Matc
 def _rewritten_units(g, tail, R, hh, raw, match) -> np.ndarray:
     """The dump's hh with the units whose gate or up row `raw` changes recomputed from R as the
     engine computes them (solvers/tail/forward/ffn_hidden.py: ffn_norm, the rows' products in the
-    kernel each micro-batch takes, the fused swiglu)."""
-    from exactedit.solvers.tail.forward.ffn_hidden import ffn_hidden_engine
+    kernel each micro-batch takes, the fused swiglu, or geglu: the architecture's activation)."""
+    from exactedit.errors import QuantError
+    from exactedit.solvers.tail.forward.ffn_hidden import activation_of, ffn_hidden_engine
 
     down = tail.tensor("ffn_down").name
     gate, up = (down.replace("ffn_down", part) for part in ("ffn_gate", "ffn_up"))
@@ -195,8 +196,12 @@ def _rewritten_units(g, tail, R, hh, raw, match) -> np.ndarray:
         return hh
     norm = np.asarray(g.read_rows(down.replace("ffn_down", "ffn_norm")), np.float32).reshape(-1)
     out = np.array(hh, dtype=np.float32)
+    try:
+        act = activation_of(tail.architecture)
+    except QuantError as exc:
+        raise EngineError(g.path, "general.architecture", str(exc)) from None
     out[:, changed] = ffn_hidden_engine(np.asarray(R, np.float32), norm, float(tail.rms_eps), g_raw, u_raw,
-                                        info.type_name, changed, ubatch_sizes=match.ubatch_sizes)
+                                        info.type_name, changed, ubatch_sizes=match.ubatch_sizes, act=act)
     return out
 
 

@@ -308,14 +308,21 @@ def _solve_gated(cfg: WfldConfig, g, tail, mining: Mining, named: dict, held: di
                  bar_d, dhead, st, *, max_kl: dict | None = None):
     """The gated edit (solvers.l47.gated.edit) with the engine's own arithmetic for the rewritten
     unit: x = ffn_norm(R) as ggml computes it, the gate and up rows quantized to their tensors'
-    type and multiplied as llama.cpp does, the fused swiglu."""
+    type and multiplied as llama.cpp does, the fused swiglu (geglu for Gemma: the architecture's
+    activation, solvers.tail.forward.ffn_hidden.activation_of)."""
     from exactedit import quant
+    from exactedit.errors import QuantError
+    from exactedit.solvers.l47.gated.config import DesignConfig
     from exactedit.solvers.l47.gated.edit import GatedInputs, solve_gated
-    from exactedit.solvers.tail.forward.ffn_hidden import ffn_hidden_engine
+    from exactedit.solvers.tail.forward.ffn_hidden import activation_of, ffn_hidden_engine
     from exactedit.solvers.tail.forward.ffn_ops import ffn_norm_engine
 
     if tail.kind != "rmsnorm":
         raise WfldError("model", "tail", f"the gated edit rewrites a unit of an rmsnorm tail's FFN, not {tail.kind}")
+    try:
+        act = activation_of(tail.spec.architecture)
+    except QuantError as exc:
+        raise WfldError("model", "general.architecture", str(exc)) from None
     down = tail.spec.names["ffn_down"]
     info = g.tensor(down)
     norm_w = quant.dequantize(np.asarray(g.read_raw(_ffn_name(tail, "ffn_norm"))), "F32",
@@ -335,7 +342,7 @@ def _solve_gated(cfg: WfldConfig, g, tail, mining: Mining, named: dict, held: di
         try:
             sizes = dump.manifest.meta.get("ubatch_sizes") if isinstance(dump.manifest.meta, dict) else None
             return ffn_hidden_engine(np.asarray(dump.R, np.float32), norm_w, eps, gate_raw, up_raw, qtype, [j],
-                                     ubatch_sizes=sizes)[:, 0]
+                                     ubatch_sizes=sizes, act=act)[:, 0]
         finally:
             gate_raw[j], up_raw[j] = old
     inputs = GatedInputs(
@@ -344,7 +351,7 @@ def _solve_gated(cfg: WfldConfig, g, tail, mining: Mining, named: dict, held: di
         x_of=lambda d: ffn_norm_engine(np.asarray(d.R, np.float32), norm_w, eps),
         quantize_row=lambda row: quant.quantize(row[None, :], qtype)[0],
         activation=activation, headroom=cfg.gated_headroom, max_kl=max_kl,
-        device_head=dhead)
+        device_head=dhead, design=DesignConfig(act=act))
     return solve_gated(inputs, cfg, mark=st.mark, progress=lambda i, n: st.mark("gauss_newton", 1))
 
 

@@ -3,7 +3,10 @@
 Unit j, rewritten as a detector (solvers.l47.gated.design), is ~0 off its phrase's contexts, so its
 down column d acts only there: at context r the residual is y_r = y0_r + a_r d (y0: the model
 without the unit; a_r: the unit's activation as the engine computes it) and the logits are
-z_r = H rmsnorm(y_r) (the final norm and head; a softcap when the model has one). The column is
+z_r = H rmsnorm(y_r) (the final norm and head; a softcap when the model has one). With a post-FFN
+norm (Gemma 3) the unit's write is normalized with the rest of the FFN's output before the add:
+y_r = R_r + w_post * rmsnorm(f0_r + a_r d) (R: the residual before the FFN, f0: the FFN's output
+without the unit), and the gradient goes through that norm too. The column is
     argmin_d  mean_r CE(q_r, softmax(z_r(d)))  +  ridge * |a d|^2 / mean_r |y0_r|^2
 (a: the contexts' median activation; the ridge term is scale-free: the column's write against the
 residual's size), where q_r is the context's own distribution with the phrase's final tokens
@@ -73,7 +76,9 @@ class ColumnConfig:
 @dataclass(frozen=True, eq=False)
 class ColumnProblem:
     """One unit's contexts: y0 [T, n] the residual without the unit, a [T] its activation, the
-    final norm's weight w_norm [n] and eps, softcap (None: none), per row its support tok [T, K]
+    final norm's weight w_norm [n] and eps, softcap (None: none); with a post-FFN norm (w_post [n],
+    None: none) y0 is the residual before the FFN and f0 [T, n] the FFN's output without the unit;
+    per row its support tok [T, K]
     (token ids, -1 pads) with the head's rows there Hs [T, K, n] (the stored float32 values, held
     in float64 once: the objective's two batched products per evaluation then run in BLAS without
     a cast; on Qwen's demo the cast each call was 66% of the gated solve) and the base logits z0
@@ -89,6 +94,8 @@ class ColumnProblem:
     z0: np.ndarray
     rej: np.ndarray
     spec: np.ndarray
+    f0: np.ndarray | None = None
+    w_post: np.ndarray | None = None
 
     @property
     def rows(self) -> int:
@@ -100,13 +107,28 @@ def _mix(y, w_norm, eps):
     return y * s * w_norm, s
 
 
+def _residual(y0, a, d, f0, w_post, eps):
+    """(y [T, n], the post norm's (f, scale) or None): the residual with column d written."""
+    if w_post is None:
+        return y0 + a[:, None] * d[None, :], None
+    f = f0 + a[:, None] * d[None, :]
+    fm, sf = _mix(f, w_post, eps)
+    return y0 + fm, (f, sf)
+
+
+def _rms_back(g, x, s, w):
+    """The vector-Jacobian product of x -> x * s(x) * w (s = 1/sqrt(mean(x^2) + eps)) at g."""
+    gw = g * w
+    return s * gw - (s ** 3) * np.sum(gw * x, axis=1, keepdims=True) * x / x.shape[1]
+
+
 def _logits(p: ColumnProblem, d):
-    y = p.y0 + p.a[:, None] * d[None, :]
+    y, post = _residual(p.y0, p.a, d, p.f0, p.w_post, p.eps)
     m, s = _mix(y, p.w_norm, p.eps)
     raw = np.matmul(p.Hs, m[:, :, None])[:, :, 0]
     z = raw if p.softcap is None else p.softcap * np.tanh(raw / p.softcap)
     z = np.where(p.tok >= 0, z, -np.inf)
-    return z, raw, y, m, s
+    return z, raw, y, m, s, post
 
 
 def target_distribution(z0, rej, spec, valid, strength: float, margin: float) -> np.ndarray:
@@ -133,7 +155,7 @@ def target_distribution(z0, rej, spec, valid, strength: float, margin: float) ->
 def column_loss(p: ColumnProblem, q, d, ridge: float) -> tuple[float, np.ndarray]:
     """(the module doc's objective at column d [n], its exact gradient [n]), float64."""
     d = np.asarray(d, np.float64)
-    z, raw, y, m, s = _logits(p, d)
+    z, raw, y, m, s, post = _logits(p, d)
     lse = np.logaddexp.reduce(z, axis=1, keepdims=True)
     logp = np.where(p.tok >= 0, z - lse, 0.0)
     T = p.rows
@@ -141,27 +163,53 @@ def column_loss(p: ColumnProblem, q, d, ridge: float) -> tuple[float, np.ndarray
     dz = (np.where(p.tok >= 0, np.exp(logp), 0.0) - q) / T
     draw = dz if p.softcap is None else dz * (1.0 - np.tanh(raw / p.softcap) ** 2)
     dm = np.matmul(draw[:, None, :], p.Hs)[:, 0, :]
-    gdm = dm * p.w_norm
-    n = y.shape[1]
-    dy = s * gdm - (s ** 3) * np.sum(gdm * y, axis=1, keepdims=True) * y / n
+    dy = _rms_back(dm, y, s, p.w_norm)
+    if post is not None:
+        f, sf = post
+        dy = _rms_back(dy, f, sf, p.w_post)
     grad = np.sum(p.a[:, None] * dy, axis=0)
     a_med = float(np.median(np.abs(p.a))) if p.a.size else 1.0
-    scale = ridge * a_med ** 2 / max(float(np.mean(np.sum(p.y0 * p.y0, axis=1))), 1e-30)
+    ref = p.y0 if p.w_post is None else p.f0          # the write against what it is added to
+    scale = ridge * a_med ** 2 / max(float(np.mean(np.sum(ref * ref, axis=1))), 1e-30)
     loss += scale * float(d @ d)
     grad = grad + 2.0 * scale * d
     return loss, grad
 
 
+def _post_of(tail):
+    """(w_post float64 [n], its eps) of an rmsnorm tail with a post-FFN norm, else (None, None)."""
+    l47 = getattr(tail, "l47", None)
+    w_post = getattr(l47, "w_post", None)
+    if w_post is None:
+        return None, None
+    return np.asarray(w_post, np.float64).reshape(-1), float(l47.eps)
+
+
 def column_problem(tail, y0, a, rej_ids: Sequence[Sequence[int]], specials: Sequence[int], top: int, *,
-                   extra: Sequence[Sequence[int]] | None = None, tile_rows: int = 8192) -> ColumnProblem:
+                   extra: Sequence[Sequence[int]] | None = None, tile_rows: int = 8192,
+                   f0=None) -> ColumnProblem:
     """The contexts' ColumnProblem from an rmsnorm `tail` (its final norm and streamed head): each
     row's support is its `top` tokens of the base logits, its phrase tokens `rej_ids[r]`, the
-    specials and `extra[r]` (tokens a previous round found rising outside the support)."""
+    specials and `extra[r]` (tokens a previous round found rising outside the support). With the
+    tail's post-FFN norm, y0 is the residual before the FFN and `f0` the FFN's output without the
+    unit (required there, refused without one)."""
     y0 = np.asarray(y0, np.float64)
     T = y0.shape[0]
     mp = tail.mix_params
     w_norm = np.asarray(mp.w_norm, np.float64)
-    m0, _ = _mix(y0, w_norm, float(mp.eps))
+    w_post, eps_post = _post_of(tail)
+    if (w_post is None) != (f0 is None):
+        raise GatedError("column", "f0", "the FFN's output without the unit is needed with a post-FFN norm, "
+                         "and only there" if w_post is not None else "given for a tail without a post-FFN norm")
+    if w_post is not None:
+        f0 = np.asarray(f0, np.float64)
+        if f0.shape != y0.shape:
+            raise GatedError("column", "f0", f"expected {list(y0.shape)}, got {list(f0.shape)}")
+        if eps_post != float(mp.eps):
+            raise GatedError("column", "eps", f"the post-FFN norm's eps {eps_post} differs from the final norm's "
+                             f"{float(mp.eps)} (one eps is modelled)")
+    y_base, _ = _residual(y0, np.zeros(T), np.zeros(y0.shape[1]), f0, w_post, float(mp.eps))
+    m0, _ = _mix(y_base, w_norm, float(mp.eps))
     head = tail.head
     V = int(head.rows)
     best_z = np.full((T, 0), -np.inf)
@@ -202,7 +250,7 @@ def column_problem(tail, y0, a, rej_ids: Sequence[Sequence[int]], specials: Sequ
     for r in range(T):
         rej[r] = np.isin(tok[r], np.asarray(list(rej_ids[r]), np.int64)) & (tok[r] >= 0)
     return ColumnProblem(y0, np.asarray(a, np.float64), w_norm, float(mp.eps), tail.softcap, tok, Hs,
-                         np.where(tok >= 0, z0, -np.inf), rej, spec)
+                         np.where(tok >= 0, z0, -np.inf), rej, spec, f0, w_post)
 
 
 @dataclass(frozen=True)
@@ -220,7 +268,7 @@ class ColumnSolve:
 def _outside(tail, p: ColumnProblem, d, floor: float, tile_rows: int) -> list[list[int]]:
     """Per row, the tokens outside its support whose probability at column d is above `floor`
     (one full-vocabulary pass)."""
-    z, raw, y, m, s = _logits(p, d)
+    z, raw, y, m, s, _ = _logits(p, d)
     V = int(tail.head.rows)
     lse = None
     hits: list[list[int]] = [[] for _ in range(p.rows)]
@@ -243,10 +291,11 @@ def _outside(tail, p: ColumnProblem, d, floor: float, tile_rows: int) -> list[li
 
 
 def solve_column(tail, y0, a, rej_ids, specials, strength: float, cfg: ColumnConfig, *, bound=None,
-                 d0=None, tile_rows: int = 8192) -> ColumnSolve:
+                 d0=None, tile_rows: int = 8192, f0=None) -> ColumnSolve:
     """The column of the module doc at `strength`: `y0` [T, n] and `a` [T] at the unit's contexts,
     `rej_ids[r]` the phrase's final tokens there; `bound` [n] the largest |d_i| the stored codes
-    can hold (None: unbounded); `d0` a start (a neighbouring strength's column)."""
+    can hold (None: unbounded); `d0` a start (a neighbouring strength's column); `f0` with a
+    post-FFN norm (column_problem)."""
     y0 = np.asarray(y0, np.float64)
     if y0.ndim != 2 or y0.shape[0] == 0:
         raise GatedError("column", "contexts", f"expected residual rows [T >= 1, n], got {list(y0.shape)}")
@@ -257,7 +306,7 @@ def solve_column(tail, y0, a, rej_ids, specials, strength: float, cfg: ColumnCon
     if bound is not None:
         d = np.clip(d, -np.asarray(bound), np.asarray(bound))
     for _ in range(cfg.rounds):
-        p = column_problem(tail, y0, a, rej_ids, specials, cfg.top, extra=extra, tile_rows=tile_rows)
+        p = column_problem(tail, y0, a, rej_ids, specials, cfg.top, extra=extra, tile_rows=tile_rows, f0=f0)
         q = target_distribution(p.z0, p.rej, p.spec, p.tok >= 0, strength, cfg.margin)
         res = sopt.minimize(lambda x: column_loss(p, q, x, cfg.ridge), d, jac=True, method="L-BFGS-B", bounds=bounds,
                             options={"maxiter": cfg.maxiter, "gtol": cfg.gtol, "ftol": 1e-13})

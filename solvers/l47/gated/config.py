@@ -53,17 +53,21 @@ class GateConfig:
 @dataclass(frozen=True)
 class DesignConfig:
     """The rewritten unit: the gate row is alpha * g/|g| with alpha = kappa / (the positives' least
-    score along g/|g|), so the weakest positive sits at silu(kappa); the up row's direction is `up`
+    score along g/|g|), so the weakest positive sits at act(kappa); the up row's direction is `up`
     ("gate": g/|g|; "mean_positive": the mean positive row's direction), scaled so the median
-    activation on positives is `target`."""
+    activation on positives is `target`; `act` the FFN's gate activation ("silu": SwiGLU, "gelu":
+    Gemma's GEGLU)."""
 
     up: str = "gate"
     kappa: float = 8.0
     target: float = 1.0
+    act: str = "silu"
 
     def __post_init__(self):
         if self.up not in UP_ROWS:
             raise GatedError("DesignConfig", "up", f"expected one of {UP_ROWS}, got {self.up!r}")
+        if self.act not in ("silu", "gelu"):
+            raise GatedError("DesignConfig", "act", f"expected 'silu' or 'gelu', got {self.act!r}")
         _positive("DesignConfig", "kappa", self.kappa)
         _positive("DesignConfig", "target", self.target)
 

@@ -12,6 +12,9 @@ With d = g/|g| and a row's score s = d.x (the gate's score over |g|):
       ANY row with s <= 0 (seen or not) |a| <= (beta / alpha) SILU_NEG_BOUND, i.e. at most
       leak_bound = SILU_NEG_BOUND / (kappa^2 sigma(kappa)) of the weakest positive (0.0075 at
       kappa = 8, 0.0019 at 16), whatever the row's norm along other directions.
+  With Gemma's GEGLU (config.act "gelu") the same with gelu for silu: a = (beta / alpha) z gelu(z),
+      |a| <= (beta / alpha) NEG_BOUND["gelu"] below the threshold (0.166, at z = -1.19), and the
+      engine's geglu is exactly 0 wherever z <= -10.
   "mean_positive": beta * (the positives' mean row, normalized). On positives u.x is about
       constant, but the FFN input has a large component common to every row (which is what lets a
       gate through the origin act as if it had a bias), so u.x is large on negatives too and only
@@ -24,11 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import expit
 
 from exactedit.solvers.l47.gated.config import DesignConfig, GatedError, as_labels, as_rows
 from exactedit.solvers.l47.gated.gate import Gate
-from exactedit.solvers.l47.gated.unit import SILU_NEG_BOUND, silu, unit_ref
+from exactedit.solvers.l47.gated.unit import NEG_BOUND, act_fn, unit_ref
 
 __all__ = ["ActivationRatio", "GatedUnit", "activation_ratio", "design_unit", "leak_bound"]
 
@@ -75,9 +77,10 @@ def activation_ratio(a, y) -> ActivationRatio:
                            float(np.mean(neg_abs >= p10)), int(ap.size), int(an.size))
 
 
-def leak_bound(kappa: float) -> float:
-    """With up = "gate": the most |a| on any row with score <= 0, over the weakest positive's a."""
-    return SILU_NEG_BOUND / (kappa**2 * float(expit(kappa)))
+def leak_bound(kappa: float, act: str = "silu") -> float:
+    """With up = "gate": the most |a| on any row with score <= 0, over the weakest positive's a
+    (a = (beta / alpha) z act(z): NEG_BOUND[act] against kappa act(kappa))."""
+    return NEG_BOUND[act] / (kappa * float(act_fn(act)(kappa)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,7 +99,7 @@ class GatedUnit:
     leak_bound: float | None
 
     def activation(self, x) -> np.ndarray:
-        return unit_ref(x, self.g_row, self.u_row)
+        return unit_ref(x, self.g_row, self.u_row, self.config.act)
 
     def summary(self) -> dict:
         return {"config": self.config.summary(), "alpha": self.alpha, "beta": self.beta,
@@ -131,11 +134,12 @@ def design_unit(gate: Gate, x, y, config: DesignConfig = DesignConfig()) -> Gate
         if not mn > 0:
             raise GatedError("x", "positives", "the positives' mean row is zero")
         u_dir = m / mn
-    base = silu(alpha * s) * (x @ u_dir)
+    base = act_fn(config.act)(alpha * s) * (x @ u_dir)
     med = float(np.median(base[pos]))
     if not med > 0:
         raise GatedError("design", "up", f"the positives' median activation is {med:.4g} <= 0 with up={config.up!r}")
     beta = config.target / med
     unit = GatedUnit(alpha * d, beta * u_dir, float(alpha), float(beta), s_min, config,
-                     activation_ratio(beta * base, pos), leak_bound(config.kappa) if config.up == "gate" else None)
+                     activation_ratio(beta * base, pos),
+                     leak_bound(config.kappa, config.act) if config.up == "gate" else None)
     return unit

@@ -86,13 +86,15 @@ def context_rejected(tokens, doc, tuples: Sequence[Sequence[int]]) -> list[list[
 @dataclass(frozen=True, eq=False)
 class Contexts:
     """One unit's contexts on the solve side: y0 [T, n] the residual without the unit, a [T] the
-    unit's activation, rej[r] the phrase's final tokens at row r."""
+    unit's activation, rej[r] the phrase's final tokens at row r; with a post-FFN norm, y0 is the
+    residual before the FFN and f0 [T, n] the FFN's output without the unit (column.column_problem)."""
 
     unit: int
     phrase: int
     y0: np.ndarray
     a: np.ndarray
     rej: list
+    f0: np.ndarray | None = None
 
 
 def _record(problem, raw, w_new, d_cont, units, seconds):
@@ -210,7 +212,7 @@ def solve_down(cfg, tail_removed, problem, contexts: Sequence[Contexts], mining,
             near = [v[0].d for (u, x), v in sorted(solved.items(), key=lambda kv: abs(kv[0][1] - s)) if u == c.unit]
             cc = dataclasses.replace(column, margin=margins[c.phrase])
             sol = solve_column(tail_removed, c.y0, c.a, c.rej, specials, float(s), cc, bound=bounds[c.unit],
-                               d0=near[0] if near else None, tile_rows=getattr(cfg, "tile_rows", 8192))
+                               d0=near[0] if near else None, tile_rows=getattr(cfg, "tile_rows", 8192), f0=c.f0)
             solved[key] = (sol, _shipped(cols_of[c.unit], sol.d))
             t_solve[0] += time.perf_counter() - t
             if progress is not None:

@@ -260,8 +260,12 @@ def solve_gated(inputs: GatedInputs, cfg, *, mark: Callable[..., None] | None = 
                 per_row = context_rejected(d.tokens, d.doc_index(), mine)
                 rej += [per_row[r] for r in rows]
         rs = gather_rows(blocks)
-        contexts.append(Contexts(j, p, np.asarray(tail_removed.residual(rs), np.float64),
-                                 np.asarray(rs.hh[:, j], np.float64), rej))
+        a_j = np.asarray(rs.hh[:, j], np.float64)
+        if getattr(tail_removed.l47, "w_post", None) is None:
+            contexts.append(Contexts(j, p, np.asarray(tail_removed.residual(rs), np.float64), a_j, rej))
+        else:                           # Gemma: the unit's write is normalized with the FFN's output
+            f0 = np.asarray(rs.hh, np.float64) @ np.asarray(tail_removed.l47.w_down, np.float64).T
+            contexts.append(Contexts(j, p, np.asarray(rs.R, np.float64), a_j, rej, f0))
     mark("contexts")
     gn, strength, columns = solve_down(cfg, tail_removed, problem, contexts, i.mining, rewritten.get("heldout", []),
                                        rewritten.get("collateral", []), i.bar_d, raw_removed=raw_removed,
@@ -280,6 +284,6 @@ def solve_gated(inputs: GatedInputs, cfg, *, mark: Callable[..., None] | None = 
                                               [np.zeros(0)]),
                                np.concatenate([held_pos[n] == p for n, _ in rewritten.get("heldout", [])] or
                                               [np.zeros(0, bool)]))})
-    summary = {"units": units, "activation_target": design.target, "removal": {**cand.summary(), "measured": costs, "chosen": chosen[:len(phrases)]},
+    summary = {"units": units, "activation": design.act, "activation_target": design.target, "removal": {**cand.summary(), "measured": costs, "chosen": chosen[:len(phrases)]},
                "phrases": per_phrase, "columns": columns}
     return GatedResult(tuple(units), tuple(gates), tuple(designs), g_raw, u_raw, rewritten, dense, summary)

@@ -1,11 +1,14 @@
-"""The last SwiGLU FFN's hidden activation `hh = silu(x W_gate^T) * (x W_up^T)`, x = ffn_norm(R),
-recomputed from the dump's `R` as llama.cpp's CPU backend computes it, bit for bit.
+"""The last gated FFN's hidden activation `hh = act(x W_gate^T) * (x W_up^T)`, x = ffn_norm(R),
+recomputed from the dump's `R` as llama.cpp's CPU backend computes it, bit for bit. `act` is the
+architecture's (`activation_of`): silu (SwiGLU: Qwen2, Llama, SmolLM2) or gelu (GEGLU: Gemma).
 
 Pinned to llama-cpp-python 0.3.36 (x86-64, AVX2 + FMA + F16C, no AVX-512; its libggml-cpu reports
 `REPACK = 1 | LLAMAFILE = 1`). The graph (src/llama-graph.cpp `build_ffn`) is `ggml_rms_norm`, a
 `ggml_mul` by ffn_norm.weight, two `ggml_mul_mat` (gate, up) and one fused `ggml_swiglu_split`;
+Gemma's is the same with one fused `ggml_geglu_split` (ffn_ops.geglu_engine: ggml's fp16 gelu table);
 the element-wise steps are solvers/tail/forward/ffn_ops.py. What each weight type's matmul is:
 
+  Q5_0        the Q8_0 kernels on the codes c - 16 (quant/dots/q5_0_dot.py: ggml_vec_dot_q5_0_q8_0)
   Q4_1, Q8_0  one kernel for every micro-batch (quant/dots/q4_1_dot.py: ggml_vec_dot_q4_1_q8_1;
               quant/dots/q8_0_dot.py: llamafile's tinyBLAS and ggml_vec_dot_q8_0_q8_0 agree).
   Q6_K        ggml's tiled K-quant kernel for micro-batches of >= 8 rows, vec_dot below
@@ -28,20 +31,42 @@ import numpy as np
 
 from exactedit.errors import QuantError
 from exactedit.quant.dots.q4_1_dot import q4_1_matmul, q4_1_matmul_ref
+from exactedit.quant.dots.q5_0_dot import q5_0_matmul, q5_0_matmul_ref
 from exactedit.quant.dots.q4_k_dot import q4_k_matmul, q4_k_matmul_ref
 from exactedit.quant.dots.q4_k_repack import (GEMM_ROWS, REPACK_ROWS, q4_k_repack_matmul, q4_k_repack_matmul_ref,
                                               repack_gemm_rows)
 from exactedit.quant.dots.q6_k_dot import TILED_MIN_ROWS, q6_k_matmul, q6_k_matmul_ref
 from exactedit.quant.dots.q8_0_dot import q8_0_matmul, q8_0_matmul_ref
-from exactedit.solvers.tail.forward.ffn_ops import (SIMD_WIDTH, ffn_norm_engine, ffn_norm_ref, swiglu_engine,
-                                                     swiglu_ref)
+from exactedit.solvers.tail.forward.ffn_ops import (SIMD_WIDTH, ffn_norm_engine, ffn_norm_ref, geglu_engine,
+                                                     geglu_ref, swiglu_engine, swiglu_ref)
 
-__all__ = ["ENGINE_TYPES", "GEMM_ROWS", "REPACK_ROWS", "ffn_hidden_engine", "ffn_hidden_ref",
-           "q4_k_repack_matmul", "q4_k_repack_matmul_ref", "repack_gemm_rows"]
+__all__ = ["ACTIVATIONS", "ENGINE_TYPES", "GEMM_ROWS", "REPACK_ROWS", "activation_of", "ffn_hidden_engine",
+           "ffn_hidden_ref", "q4_k_repack_matmul", "q4_k_repack_matmul_ref", "repack_gemm_rows"]
 
 
+ENGINE_TYPES = ("Q4_1", "Q4_K", "Q5_0", "Q6_K", "Q8_0")
+ACTIVATIONS = ("silu", "gelu")
+# llama.cpp's build_ffn activation of a parallel-gated FFN per general.architecture (src/llama-model.cpp);
+# only architectures whose last FFN is a plain gated one are listed: any other is refused, not guessed
+_ARCH_ACT = {"llama": "silu", "qwen2": "silu", "qwen3": "silu", "mistral": "silu", "granite": "silu",
+             "gemma": "gelu", "gemma2": "gelu", "gemma3": "gelu"}
 
-ENGINE_TYPES = ("Q4_1", "Q4_K", "Q6_K", "Q8_0")
+
+def activation_of(architecture) -> str:
+    """The gate activation of the FFN llama.cpp builds for `architecture` (general.architecture)."""
+    act = _ARCH_ACT.get(str(architecture))
+    if act is None:
+        raise QuantError(f"general.architecture {architecture!r}: its FFN activation is not modelled "
+                         f"(known: {', '.join(sorted(_ARCH_ACT))})")
+    return act
+
+
+def _act(act: str) -> str:
+    if act not in ACTIVATIONS:
+        raise QuantError(f"act: expected one of {list(ACTIVATIONS)}, got {act!r}")
+    return act
+
+
 def _units(units, rows: int) -> np.ndarray:
     if units is None:
         return np.arange(rows)
@@ -69,6 +94,8 @@ def _engine_matmul(raw: np.ndarray, type_name: str, cols: int, x: np.ndarray, si
     """float32 [T, rows(raw)] as the engine multiplies these rows (see the module doc)."""
     if type_name == "Q4_1":
         return (q4_1_matmul_ref if reference else q4_1_matmul)(raw, cols, x)
+    if type_name == "Q5_0":
+        return (q5_0_matmul_ref if reference else q5_0_matmul)(raw, cols, x)
     if type_name == "Q8_0":
         return (q8_0_matmul_ref if reference else q8_0_matmul)(raw, cols, x)
     if type_name == "Q6_K":
@@ -86,9 +113,10 @@ def _engine_matmul(raw: np.ndarray, type_name: str, cols: int, x: np.ndarray, si
 def ffn_hidden_engine(R: np.ndarray, norm_weight: np.ndarray, eps: float, gate_raw: np.ndarray,
                       up_raw: np.ndarray, type_name: str, units=None, *,
                       ubatch_sizes: Sequence[int] | None = None, q4_k_repacked: bool | None = None,
-                      reference: bool = False) -> np.ndarray:
-    """float32 [T, len(units)]: llama.cpp's `ffn_swiglu` of the last layer for the residual rows
-    R [T, n] (the dump's `R`), units = gate/up rows (all by default).
+                      reference: bool = False, act: str = "silu") -> np.ndarray:
+    """float32 [T, len(units)]: llama.cpp's `ffn_swiglu` (act "silu") or `ffn_geglu` (act "gelu")
+    of the last layer for the residual rows R [T, n] (the dump's `R`), units = gate/up rows (all by
+    default).
 
     gate_raw / up_raw: the whole tensors' bytes, uint8 [h, row_bytes] (the repack decision reads
     h); ubatch_sizes: the engine's micro-batches over these rows (a dump's meta), default one;
@@ -96,6 +124,7 @@ def ffn_hidden_engine(R: np.ndarray, norm_weight: np.ndarray, eps: float, gate_r
     llama.cpp decides, h % 8 == 0; a Q4_K tensor the engine would not repack is refused, since
     its tiled path is not modelled). reference: the numpy kernels instead of numba (same floats)."""
     R = np.asarray(R)
+    act = _act(act)
     if R.dtype != np.float32 or R.ndim != 2:
         raise QuantError(f"R: expected float32 [T, n], got {R.dtype} {R.shape}")
     T, cols = R.shape
@@ -119,6 +148,8 @@ def ffn_hidden_engine(R: np.ndarray, norm_weight: np.ndarray, eps: float, gate_r
     x = ffn_norm_engine(R, np.asarray(norm_weight).reshape(-1), eps)
     g = _engine_matmul(gate[idx], type_name, cols, x, sizes, bool(q4_k_repacked), reference)
     u = _engine_matmul(up[idx], type_name, cols, x, sizes, bool(q4_k_repacked), reference)
+    if act == "gelu":                                   # element by element: no SIMD split to follow
+        return geglu_engine(g, u)
     return _swiglu_at(g, u, idx, gate.shape[0])
 
 
@@ -140,9 +171,10 @@ def _swiglu_at(g: np.ndarray, u: np.ndarray, idx: np.ndarray, h: int) -> np.ndar
 
 
 def ffn_hidden_ref(R: np.ndarray, norm_weight: np.ndarray, eps: float, gate_raw: np.ndarray,
-                   up_raw: np.ndarray, type_name: str, units=None) -> np.ndarray:
-    """float64 [T, len(units)]: silu(x Wg^T) * (x Wu^T), x = R / rms(R) * w, on the dequantized
-    weights, every step in float64 (no activation quantization)."""
+                   up_raw: np.ndarray, type_name: str, units=None, act: str = "silu") -> np.ndarray:
+    """float64 [T, len(units)]: act(x Wg^T) * (x Wu^T), x = R / rms(R) * w, on the dequantized
+    weights, every step in float64 (no activation quantization; gelu: its tanh form)."""
+    act = _act(act)
     from exactedit.quant import dequantize
 
     R = np.asarray(R)
@@ -155,4 +187,4 @@ def ffn_hidden_ref(R: np.ndarray, norm_weight: np.ndarray, eps: float, gate_raw:
     x = ffn_norm_ref(R, np.asarray(norm_weight, np.float64).reshape(-1), eps)
     wg = dequantize(np.ascontiguousarray(gate[idx]), type_name, cols).astype(np.float64)
     wu = dequantize(np.ascontiguousarray(up[idx]), type_name, cols).astype(np.float64)
-    return swiglu_ref(x @ wg.T, x @ wu.T)
+    return (geglu_ref if act == "gelu" else swiglu_ref)(x @ wg.T, x @ wu.T)

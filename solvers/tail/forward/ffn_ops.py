@@ -56,7 +56,8 @@ from exactedit.quant.dots.fma32 import fma32
 from exactedit.quant.formats.f32 import bits_f32, f32_bits
 
 __all__ = ["rms_norm_engine", "rms_norm_ref", "ffn_norm_engine", "ffn_norm_ref", "silu_engine",
-           "silu_ref", "swiglu_engine", "swiglu_ref", "SIMD_WIDTH"]
+           "silu_ref", "swiglu_engine", "swiglu_ref", "SIMD_WIDTH", "gelu_table", "gelu_ref", "geglu_engine",
+           "geglu_ref"]
 
 SIMD_WIDTH = 8  # float32 lanes of one __m256: the chunk of ggml_vec_silu_f32 / ggml_vec_swiglu_f32
 
@@ -65,6 +66,8 @@ if _libm_path is None:  # pragma: no cover - every glibc system has libm
     raise ExacteditError("libm not found: the scalar silu tail needs the C library's expf")
 _expf = ctypes.CDLL(_libm_path).expf
 _expf.restype, _expf.argtypes = ctypes.c_float, [ctypes.c_float]
+_tanhf = ctypes.CDLL(_libm_path).tanhf
+_tanhf.restype, _tanhf.argtypes = ctypes.c_float, [ctypes.c_float]
 
 
 def _f(hexstr: str) -> np.float32:
@@ -232,3 +235,60 @@ def swiglu_engine(g: np.ndarray, u: np.ndarray) -> np.ndarray:
 
 def swiglu_ref(g: np.ndarray, u: np.ndarray) -> np.ndarray:
     return silu_ref(g) * np.asarray(u, np.float64)
+
+
+# ---- GEGLU (Gemma's FFN) -------------------------------------------------------------------------
+# src/llama-graph.cpp `build_ffn` with LLM_FFN_GELU and a parallel gate is ONE fused node,
+# `ggml_geglu_split(ctx, gate, up)`; ggml-cpu's vec.h defines GGML_GELU_FP16, so
+# `ggml_vec_geglu_f32` is, per element (no SIMD split):
+#     g <= -10: 0.0f;   g >= 10: g * u;   else: fp32(ggml_table_gelu_f16[fp16(g)]) * u
+# (fp16(g) is F16C's round to nearest even). The table (ggml_cpu_init) holds, per fp16 value x,
+# fp16(ggml_gelu_f32(x)) with ggml_gelu_f32(x) = 0.5f*x*(1.0f + tanhf(SQRT_2_OVER_PI*x*(1.0f +
+# GELU_COEF_A*x*x))); the build contracts `1.0f + GELU_COEF_A*x*x` into fma(GELU_COEF_A*x, x, 1.0f)
+# (measured: with it every one of the 63,488 finite entries equals the library's exported table,
+# without it one differs; tests/solvers/tail/test_ffn_ops.py holds the table equal to the library's).
+_GELU_A = np.float32(0.044715)
+_SQRT_2_OVER_PI = np.float32(0.79788456080286535587989211986876)
+_GELU_TABLE: np.ndarray | None = None
+
+
+def gelu_table() -> np.ndarray:
+    """uint16 [65536]: ggml-cpu's `ggml_table_gelu_f16` (fp16 bits of gelu at every fp16 value)."""
+    global _GELU_TABLE
+    if _GELU_TABLE is None:
+        from exactedit.quant.dots.fma32 import fma32_ref
+
+        x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+        with np.errstate(all="ignore"):
+            inner = fma32_ref(_GELU_A * x, x, np.full_like(x, 1.0))
+            arg = (_SQRT_2_OVER_PI * x) * inner
+            t = np.array([_tanhf(float(v)) for v in arg], dtype=np.float32)
+            y = (np.float32(0.5) * x) * (np.float32(1.0) + t)
+            tab = y.astype(np.float16).view(np.uint16)
+        tab.setflags(write=False)
+        _GELU_TABLE = tab
+    return _GELU_TABLE
+
+
+def geglu_engine(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """ggml_geglu_split(gate=g, up=u): gelu(g) * u as llama.cpp's Gemma FFN computes it (the table
+    lookup above; float32 [n] or [T, n])."""
+    if np.shape(g) != np.shape(u):
+        raise ExacteditError(f"u: expected the gate's shape {np.shape(g)}, got {np.shape(u)}")
+    gg, uu = _rows(g, "g"), _rows(u, "u")
+    from exactedit.quant.formats.f16 import FP16_TO_FP32
+
+    with np.errstate(all="ignore"):
+        mid = FP16_TO_FP32[gelu_table()[gg.astype(np.float16).view(np.uint16)]] * uu
+        out = np.where(gg <= np.float32(-10), np.float32(0), np.where(gg >= np.float32(10), gg * uu, mid))
+    return out.astype(np.float32).reshape(np.shape(g))
+
+
+def gelu_ref(z: np.ndarray) -> np.ndarray:
+    """The tanh approximation of GELU that ggml tabulates, in float64."""
+    x = np.asarray(z, np.float64)
+    return 0.5 * x * (1.0 + np.tanh(float(_SQRT_2_OVER_PI) * (x + float(_GELU_A) * x ** 3)))
+
+
+def geglu_ref(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    return gelu_ref(g) * np.asarray(u, np.float64)

@@ -7,6 +7,9 @@ solvers/tail/forward/ffn_hidden.py, equals what llama.cpp computed, bit for bit,
           q4_K_8x8 kernels (gemm for the first n - n % 4 rows of a micro-batch, gemv for the
           rest); all 8960 units. The plain vec_dot order (what the engine would run without
           repacking and tiling) is shown to miss, so the test sees which kernel ran.
+  gemma   Gemma 3 270M Q4_K_M blk.17 ffn_gate/up Q5_0 [2048 x 640]: the Q8_0 kernels on the codes
+          c - 16 (llamafile's tinyBLAS for micro-batches of >= 2 rows, vec_dot for one), then
+          the fused geglu with ggml's fp16 gelu table; all 2048 units.
 
 Each dump holds two documents, so two micro-batches (e.g. 203 and 6 rows: 200 + 4 gemm rows,
 3 + 2 gemv rows), captured with the default EngineSettings (2 threads, n_ubatch 512)."""
@@ -24,7 +27,7 @@ TEXT = ("The river ran past the old mill, under the stone bridge and through the
         "blossom drifted down onto the water and the children raced paper boats between the "
         "reeds. ")
 SHORT = "def add(a, b):\n    return a + b\n"
-LONG_TOKENS = {"smollm": 299, "qwen": 203}     # rows % 4 == 3: the repacked gemv takes the last 3
+LONG_TOKENS = {"smollm": 299, "qwen": 203, "gemma": 150}     # rows % 4 == 3: the repacked gemv takes the last 3
 SHORT_TOKENS = 6                               # 4 gemm rows + 2 gemv rows
 
 
@@ -43,6 +46,8 @@ def _dump(name, tmp_path_factory):
 
 
 def _recompute(model, dump_path, units=None, **kw):
+    from exactedit.solvers.tail.forward.ffn_hidden import activation_of
+
     from exactedit.dumps import read_dump
     from exactedit.quant import gguf
     from exactedit.quant.model import arch
@@ -56,7 +61,7 @@ def _recompute(model, dump_path, units=None, **kw):
         assert gate.type_name == up.type_name and gate.cols == d.R.shape[1]
         hh = ffn_hidden_engine(np.asarray(d.R), g.read_rows(f"blk.{L}.ffn_norm.weight"), tail.rms_eps,
                                g.read_raw(gate.name), g.read_raw(up.name), gate.type_name, units,
-                               ubatch_sizes=d.meta["ubatch_sizes"], **kw)
+                               ubatch_sizes=d.meta["ubatch_sizes"], act=activation_of(tail.architecture), **kw)
     want = np.asarray(d.hh) if units is None else np.asarray(d.hh)[:, units]
     return hh, want, gate.type_name, d.meta["ubatch_sizes"]
 
@@ -76,6 +81,19 @@ def smollm(tmp_path_factory):
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory):
     return _dump("qwen", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory):
+    return _dump("gemma", tmp_path_factory)
+
+
+def test_gemma_geglu_hidden_is_bitwise(gemma):
+    model, res = gemma
+    got, want, qtype, sizes = _recompute(model, res.path)
+    assert (qtype, got.shape, sizes) == ("Q5_0", (LONG_TOKENS["gemma"] + SHORT_TOKENS, 2048),
+                                         [LONG_TOKENS["gemma"], SHORT_TOKENS])
+    assert np.array_equal(got, want), _stats(got, want)
 
 
 def test_smollm_hidden_is_bitwise(smollm):

@@ -1,8 +1,9 @@
-"""A gated edit verified live on the real Qwen model: row j of blk.27.ffn_gate and ffn_up (Q4_K)
-rewritten, the column j of ffn_down (Q6_K) given new codes within its block scales, the three
-written by the transplant; llama.cpp's logits of the edited file equal the offline prediction bit
-for bit, the unit's new activation recomputed from the dump's R (ffn_norm, the Q4_K x Q8_K
-products, the fused swiglu as ggml-cpu computes them: solvers/tail/forward)."""
+"""A gated edit verified live on the real models: row j of the last layer's ffn_gate and ffn_up
+rewritten (Qwen blk.27: Q4_K; Gemma 3 270M blk.17: Q5_0), the column j of ffn_down (Q6_K) given
+new codes within its block scales, the three written by the transplant; llama.cpp's logits of the
+edited file equal the offline prediction bit for bit, the unit's new activation recomputed from the
+dump's R (ffn_norm, the Q4_K x Q8_K / Q5_0 x Q8_0 products, the fused swiglu / geglu as ggml-cpu
+computes them: solvers/tail/forward), through Gemma's post-FFN norm."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,18 +13,20 @@ from tests import oracles
 
 pytestmark = pytest.mark.live
 
-PROMPT = ("<|im_start|>user\nHow do I read a file in Python?<|im_end|>\n"
-          "<|im_start|>assistant\nHere's an example of how to read a file line by line")
-UNIT = 4123             # any unit; this one is the note's "Here's" -> " an" unit
+PROMPTS = {"qwen": ("<|im_start|>user\nHow do I read a file in Python?<|im_end|>\n"
+                    "<|im_start|>assistant\nHere's an example of how to read a file line by line"),
+           "gemma": ("<start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n"
+                     "<start_of_turn>model\nWhat is the capital of France? What is the capital of Spain?")}
+UNITS = {"qwen": 4123, "gemma": 1234}   # any unit; Qwen's is the note's "Here's" -> " an" unit
+
+
+@pytest.fixture(scope="module", params=["qwen", "gemma"])
+def model(request):
+    return request.param, oracles.live_model(request.param)
 
 
 @pytest.fixture(scope="module")
-def qwen():
-    return oracles.live_model("qwen")
-
-
-@pytest.fixture(scope="module")
-def bundle(qwen, tmp_path_factory):
+def bundle(model, tmp_path_factory):
     """The three edits: a gate and an up row along one random direction (so the unit fires on some
     rows and not on others), and a down column of random values on the tensor's own grid."""
     from exactedit import quant
@@ -31,9 +34,14 @@ def bundle(qwen, tmp_path_factory):
     from exactedit.quant.rounding.grid import codes_of, grid_of, nearest, pack
     from exactedit.solvers.bundle import InputRef, TensorEdit, write_bundle
 
+    from exactedit.quant.model import arch
+
+    name, path = model
+    UNIT = UNITS[name]
     rng = np.random.default_rng(11)
-    with gguf.open(qwen) as g:
-        gate, up, down = (g.tensor(f"blk.27.{p}.weight") for p in ("ffn_gate", "ffn_up", "ffn_down"))
+    with gguf.open(path) as g:
+        L = arch.detect_tail(g).layer
+        gate, up, down = (g.tensor(f"blk.{L}.{p}.weight") for p in ("ffn_gate", "ffn_up", "ffn_down"))
         d = rng.standard_normal(gate.cols).astype(np.float32)
         d /= np.linalg.norm(d)
         g_row = quant.quantize((0.8 * d)[None, :], gate.type_name)
@@ -50,22 +58,23 @@ def bundle(qwen, tmp_path_factory):
                  TensorEdit(down.name, "tensor", down.type_name, down.shape, new_down)]
         assert (new_down != raw).any(axis=1).sum() > down.rows // 2        # the column really changed
         return write_bundle(tmp_path_factory.mktemp("b") / "bundle", solver="test: gated unit by hand",
-                            inputs=[InputRef("model", str(qwen), g.sha256())], config={}, edits=edits)
+                            inputs=[InputRef("model", str(path), g.sha256())], config={}, edits=edits)
 
 
 @pytest.mark.parametrize("ubatch", [12, 4])
-def test_a_gated_unit_edit_verifies_bitwise(qwen, bundle, tmp_path, ubatch):
+def test_a_gated_unit_edit_verifies_bitwise(model, bundle, tmp_path, ubatch):
     """Micro-batches of 12 (the tiled kernels for 12 rows and vec_dot for the short last one) and of
     4 (vec_dot only): base and edited both bitwise; the edit moves the logits."""
     from exactedit.native.llamacpp.capture import CaptureDoc, capture_dump
     from exactedit.native.llamacpp.engine import EngineSettings, LlamaEngine
     from exactedit.native.verify.live import baseline_from_dump, check_edit
 
-    with LlamaEngine(qwen) as engine:
-        tokens = engine.tokenize(PROMPT)
+    name, path = model
+    with LlamaEngine(path) as engine:
+        tokens = engine.tokenize(PROMPTS[name])
     settings = EngineSettings(n_batch=ubatch, n_ubatch=ubatch)
-    res = capture_dump(qwen, [CaptureDoc("prompt", tokens)], tmp_path / "dump", settings=settings)
-    base = baseline_from_dump(qwen, res.path, res.logits)
+    res = capture_dump(path, [CaptureDoc("prompt", tokens)], tmp_path / "dump", settings=settings)
+    base = baseline_from_dump(path, res.path, res.logits)
     report = check_edit(base, bundle.path, workdir=tmp_path)
     stats = {c.name: c.stats for c in report.checks}
     assert stats["base"].bitwise, stats["base"]

@@ -25,7 +25,8 @@ from hypothesis import example, given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 
 from exactedit.errors import ExacteditError
-from exactedit.solvers.tail.forward.ffn_ops import (ffn_norm_engine, ffn_norm_ref, rms_norm_engine,
+from exactedit.solvers.tail.forward.ffn_ops import (ffn_norm_engine, ffn_norm_ref, geglu_engine, geglu_ref,
+                                                     gelu_table, rms_norm_engine,
                                                      rms_norm_ref, silu_engine, silu_ref, swiglu_engine,
                                                      swiglu_ref)
 from tests import oracles
@@ -57,6 +58,7 @@ class GgmlGraph:
             (base, "ggml_mul"): (T, [P, T, T]),
             (base, "ggml_silu"): (T, [P, T]),
             (base, "ggml_swiglu_split"): (T, [P, T, T]),
+            (base, "ggml_geglu_split"): (T, [P, T, T]),
             (base, "ggml_new_graph"): (P, [P]),
             (base, "ggml_build_forward_expand"): (None, [P, T]),
             (cpu, "ggml_cpu_init"): (None, []),
@@ -93,6 +95,8 @@ class GgmlGraph:
                 out = self.silu(ctx, ts[0])
             elif op == "swiglu":
                 out = self.swiglu_split(ctx, ts[0], ts[1])
+            elif op == "geglu":
+                out = self.geglu_split(ctx, ts[0], ts[1])
             else:
                 raise ValueError(op)
             graph = self.new_graph(ctx)
@@ -132,21 +136,22 @@ KINDS = ("normal", "large", "small", "negative", "exp_edges")
 
 def _engine(op, *a, eps=1e-6):
     return {"rms_norm": lambda: rms_norm_engine(a[0], eps), "ffn_norm": lambda: ffn_norm_engine(a[0], a[1], eps),
-            "silu": lambda: silu_engine(a[0]), "swiglu": lambda: swiglu_engine(a[0], a[1])}[op]()
+            "silu": lambda: silu_engine(a[0]), "swiglu": lambda: swiglu_engine(a[0], a[1]),
+            "geglu": lambda: geglu_engine(a[0], a[1])}[op]()
 
 
 def _inputs(op, kind, n, seed):
     x = _values(kind, 3, n, seed)
     if op == "ffn_norm":
         return x, (np.random.default_rng(seed + 1).standard_normal(n) * 0.5).astype(np.float32)
-    if op == "swiglu":
+    if op in ("swiglu", "geglu"):
         return x, _values("normal", 3, n, seed + 1)
     return (x,)
 
 
 # --- bit for bit against ggml -----------------------------------------------------------------
 
-@pytest.mark.parametrize("op", ["rms_norm", "ffn_norm", "silu", "swiglu"])
+@pytest.mark.parametrize("op", ["rms_norm", "ffn_norm", "silu", "swiglu", "geglu"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("n", WIDTHS)
 def test_bits_equal_ggml(ggml, op, kind, n):
@@ -168,6 +173,7 @@ def test_special_values_in_vector_and_tail(ggml, shift):
     oracles.assert_bits_equal(silu_engine(z), ggml.run("silu", z), "silu specials")
     u = np.full_like(z, 1.5)
     oracles.assert_bits_equal(swiglu_engine(z, u), ggml.run("swiglu", z, u), "swiglu specials")
+    oracles.assert_bits_equal(geglu_engine(z, u), ggml.run("geglu", z, u), "geglu specials")
     fin = np.nan_to_num(z, posinf=1.0, neginf=-1.0, nan=2.0)
     for eps in (0.0, 1e-6, 1e-5):
         oracles.assert_bits_equal(rms_norm_engine(fin, eps), ggml.run("rms_norm", fin, eps=eps), f"rms eps={eps}")
@@ -191,6 +197,7 @@ def test_hypothesis_bits_equal_ggml(ggml, ab):
     a, b = ab
     oracles.assert_bits_equal(silu_engine(a), ggml.run("silu", a), "silu")
     oracles.assert_bits_equal(swiglu_engine(a, b), ggml.run("swiglu", a, b), "swiglu")
+    oracles.assert_bits_equal(geglu_engine(a, b), ggml.run("geglu", a, b), "geglu")
     oracles.assert_bits_equal(rms_norm_engine(a, 1e-6), ggml.run("rms_norm", a, eps=1e-6), "rms_norm")
 
 
@@ -220,6 +227,36 @@ def test_references_close(n):
     np.testing.assert_allclose(silu_engine(z), silu_ref(z), rtol=RTOL, atol=SILU_ATOL)
     g, u = _moderate(3, n, n + 3, -20, 7), _moderate(3, n, n + 4, -20, 20)
     np.testing.assert_allclose(swiglu_engine(g, u), swiglu_ref(g, u), rtol=RTOL, atol=SILU_ATOL * 2.0 ** 20)
+
+
+def test_gelu_table_is_the_librarys():
+    """Every entry of ggml-cpu's exported ggml_table_gelu_f16 (after ggml_cpu_init) equals ours."""
+    cpu = oracles.ggml_library("ggml-cpu")
+    cpu.ggml_cpu_init()
+    try:
+        lib = np.ctypeslib.as_array((ctypes.c_uint16 * (1 << 16)).in_dll(cpu, "ggml_table_gelu_f16")).copy()
+    except ValueError:
+        oracles.unavailable("gelu table", "ggml_table_gelu_f16 not exported by ggml-cpu")
+    ours = gelu_table()
+    nan = np.isnan(lib.view(np.float16))
+    assert np.array_equal(nan, np.isnan(ours.view(np.float16)))
+    assert np.array_equal(lib[~nan], ours[~nan]), f"{int(np.sum(lib[~nan] != ours[~nan]))} entries differ"
+
+
+def test_geglu_reference_close():
+    """Within fp16: fp16(g) moves g by <= 2^-11 |g| (gelu's slope is <= 1.13 in magnitude), the table
+    entry is rounded to fp16 (<= 2^-11 of it, 2^-25 absolute among fp16 subnormals), the product with u
+    one float32 rounding; below -10 the engine gives 0 where |gelu| < 1e-22."""
+    rng = np.random.default_rng(5)
+    g = (rng.standard_normal((4, 257)) * 4).astype(np.float32)
+    u = (rng.standard_normal((4, 257)) * 3).astype(np.float32)
+    got, ref = geglu_engine(g, u), geglu_ref(g, u)
+    ga, ua = np.abs(g.astype(np.float64)), np.abs(u.astype(np.float64))
+    moved = 1.13 * 2.0 ** -11 * ga
+    tol = ua * (moved + 2.0 ** -11 * (np.abs(ref) / np.maximum(ua, 1e-300) + moved) + 2.0 ** -25) * 1.01
+    tol += 2.0 ** -23 * np.abs(ref)
+    assert np.all(np.abs(got - ref) <= tol)
+    assert geglu_engine(np.float32([-10.0, -12.0, 10.0]), np.float32([3.0, 3.0, 3.0])).tolist() == [0.0, 0.0, 30.0]
 
 
 def test_shapes_and_errors():

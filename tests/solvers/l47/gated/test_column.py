@@ -27,10 +27,15 @@ class _Head:
         return self.w[start:stop]
 
 
-def _tail(seed, V=60, n=12, softcap=None):
+def _tail(seed, V=60, n=12, softcap=None, post=False):
     rng = np.random.default_rng(seed)
+    l47 = SimpleNamespace(w_post=rng.uniform(0.5, 3.0, n) if post else None, eps=1e-6)
     return SimpleNamespace(mix_params=SimpleNamespace(w_norm=rng.uniform(0.5, 1.5, n), eps=1e-6),
-                           head=_Head(rng.normal(size=(V, n))), softcap=softcap)
+                           head=_Head(rng.normal(size=(V, n))), softcap=softcap, l47=l47)
+
+
+def _f0(seed, T=5, n=12):
+    return np.random.default_rng(seed + 9).normal(size=(T, n)) * 0.5
 
 
 def _contexts(seed, T=5, n=12):
@@ -40,9 +45,14 @@ def _contexts(seed, T=5, n=12):
     return y0, a
 
 
-def _full_logp(tail, y0, a, d):
-    y = np.asarray(y0, np.float64) + np.asarray(a)[:, None] * np.asarray(d)[None, :]
+def _full_logp(tail, y0, a, d, f0=None):
     mp = tail.mix_params
+    write = np.asarray(a)[:, None] * np.asarray(d)[None, :]
+    if f0 is None:
+        y = np.asarray(y0, np.float64) + write
+    else:                                       # R + w_post * rmsnorm(f0 + a d), written out
+        f = f0 + write
+        y = y0 + f / np.sqrt(np.mean(f * f, axis=1, keepdims=True) + tail.l47.eps) * tail.l47.w_post
     m = y / np.sqrt(np.mean(y * y, axis=1, keepdims=True) + mp.eps) * mp.w_norm
     z = m @ tail.head.w.astype(np.float64).T
     if tail.softcap is not None:
@@ -50,13 +60,14 @@ def _full_logp(tail, y0, a, d):
     return z - np.logaddexp.reduce(z, axis=1, keepdims=True)
 
 
-@settings(max_examples=25, deadline=None)
-@given(st.integers(0, 2**31), st.sampled_from([None, 5.0]), st.floats(0.0, 1e-1), st.floats(0.1, 3.0))
-def test_gradient_by_finite_differences(seed, softcap, ridge, strength):
-    tail = _tail(seed, softcap=softcap)
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31), st.sampled_from([None, 5.0]), st.floats(0.0, 1e-1), st.floats(0.1, 3.0),
+       st.booleans())
+def test_gradient_by_finite_differences(seed, softcap, ridge, strength, post):
+    tail = _tail(seed, softcap=softcap, post=post)
     y0, a = _contexts(seed)
     rej = [[3], [3, 7], [7], [3], [11]]
-    p = column_problem(tail, y0, a, rej, [0], top=20, tile_rows=16)
+    p = column_problem(tail, y0, a, rej, [0], top=20, tile_rows=16, f0=_f0(seed) if post else None)
     q = target_distribution(p.z0, p.rej, p.spec, p.tok >= 0, strength, 1.0)
     rng = np.random.default_rng(seed + 2)
     d = rng.normal(size=12) * 0.05
@@ -67,11 +78,13 @@ def test_gradient_by_finite_differences(seed, softcap, ridge, strength):
     assert fd == pytest.approx(float(g @ v), rel=1e-5, abs=1e-8)
 
 
-def test_the_support_logits_are_the_heads():
-    tail = _tail(3)
+@pytest.mark.parametrize("post", [False, True])
+def test_the_support_logits_are_the_heads(post):
+    tail = _tail(3, post=post)
     y0, a = _contexts(3)
-    p = column_problem(tail, y0, a, [[3]] * 5, [0, 1], top=10, tile_rows=7)
-    full = _full_logp(tail, y0, a, np.zeros(12))
+    f0 = _f0(3) if post else None
+    p = column_problem(tail, y0, a, [[3]] * 5, [0, 1], top=10, tile_rows=7, f0=f0)
+    full = _full_logp(tail, y0, a, np.zeros(12), f0)
     z = full + 0.0                                  # logits up to each row's constant
     for r in range(5):
         toks = p.tok[r][p.tok[r] >= 0]
@@ -107,15 +120,17 @@ def test_target_distribution(seed, strength, margin):
     np.testing.assert_allclose(np.nanmax(ratio, axis=1), np.nanmin(ratio, axis=1), rtol=1e-10)
 
 
-def test_the_solve_lowers_the_phrase_and_keeps_the_rest():
-    tail = _tail(7, V=80, n=48)                   # n = 12 is too few directions for one column to
+@pytest.mark.parametrize("post", [False, True])
+def test_the_solve_lowers_the_phrase_and_keeps_the_rest(post):
+    tail = _tail(7, V=80, n=48, post=post)        # n = 12 is too few directions for one column to
     y0, a = _contexts(7, T=6, n=48)               # lower one word at 6 contexts and keep the rest
-    full0 = _full_logp(tail, y0, a, np.zeros(48))
+    f0 = _f0(7, T=6, n=48) * 4 if post else None  # Gemma-like: the FFN output of the residual's size
+    full0 = _full_logp(tail, y0, a, np.zeros(48), f0)
     w = int(np.argsort(-full0[0])[1])             # the phrase's word: second at the first context
     rej = [[w]] * 6
     cfg = ColumnConfig(top=16, support_floor=1e-4, rounds=4, maxiter=2000)
-    sol = solve_column(tail, y0, a, rej, [0], 1.0, cfg)
-    full = _full_logp(tail, y0, a, sol.d)
+    sol = solve_column(tail, y0, a, rej, [0], 1.0, cfg, f0=f0)
+    full = _full_logp(tail, y0, a, sol.d, f0)
     drop = full0[:, w] - full[:, w]
     assert np.all(drop > 0.9), drop                # at least `margin` (1 nat) at every context, nearly
     assert sol.others_kl < 0.05, sol
@@ -123,8 +138,18 @@ def test_the_solve_lowers_the_phrase_and_keeps_the_rest():
     others = [t for t in np.argsort(-full0[0])[:6] if t != w]
     assert [t for t in np.argsort(-full[0]) if t in others][:len(others)] == others
     bound = np.full(48, 1e-3)                     # a bound that holds the column: it is held
-    tight = solve_column(tail, y0, a, rej, [0], 1.0, cfg, bound=bound)
+    tight = solve_column(tail, y0, a, rej, [0], 1.0, cfg, bound=bound, f0=f0)
     assert np.all(np.abs(tight.d) <= bound + 1e-15)
+
+
+def test_f0_is_required_exactly_with_a_post_norm():
+    from exactedit.solvers.l47.gated import GatedError
+
+    y0, a = _contexts(1)
+    with pytest.raises(GatedError, match="f0"):
+        column_problem(_tail(1, post=True), y0, a, [[3]] * 5, [0], top=5)
+    with pytest.raises(GatedError, match="f0"):
+        column_problem(_tail(1), y0, a, [[3]] * 5, [0], top=5, f0=_f0(1))
 
 
 def test_a_token_rising_outside_the_support_is_taken_in():

@@ -46,10 +46,10 @@ def _small(world: int):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.floats(1.0, 30.0), st.integers(0, 2**32 - 1), st.floats(-50.0, 0.0))
-def test_leak_bound_holds_on_any_row_below_the_threshold(kappa, seed, depth):
+@given(st.floats(1.0, 30.0), st.integers(0, 2**32 - 1), st.floats(-50.0, 0.0), st.sampled_from(["silu", "gelu"]))
+def test_leak_bound_holds_on_any_row_below_the_threshold(kappa, seed, depth, act):
     x, y, gate = _small(seed % 3)
-    unit = design_unit(gate, x, y, DesignConfig(kappa=kappa))
+    unit = design_unit(gate, x, y, DesignConfig(kappa=kappa, act=act))
     rng = np.random.default_rng(seed)
     d = gate.g / gate.norm
     rows = rng.normal(size=(50, x.shape[1])) * rng.uniform(0.1, 10.0)
@@ -57,7 +57,7 @@ def test_leak_bound_holds_on_any_row_below_the_threshold(kappa, seed, depth):
     rows += np.outer(rng.uniform(depth, 0.0, 50), d)       # ... and below it, anywhere
     a_neg = np.abs(unit.activation(rows)).max()
     assert a_neg <= unit.leak_bound * unit.train.pos_min * (1 + 1e-9)
-    assert unit.leak_bound == pytest.approx(leak_bound(kappa))
+    assert unit.leak_bound == pytest.approx(leak_bound(kappa, act))
 
 
 def test_the_mean_positive_up_row_is_reported_beside(fitted):

@@ -11,7 +11,8 @@ from scipy.optimize import minimize_scalar
 from scipy.special import expit
 
 from exactedit.solvers.l47.gated import GatedError, unit_grad, unit_ref
-from exactedit.solvers.l47.gated.unit import SILU_NEG_BOUND, silu, silu_grad
+from exactedit.solvers.l47.gated.unit import NEG_BOUND, SILU_NEG_BOUND, act_fn, act_grad, gelu, silu, silu_grad
+from exactedit.solvers.tail.forward.ffn_ops import gelu_ref
 from tests.strategies import spread_floats
 
 bounded = st.floats(-2.0, 2.0, allow_nan=False, allow_infinity=False)
@@ -28,11 +29,11 @@ def unit_case(draw):
 
 
 @settings(max_examples=200, deadline=None)
-@given(unit_case())
-def test_unit_grad_matches_finite_differences(case):
+@given(unit_case(), st.sampled_from(["silu", "gelu"]))
+def test_unit_grad_matches_finite_differences(case, act):
     x, g, u, cot, dg, du = case
-    f = lambda gg, uu: float(cot @ unit_ref(x, gg, uu))  # noqa: E731
-    grad_g, grad_u = unit_grad(x, g, u, cot)
+    f = lambda gg, uu: float(cot @ unit_ref(x, gg, uu, act))  # noqa: E731
+    grad_g, grad_u = unit_grad(x, g, u, cot, act)
     for which, d, an in (("g", dg, grad_g), ("u", du, grad_u)):
         eps = 1e-6
         if which == "g":
@@ -41,21 +42,30 @@ def test_unit_grad_matches_finite_differences(case):
             fd = (f(g, u + eps * d) - f(g, u - eps * d)) / (2 * eps)
         z, v = x @ g, x @ u
         # the size of the terms summed (rounding of f over 2 eps, truncation of the central difference)
-        scale = np.sum(np.abs(cot) * (np.abs(x @ d) * (np.abs(v) + np.abs(z)) + np.abs(silu(z) * v)))
+        scale = np.sum(np.abs(cot) * (np.abs(x @ d) * (np.abs(v) + np.abs(z)) + np.abs(act_fn(act)(z) * v)))
         assert abs(fd - an @ d) <= 1e-7 * (1.0 + scale), (which, fd, an @ d)
 
 
 @settings(max_examples=50, deadline=None)
-@given(unit_case())
-def test_per_row_gradients_are_the_closed_form(case):
+@given(unit_case(), st.sampled_from(["silu", "gelu"]))
+def test_per_row_gradients_are_the_closed_form(case, act):
     x, g, u, _, _, _ = case
     z, v = x @ g, x @ u
     for t in range(x.shape[0]):
         e = np.zeros(x.shape[0])
         e[t] = 1.0
-        gg, gu = unit_grad(x, g, u, e)
-        np.testing.assert_allclose(gg, silu_grad(z[t]) * v[t] * x[t], rtol=1e-12, atol=1e-300)
-        np.testing.assert_allclose(gu, silu(z[t]) * x[t], rtol=1e-12, atol=1e-300)
+        gg, gu = unit_grad(x, g, u, e, act)
+        np.testing.assert_allclose(gg, act_grad(act)(z[t]) * v[t] * x[t], rtol=1e-12, atol=1e-300)
+        np.testing.assert_allclose(gu, act_fn(act)(z[t]) * x[t], rtol=1e-12, atol=1e-300)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.floats(-12.0, 12.0))
+def test_gelu_derivative_by_finite_differences_and_the_engines_formula(z):
+    h = 1e-6
+    fd = (gelu(z + h) - gelu(z - h)) / (2 * h)
+    assert abs(fd - act_grad("gelu")(z)) <= 1e-7 * (1 + abs(z) ** 3)
+    assert gelu(z) == pytest.approx(float(gelu_ref(z)), rel=1e-7, abs=1e-12)
 
 
 def test_silu_and_its_derivative_at_extremes():
@@ -70,6 +80,13 @@ def test_the_leak_constant_is_the_max_of_z2_sigma_on_the_negative_side():
     assert abs(-res.fun - SILU_NEG_BOUND) < 1e-12
     z = np.linspace(-60.0, 0.0, 200001)
     assert np.max(z * z * expit(z)) <= SILU_NEG_BOUND
+
+
+def test_the_gelu_leak_constant_is_the_max_of_z_gelu_on_the_negative_side():
+    res = minimize_scalar(lambda z: -(z * gelu(z)), bounds=(-10.0, 0.0), method="bounded", options={"xatol": 1e-12})
+    assert abs(-res.fun - NEG_BOUND["gelu"]) < 1e-9
+    z = np.linspace(-60.0, 0.0, 200001)
+    assert np.max(z * gelu(z)) <= NEG_BOUND["gelu"] * (1 + 1e-12)
 
 
 def test_bad_shapes_name_the_field():
