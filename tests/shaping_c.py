@@ -72,13 +72,13 @@ class CRules:
         V = d["model"]["vocab"]
         flags = np.zeros(V, np.uint8)
         bits = {"newline": 1, "nl_lead": 2, "sentence_end": 4, "blank": 8, "invisible": 16, "structured": 32,
-                "boundary": 64}
+                "boundary": 64, "ticks": 128}
         for name, bit in bits.items():
             flags[d["classes"][name]] |= bit
         flags ^= 16  # "invisible" lists the complement of VISIBLE
-        fences = np.zeros(V, np.uint8)
-        for i, c in d["classes"]["fences"]:
-            fences[i] = c
+        fences = np.zeros((V, 3), np.uint8)       # per token: lead run, inner markers, trail run
+        for i, *run in d["classes"]["fences"]:
+            fences[i] = run
         m = d["markup"]
         opt = lambda pair, k: -1 if pair is None else pair[k]  # noqa: E731
         self.vocab = Vocab(V, self._u8(flags), self._u8(fences), self._i32(m["turn_start"]), len(m["turn_start"]),

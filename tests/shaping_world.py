@@ -13,7 +13,8 @@ USER_DEFINED = ["<tool_call>", "</tool_call>"]
 WORDS = ["assistant", "user", "system", "\n", "\n\n", ".\n", " you", "you", "You", " You", " can", " ca", "n", "c",
          "an", " use", " us", "e", "(you", "\"You", " end", "end", "End", " End", " to", "to", " t", "o", " x", "x",
          "hi", ".", "!", "?", "```", "```python", "{\"", "[", " The", "The", " the", "the", "Sure", "sure", " rather",
-         " than", "Rather", "_you", "ab", "9you", " ", "u", "y", "é", " élan", "Élan", "élan"]
+         " than", "Rather", "_you", "ab", "9you", " ", "u", "y", "é", " élan", "Élan", "élan",
+         "``", "`\n\n", "\n``", "`"]         # a code fence split over tokens, as Qwen2.5 writes it
 TEXTS = CONTROL + USER_DEFINED + WORDS
 ID = {t: i for i, t in enumerate(TEXTS)}
 RULES = """

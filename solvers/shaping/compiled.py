@@ -4,15 +4,15 @@
 back (every field validated, ids in range, the model's sha256 kept). `vocab()` / `rules` are the
 objects `solvers.shaping.rules` runs; `native/shaping/c/shaping.c` implements the same JSON in C.
 
-Layout (format "exactedit.shaping", version 1):
+Layout (format "exactedit.shaping", version 2):
     model        {path, sha256, vocab}
     rules_file   {path, sha256}
     chat         {template_from: "gguf" | "rules", template (rules' own, else null), turn_start,
                   turn_end, header_end, assistant}       the texts, for people
     markup       {turn_start: [id], turn_end: [id], role: [id], header_end: id | null,
                   think: [open, close] | null, tool: [open, close] | null, names: {id: text}}
-    classes      {newline, nl_lead, sentence_end, blank, invisible, structured, boundary: [id],
-                  fences: [[id, count]]}                 per-token flags (solvers.shaping.triggers)
+    classes      {newline, nl_lead, sentence_end, blank, invisible, structured, boundary, ticks: [id],
+                  fences: [[id, lead, inner, trail]]}    per-token flags and fence runs (solvers.shaping.triggers)
     rules        in order: {kind: "prefix-penalty", bias, phrases: [{text, final, prefixes: [hex]}],
                   pieces: [[id, hex]], merge_ok: [[id, k]]}
                   | {kind: "step0-guard", bias, targets: [id]}
@@ -20,7 +20,9 @@ Layout (format "exactedit.shaping", version 1):
 `prefixes` are the byte strings a phrase's prefix is matched as (as written, Capitalized);
 `pieces` the bytes of every token a match can use; `merge_ok` the (piece, k) pairs where the
 piece may start a match with the prefix's first k bytes (its other bytes end in a word
-boundary). Derived data is checked against a recomputation when read.
+boundary). `fences` lists the tokens whose text_fence is not (0, 0, 0): backtick runs carry across
+tokens, so a fence split over tokens counts once. Version 1 (a ``` count per token, blind to split
+fences) is refused. Derived data is checked against a recomputation when read.
 
 `read_compiled` bounds the file before it parses (a regular file of at most MAX_BYTES, JSON
 nested at most MAX_DEPTH deep) and the vocabulary before it allocates (at most MAX_VOCAB, and the
@@ -39,15 +41,15 @@ from pathlib import Path
 import numpy as np
 
 from exactedit.solvers.shaping import rules as shaping
-from exactedit.solvers.shaping.triggers import FLAG_NAMES, VISIBLE, ShapeVocab
+from exactedit.solvers.shaping.triggers import FENCE_RUN, FLAG_NAMES, TICKS, VISIBLE, ShapeVocab
 from exactedit.errors import FieldError
 from exactedit.files import atomic_write_text
 
-FORMAT, VERSION = "exactedit.shaping", 1
+FORMAT, VERSION = "exactedit.shaping", 2
 MAX_BYTES = 1 << 28       # 256 MiB: a 1e5-phrase rules file for a 262k vocabulary is far smaller
 MAX_DEPTH = 16            # the format nests 5 deep
 MAX_VOCAB = 1 << 26
-_CLASSES = ("newline", "nl_lead", "sentence_end", "blank", "invisible", "structured", "boundary")
+_CLASSES = ("newline", "nl_lead", "sentence_end", "blank", "invisible", "structured", "boundary", "ticks")
 
 
 class ShapingRulesError(FieldError):
@@ -88,7 +90,7 @@ class CompiledRules:
             bit = VISIBLE if name == "invisible" else FLAG_NAMES[name]
             on = (fl & bit) == 0 if name == "invisible" else (fl & bit) != 0
             classes[name] = [int(i) for i in np.flatnonzero(on)]
-        classes["fences"] = [[int(i), int(v.fences[i])] for i in np.flatnonzero(v.fences)]
+        classes["fences"] = [[int(i), *map(int, v.fences[i])] for i in np.flatnonzero(v.fences.any(axis=1))]
         markup = {"turn_start": list(v.turn_start), "turn_end": list(v.turn_end), "role": list(v.role),
                   "header_end": v.header_end,
                   "think": None if v.think_open is None else [v.think_open, v.think_close],
@@ -209,6 +211,10 @@ def _parse(d, where: str, vocab: int | None = None) -> CompiledRules:
 
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise ShapingRulesError(where, "format", f"expected {FORMAT!r}")
+    if d.get("version") == 1:
+        raise ShapingRulesError(where, "version", "1: its per-token ``` counts miss a code fence split over tokens "
+                                "(Qwen2.5's \"``\" + \"`\\n\"), leaving the rules off after a code block; "
+                                f"recompile with `exactedit shape compile` (version {VERSION})")
     if d.get("version") != VERSION:
         raise ShapingRulesError(where, "version", f"expected {VERSION}, got {d.get('version')!r}")
     known(d, "", "")
@@ -255,12 +261,17 @@ def _parse(d, where: str, vocab: int | None = None) -> CompiledRules:
         bit = VISIBLE if name == "invisible" else FLAG_NAMES[name]
         flags[sel] |= bit
     flags ^= VISIBLE  # "invisible" lists the complement
-    fences = np.zeros(V, np.uint8)
-    for k, pair in enumerate(need(c, "fences", list, "classes.fences")):
-        if not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[1], int) \
-                or isinstance(pair[1], bool) or not 0 < pair[1] < 256:
-            raise ShapingRulesError(where, f"classes.fences[{k}]", "expected [id, count 1..255]")
-        fences[ids(pair[:1], f"classes.fences[{k}]")[0]] = pair[1]
+    fences = np.zeros((V, 3), np.uint8)
+    for k, row in enumerate(need(c, "fences", list, "classes.fences")):
+        run = row[1:] if isinstance(row, list) and len(row) == 4 else None
+        if run is None or any(isinstance(x, bool) or not isinstance(x, int) for x in run) \
+                or not (0 <= run[0] <= FENCE_RUN and 0 <= run[1] < 256 and 0 <= run[2] <= FENCE_RUN and any(run)):
+            raise ShapingRulesError(where, f"classes.fences[{k}]", f"expected [id, lead 0..{FENCE_RUN}, inner "
+                                    f"0..255, trail 0..{FENCE_RUN}], not all 0")
+        tok = ids(row[:1], f"classes.fences[{k}]")[0]
+        if flags[tok] & TICKS and (run[0] != run[2] or run[1]):
+            raise ShapingRulesError(where, f"classes.fences[{k}]", "a ticks token's run is one: lead = trail, inner 0")
+        fences[tok] = run
     turn_start = ids(need(m, "turn_start", list, "markup.turn_start"), "markup.turn_start", 1)
     role = ids(need(m, "role", list, "markup.role"), "markup.role")
     if not role:

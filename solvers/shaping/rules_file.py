@@ -242,14 +242,15 @@ class _ModelView:
                       else self.special(fmt.header_end, where, "chat.template (header end)"))
         return fmt, turn_start, turn_end, header_end
 
-    def flags(self) -> tuple[np.ndarray, list[int]]:
-        """(per-token flags, fence counts) as the triggers read them."""
+    def flags(self) -> tuple[np.ndarray, np.ndarray]:
+        """(per-token flags uint8 [V], fence runs uint8 [V, 3]) as the triggers read them."""
         from exactedit.solvers.phrases import ends_at_boundary
 
         flags = [text_flags(t) for t in self.texts]
         fl = np.array([f for f, _ in flags], dtype=np.uint8)
+        fences = np.array([c for _, c in flags], dtype=np.uint8).reshape(-1, 3)
         bound = np.array([ends_at_boundary(b) for b in self.text_bytes], dtype=bool)  # control: no text
-        return np.where(bound, fl | BOUNDARY, fl & ~np.uint8(BOUNDARY)).astype(np.uint8), [c for _, c in flags]
+        return np.where(bound, fl | BOUNDARY, fl & ~np.uint8(BOUNDARY)).astype(np.uint8), fences
 
 
 def compile_rules(spec: RulesSpec, g, tokenize: Tokenize, *, model_path: str = "") -> CompiledRules:
@@ -415,8 +416,8 @@ def check_compiled(compiled: CompiledRules, g, where, *, model_path: str = "") -
         if pair[0] is not None and not set(pair) <= set(m.sp.specials):
             refuse(f"markup.{key}", f"{list(pair)} are not special tokens")
     fl, fences = m.flags()
-    if not np.array_equal(v.flags, fl) or not np.array_equal(v.fences, np.asarray(fences, np.uint8)):
-        bad = int(np.flatnonzero((v.flags != fl) | (v.fences != np.asarray(fences, np.uint8)))[0])
+    if not np.array_equal(v.flags, fl) or not np.array_equal(v.fences, fences):
+        bad = int(np.flatnonzero((v.flags != fl) | (v.fences != fences).any(axis=1))[0])
         refuse("classes", f"token {bad} ({m.texts[bad]!r}) has other flags")
     for k, r in enumerate(compiled.rules):
         f = f"rules[{k}]"

@@ -10,7 +10,8 @@ Per row:
 - `generating`: the row predicts text the model writes: an assistant turn's body (after the turn
   start, the assistant role's tokens and the header end, until a turn end), or any row of a
   document that has shown no turn start (plain generation);
-- `in_think`, `in_tool`, `in_code`: inside think tags, tool-call tags, or an open ``` fence;
+- `in_think`, `in_tool`, `in_code`: inside think tags, tool-call tags, or an open code fence:
+  the fenced text read so far holds an odd number of fence markers (below);
 - `structured`: the reply's first visible token starts with `{`, `[` or a backtick, or is the
   tool-call tag (known once that token has been read);
 - `step0`: the row reads the newline right after the think close tag of an assistant turn; a
@@ -22,9 +23,21 @@ Per row:
   rows >= first (-1 where the row is not generating);
 - `boundary`: the row's token ends in a word boundary (its last character is no letter, digit or
   underscore; solvers.phrases.ends_at_boundary, the shared matcher's rule).
+
+Code fences. A fence marker is a maximal run of 3 or more backticks ("```" and "````" are one
+marker each; "``" is none): CommonMark's fence is such a run, though CommonMark also wants it at a
+line's start and a closing run at least as long as the opening one, which is not checked here.
+The fenced text is the concatenation of the texts of the tokens read in a reply body (or a plain
+document) outside think and tool-call blocks; a chat tag (turn start or end, think or tool-call
+tag) ends a backtick run, as its own characters would. `in_code` is true when the fenced text up to
+and including the row's token holds an odd number of markers (`fence_markers` of that text). The
+machine carries the length of the text's trailing backtick run across tokens (`fence_step`), so a
+marker split over tokens counts once, as in the decoded text: Qwen2.5 writes a closing fence as
+"``" + "`\n\n". Per token it reads `text_fence`'s (lead, inner, trail) and the TICKS flag.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
@@ -38,12 +51,45 @@ BLANK = 8            # non-empty and only newlines: the newline after the think 
 VISIBLE = 16         # text.strip() is non-empty
 STRUCTURED = 32      # the first visible character is { [ or `
 BOUNDARY = 64        # ends in a boundary character (no letter, digit, underscore; complete UTF-8)
+TICKS = 128          # no character but backticks (the empty text too): a backtick run carries through it
 FLAG_NAMES = {"newline": NEWLINE, "nl_lead": NL_LEAD, "sentence_end": SENTENCE_END, "blank": BLANK,
-              "visible": VISIBLE, "structured": STRUCTURED, "boundary": BOUNDARY}
+              "visible": VISIBLE, "structured": STRUCTURED, "boundary": BOUNDARY, "ticks": TICKS}
+FENCE_RUN = 3        # backticks in a fence marker, at least; runs are carried capped at this
+_MARKER = re.compile("`{%d,}" % FENCE_RUN)
 
 
-def text_flags(text: str) -> tuple[int, int]:
-    """(flags, number of ``` fences) of one token's text."""
+def fence_markers(text: str) -> int:
+    """The number of fence markers in a text (maximal runs of 3 or more backticks): the definition
+    that `fence_step` over the tokens of a text reproduces."""
+    return len(_MARKER.findall(text))
+
+
+def text_fence(text: str) -> tuple[int, int, int]:
+    """(lead, inner, trail) of one token's text: its leading and trailing backtick runs (capped at
+    3), and the markers touching neither end (capped at 255, parity kept). A text of backticks only
+    (or empty) has lead = trail = its length (capped) and inner 0."""
+    n = len(text)
+    lead = n - len(text.lstrip("`"))
+    if lead == n:
+        return min(n, FENCE_RUN), 0, min(n, FENCE_RUN)
+    trail = n - len(text.rstrip("`"))
+    inner = len(_MARKER.findall(text, lead, n - trail))
+    return min(lead, FENCE_RUN), inner if inner < 255 else 254 + inner % 2, min(trail, FENCE_RUN)
+
+
+def fence_step(fences: int, run: int, ticks: bool, lead: int, inner: int, trail: int) -> tuple[int, int]:
+    """(fences, run) after a token: `fences` the markers of the fenced text so far, `run` its
+    trailing backtick run (capped at 3); `ticks`, `lead`, `inner`, `trail` the token's (TICKS flag,
+    text_fence). A run is counted the moment it reaches 3 backticks, so every prefix of the text
+    counts its markers exactly, the trailing run included."""
+    if ticks:                                   # the run grows through the token
+        grown = min(run + lead, FENCE_RUN)
+        return fences + (run < FENCE_RUN <= grown), grown
+    return fences + (run < FENCE_RUN <= run + lead) + inner + (trail >= FENCE_RUN), trail
+
+
+def text_flags(text: str) -> tuple[int, tuple[int, int, int]]:
+    """(flags, text_fence) of one token's text."""
     f = 0
     if "\n" in text:
         f |= NEWLINE
@@ -59,14 +105,17 @@ def text_flags(text: str) -> tuple[int, int]:
             f |= STRUCTURED
     if ends_at_boundary(text.encode("utf-8")):
         f |= BOUNDARY
-    return f, min(text.count("```"), 255)
+    if not text.strip("`"):
+        f |= TICKS
+    return f, text_fence(text)
 
 
 @dataclass(frozen=True, eq=False)
 class ShapeVocab:
-    """What the triggers read about the vocabulary: per-token flags and fence counts (uint8 [V]),
-    and the chat markup as token ids. `header_end` None: the first token containing a newline ends
-    a turn header; `role`: the assistant role's tokens between the turn start and the header end.
+    """What the triggers read about the vocabulary: per-token flags (uint8 [V]) and fence runs
+    (uint8 [V, 3]: text_fence's lead, inner, trail), and the chat markup as token ids.
+    `header_end` None: the first token containing a newline ends a turn header; `role`: the
+    assistant role's tokens between the turn start and the header end.
     Markup that a model lacks is None / empty (no think tags: step0 is the header's end)."""
 
     flags: np.ndarray
@@ -85,8 +134,11 @@ class ShapeVocab:
     def __post_init__(self):
         flags = np.ascontiguousarray(self.flags, dtype=np.uint8)
         fences = np.ascontiguousarray(self.fences, dtype=np.uint8)
-        if flags.ndim != 1 or fences.shape != flags.shape:
-            raise ValueError("flags and fences must be 1-D uint8 arrays of one length (the vocabulary)")
+        if flags.ndim != 1 or fences.shape != (flags.size, 3):
+            raise ValueError("flags must be uint8 [V] and fences uint8 [V, 3] (lead, inner, trail) for one "
+                             "vocabulary")
+        if fences.size and int(fences[:, 0::2].max()) > FENCE_RUN:
+            raise ValueError(f"a fence's lead or trail run is carried capped at {FENCE_RUN}")
         object.__setattr__(self, "flags", flags)
         object.__setattr__(self, "fences", fences)
         object.__setattr__(self, "turn_start", tuple(int(t) for t in self.turn_start))
@@ -121,7 +173,7 @@ class ShapeVocab:
             index.setdefault(t, i)
         fl = [text_flags(t) for t in texts]
         flags = np.array([f for f, _ in fl], dtype=np.uint8)
-        fences = np.array([c for _, c in fl], dtype=np.uint8)
+        fences = np.array([c for _, c in fl], dtype=np.uint8).reshape(-1, 3)
         if turn_start is None:
             return cls(flags, fences)
         missing = [t for t in (turn_start, *turn_end, *role) if t not in index]
@@ -167,7 +219,7 @@ class TriggerMachine:
         self.chat = self.in_header = self.body = self.assistant = False
         self.think = self.tool = self.first_seen = self.structured = False
         self.header: list[int] = []
-        self.fences = 0
+        self.fences = self.run = 0     # fence markers of the fenced text, its trailing backtick run
         self.span = self.prev = -1
 
     def push(self, tok: int) -> Row:
@@ -180,7 +232,7 @@ class TriggerMachine:
             self.chat, self.in_header, self.body, self.assistant = True, True, False, False
             self.header = []
             self.think = self.tool = self.first_seen = self.structured = False
-            self.fences = 0
+            self.fences = self.run = 0
         elif self.in_header:
             ends = tok == v.header_end if v.header_end is not None else bool(f & NEWLINE)
             if ends:
@@ -191,18 +243,18 @@ class TriggerMachine:
             else:
                 self.header.append(tok)
         elif tok in v._end:
-            self.body = False
+            self.body, self.run = False, 0
         elif self.body or not self.chat:
             if v.think_open is not None and tok == v.think_open:
-                self.think = True
+                self.think, self.run = True, 0
             elif v.think_close is not None and tok == v.think_close:
-                self.think, self.first_seen = False, False
+                self.think, self.first_seen, self.run = False, False, 0
             elif v.tool_open is not None and tok == v.tool_open:
-                self.tool = True
+                self.tool, self.run = True, 0
                 if not self.first_seen and not self.think:
                     self.first_seen = self.structured = True
             elif v.tool_close is not None and tok == v.tool_close:
-                self.tool = False
+                self.tool, self.run = False, 0
             elif not self.think:
                 if self.prev == v.think_close and v.think_close is not None and f & BLANK:
                     step0 = self.assistant or not self.chat
@@ -210,7 +262,8 @@ class TriggerMachine:
                     self.first_seen = True
                     self.structured = bool(f & STRUCTURED)
                 if not self.tool:
-                    self.fences += int(v.fences[tok])
+                    lead, inner, trail = v.fences[tok].tolist()
+                    self.fences, self.run = fence_step(self.fences, self.run, bool(f & TICKS), lead, inner, trail)
         generating = (self.body and self.assistant) or not self.chat
         self.span = -1 if not generating else 0 if header_done else self.span + 1
         self.prev = tok

@@ -1,6 +1,7 @@
 /* exactedit sampler-side shaping, reference implementation (see shaping.h, docs/shaping.md).
- * Mirrors evals/triggers.py (TriggerMachine), evals/shaping.py (rules) and the shared phrase
- * matcher's walk (solvers/l47/phrases.py); tests/native/test_shaping_c.py checks it bit for bit.
+ * Mirrors solvers/shaping/triggers.py (TriggerMachine), solvers/shaping/rules.py (rules) and the
+ * shared phrase matcher's walk (solvers/phrases.py); tests/native/shaping/test_shaping_c.py and
+ * tests/test_fence_split.py check it bit for bit.
  * Build: cc -std=c99 -O2 -ffp-contract=off -shared -fPIC shaping.c -lm */
 #include "shaping.h"
 
@@ -11,7 +12,8 @@ typedef struct {
     int chat, in_header, body, assistant, think, tool, first_seen, structured;
     int64_t header_len;
     int header_ok;
-    int64_t fences, span;
+    int64_t fences, span;         /* fences: markers of the fenced text so far */
+    int run;                      /* its trailing backtick run, capped at ES_FENCE_RUN */
     int32_t prev;
 } es_machine;
 
@@ -33,7 +35,20 @@ static void machine_reset(es_machine *m) {
     m->prev = -1;
 }
 
-/* evals.triggers.TriggerMachine.push */
+/* solvers.shaping.triggers.fence_step: count a run the moment it reaches ES_FENCE_RUN backticks */
+static void fence_step(es_machine *m, uint8_t f, const uint8_t *fence) {
+    int lead = fence[0], inner = fence[1], trail = fence[2];
+    if (f & ES_TICKS) {
+        int grown = m->run + lead < ES_FENCE_RUN ? m->run + lead : ES_FENCE_RUN;
+        m->fences += m->run < ES_FENCE_RUN && grown >= ES_FENCE_RUN;
+        m->run = grown;
+    } else {
+        m->fences += (m->run < ES_FENCE_RUN && m->run + lead >= ES_FENCE_RUN) + inner + (trail >= ES_FENCE_RUN);
+        m->run = trail;
+    }
+}
+
+/* solvers.shaping.triggers.TriggerMachine.push */
 static es_row machine_push(es_machine *m, const es_vocab *v, int32_t tok) {
     uint8_t f = v->flags[tok];
     int step0 = 0, header_done = 0;
@@ -42,7 +57,7 @@ static es_row machine_push(es_machine *m, const es_vocab *v, int32_t tok) {
         m->chat = 1; m->in_header = 1; m->body = 0; m->assistant = 0;
         m->header_len = 0; m->header_ok = 1;
         m->think = m->tool = m->first_seen = m->structured = 0;
-        m->fences = 0;
+        m->fences = 0; m->run = 0;
     } else if (m->in_header) {
         int ends = v->header_end >= 0 ? tok == v->header_end : (f & ES_NEWLINE) != 0;
         if (ends) {
@@ -56,17 +71,17 @@ static es_row machine_push(es_machine *m, const es_vocab *v, int32_t tok) {
             m->header_len++;
         }
     } else if (in_list(v->turn_end, v->n_turn_end, tok)) {
-        m->body = 0;
-    } else if (m->body || !m->chat) {
+        m->body = 0; m->run = 0;
+    } else if (m->body || !m->chat) {             /* a chat tag ends a backtick run (run = 0) */
         if (v->think_open >= 0 && tok == v->think_open) {
-            m->think = 1;
+            m->think = 1; m->run = 0;
         } else if (v->think_close >= 0 && tok == v->think_close) {
-            m->think = 0; m->first_seen = 0;
+            m->think = 0; m->first_seen = 0; m->run = 0;
         } else if (v->tool_open >= 0 && tok == v->tool_open) {
-            m->tool = 1;
+            m->tool = 1; m->run = 0;
             if (!m->first_seen && !m->think) m->first_seen = m->structured = 1;
         } else if (v->tool_close >= 0 && tok == v->tool_close) {
-            m->tool = 0;
+            m->tool = 0; m->run = 0;
         } else if (!m->think) {
             if (v->think_close >= 0 && m->prev == v->think_close && (f & ES_BLANK)) {
                 step0 = m->assistant || !m->chat;
@@ -74,7 +89,7 @@ static es_row machine_push(es_machine *m, const es_vocab *v, int32_t tok) {
                 m->first_seen = 1;
                 m->structured = (f & ES_STRUCTURED) != 0;
             }
-            if (!m->tool) m->fences += v->fences[tok];
+            if (!m->tool) fence_step(m, f, v->fences + (size_t)3 * (size_t)tok);
         }
     }
     r.generating = (m->body && m->assistant) || !m->chat;

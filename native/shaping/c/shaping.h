@@ -1,5 +1,5 @@
 /* exactedit sampler-side shaping: a reference implementation of the compiled rules (JSON format
- * "exactedit.shaping", version 1; docs/shaping.md) in C99, no dependency beyond libm.
+ * "exactedit.shaping", version 2; docs/shaping.md) in C99, no dependency beyond libm.
  *
  * An engine loads the JSON with its own parser into these structs (every array is owned by the
  * caller) and calls es_shape() on the logits of each step, after the engine has produced them
@@ -24,13 +24,19 @@ enum {
     ES_BLANK = 8,         /* non-empty, only "\n" */
     ES_VISIBLE = 16,      /* not only whitespace */
     ES_STRUCTURED = 32,   /* first visible character is { [ or ` */
-    ES_BOUNDARY = 64      /* ends in a word boundary (no letter, digit, underscore) */
+    ES_BOUNDARY = 64,     /* ends in a word boundary (no letter, digit, underscore) */
+    ES_TICKS = 128        /* no character but backticks (or empty): a backtick run carries through it */
 };
+
+/* A code fence marker is a maximal run of >= 3 backticks in the fenced text (docs/shaping.md);
+ * per token the vocab holds its leading run, the markers touching neither end and its trailing
+ * run (runs capped at ES_FENCE_RUN), so a marker split over tokens counts once. */
+#define ES_FENCE_RUN 3
 
 typedef struct {
     int32_t n_vocab;
     const uint8_t *flags;         /* [n_vocab] ES_* bits */
-    const uint8_t *fences;        /* [n_vocab] number of ``` in the token's text */
+    const uint8_t *fences;        /* [n_vocab * 3] per token: lead run, inner markers, trail run */
     const int32_t *turn_start; int32_t n_turn_start;
     const int32_t *turn_end; int32_t n_turn_end;
     const int32_t *role; int32_t n_role;   /* the assistant role's tokens */

@@ -58,6 +58,8 @@ def histories(draw):
 @given(histories())
 @example((np.array(chat("\"You", " ca", "n", " use", ".", "The"), np.int32),
           np.zeros((15, len(TEXTS)), np.float32), True))   # ties: logaddexp(x, x) = x + log 2
+@example((np.array(chat("x", "```python", "\n", "``", "`\n\n", "The", " end", " to", "\n``", "`", "You"), np.int32),
+          np.zeros((20, len(TEXTS)), np.float32), True))   # fences split over tokens (Qwen2.5's "``" + "`\n\n")
 def test_c_reference_equals_evals_shaping(dll, world, case):
     toks, logits, persona = case
     _compare(dll, world, toks, logits, persona)

@@ -56,7 +56,9 @@ def test_tampered_json_is_refused(world, tmp_path):
     with pytest.raises(ShapingRulesError, match=r"rules\[1\].targets"):
         CompiledRules.from_dict(d)
     with pytest.raises(ShapingRulesError, match="version"):
-        CompiledRules.from_dict({**world.to_dict(), "version": 2})
+        CompiledRules.from_dict({**world.to_dict(), "version": 3})
+    with pytest.raises(ShapingRulesError, match="split over tokens.*recompile"):   # per-token ``` counts
+        CompiledRules.from_dict({**world.to_dict(), "version": 1})
 
 
 def _fires(rule, vocab, toks):
