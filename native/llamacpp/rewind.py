@@ -5,7 +5,9 @@ batched.py) drives it with `--rules-mode rewind`; everything here is pure bookke
 
 What counts as the phrase (`key`): a text matches a phrase where the two are equal after each
 character is folded: whitespace dropped (so "an  example", "an\\nexample" and the joined
-"anexample" are all "an example"), discover's quote normalization (evals/discover/tokens.py
+"anexample" are all "an example"), and so are hyphens and dashes ("you-can-use", "can\u2014use") and
+markdown's emphasis and code marks inside or around it ("**Here's** an *example*", "`you can use`"),
+discover's quote normalization (evals/discover/tokens.py
 `normalize`: curly quotes and apostrophes straight, "Here’s"), then lowercased ("AN EXAMPLE").
 Boundaries as the shared matcher's (solvers.phrases): a phrase whose first character is a letter,
 digit or underscore starts at a word boundary (the character before is none of those, or the
@@ -38,16 +40,22 @@ from typing import Callable, NamedTuple, Sequence
 from exactedit.evals.discover.tokens import normalize as discover_normalize
 from exactedit.solvers.phrases import is_word_char
 
-__all__ = ["RULES_MODES", "PhraseScan", "RewindConfig", "RewindEvent", "Rewinder", "fold", "phrase_key", "scan",
+__all__ = ["RULES_MODES", "SKIPPED", "PhraseScan", "RewindConfig", "RewindEvent", "Rewinder", "fold", "phrase_key", "scan",
            "summarize_rewinds"]
 
 RULES_MODES = ("penalty", "rewind")
 RETRIES, TOTAL = 4, 32      # bans at one position; rollbacks in one reply
 
 
+# characters a variant may put between (or around) the phrase's: hyphen-minus, the Unicode hyphens
+# and dashes, markdown's emphasis and code marks (not "_": a word character, identifiers use it)
+SKIPPED = "-\u2010\u2011\u2012\u2013\u2014\u2015*`"
+
+
 def fold(ch: str) -> str:
-    """One character's key: "" for whitespace, else discover's quote normalization, lowercased."""
-    return "" if ch.isspace() else discover_normalize(ch).lower()
+    """One character's key: "" for whitespace and the SKIPPED marks, else discover's quote
+    normalization, lowercased."""
+    return "" if ch.isspace() or ch in SKIPPED else discover_normalize(ch).lower()
 
 
 def phrase_key(phrase: str) -> str:
@@ -139,7 +147,7 @@ class PhraseScan:
                 c[4] = True
                 if not word:
                     self._emit(c, out)
-            if not f:                                  # whitespace: the candidate carries on unchanged
+            if not f:                                  # whitespace or a mark: the candidate carries on unchanged
                 kept.append(c)
             elif c[1] + f in cfg.grows[c[2]]:
                 kept.append(self._grow(c, c[1] + f, k + 1, out))
