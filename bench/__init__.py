@@ -16,6 +16,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "GenerateBenchConfig": "generate",
     "GpuHeadConfig": "gpu",
     "GpuSolveHeadConfig": "gpu_solve",
+    "LoopBenchConfig": "loop.rates",
     "QuantBenchConfig": "quant",
     "ServeBenchConfig": "serve.throughput",
     "ShapeCompileBenchConfig": "shape_compile",
@@ -31,6 +32,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "render_gpu_head": "gpu",
     "render_gpu_solve_head": "gpu_solve",
     "render_gpu_solve_wfld": "gpu_wfld",
+    "render_loop_bench": "loop.rates",
     "render_serve_bench": "serve.throughput",
     "render_shape_compile_bench": "shape_compile",
     "run_bench_head": "head",
@@ -45,5 +47,6 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "run_gpu_head": "gpu",
     "run_gpu_solve_head": "gpu_solve",
     "run_gpu_solve_wfld": "gpu_wfld",
+    "run_loop_bench": "loop.rates",
     "run_quant_bench": "quant",
 })

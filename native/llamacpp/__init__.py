@@ -18,6 +18,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "SEED_LIMIT": "generate",
     "LlamaEngine": "engine",
     "RewindConfig": "rewind",
+    "default_gpu_layers": "engine",
     "dump_documents": "documents",
     "dump_text_chunks": "perplexity_chunks",
     "import_dump": "documents",

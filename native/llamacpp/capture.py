@@ -95,10 +95,10 @@ def capture_dump(model, docs: Sequence[CaptureDoc], out, *, settings: EngineSett
             raise EngineError(out, f"roles of {d.name}", f"{np.shape(d.roles)} roles for {np.shape(d.tokens)} tokens")
     parts: dict[str, list[np.ndarray]] = {"tokens": [], "next": [], "R": [], "hh": []}
     logits, ubatches, infos, done, first = [], [], [], 0, 0
-    with LlamaEngine(model, settings) as engine:
-        for doc in docs:
+    with LlamaEngine(model, settings) as engine, engine.sequences(capture=tail_names(tail.layer)) as evaluate:
+        for doc in docs:        # one context for every document, cleared before each (engine.sequences)
             tick = None if progress is None else (lambda d, _t, base=done: progress(base + d, total))
-            run = engine.evaluate(doc.tokens, capture=tail_names(tail.layer), progress=tick)
+            run = evaluate(doc.tokens, tick)
             fields = pick(run, tail.layer, model)
             toks = run.tokens
             parts["tokens"].append(toks)

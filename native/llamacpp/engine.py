@@ -13,6 +13,7 @@ dump records and `EngineSettings.from_meta()` reads it back.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 from dataclasses import asdict, dataclass, field
@@ -40,6 +41,24 @@ class EngineError(FieldError):
 # it, and the batch of a huge n_batch was allocated token by token (a hang)
 MAX_SETTING_TOKENS = 1 << 24
 MAX_THREADS = 512            # ggml's GGML_MAX_N_THREADS
+MAX_GPU_LAYERS = 1 << 16     # n_gpu_layers is an int32; no model has more blocks than this
+ALL_LAYERS = -1              # n_gpu_layers: every layer offloaded (llama-cpp-python's -1, passed on as 2^31 - 1)
+
+
+def gpu_offload() -> bool:
+    """Whether the installed llama-cpp-python was built with a GPU backend (llama_supports_gpu_offload);
+    False when it is not installed."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return False
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def default_gpu_layers() -> int:
+    """The engine's default `n_gpu_layers` of the CLI's --gpu-layers: every layer (ALL_LAYERS) when
+    llama-cpp-python was built with a GPU backend, else 0 (the CPU backend)."""
+    return ALL_LAYERS if gpu_offload() else 0
 
 
 @dataclass(frozen=True)
@@ -48,13 +67,20 @@ class EngineSettings:
 
     n_batch: tokens handed to one `llama_decode` call (1 = token-by-token decoding);
     n_ubatch: the micro-batch the graph runs with (<= n_batch); n_ctx: context size (>= tokens);
-    n_threads: CPU threads; flash_attn: "off" or "on"."""
+    n_threads: CPU threads; flash_attn: "off" or "on"; n_gpu_layers: the model's layers offloaded to a
+    GPU backend (-1: all, 0: none). Live verification is bit-exact on the CPU backend (0): the
+    engine-faithful prediction does the CPU's operations, a GPU's kernels round otherwise.
+
+    `as_meta()` leaves n_gpu_layers out when it is 0, so a CPU run records (and a dump, a run's stage
+    key holds) exactly what it did before the setting existed, and `from_meta` reads a record
+    without it as 0."""
 
     n_ctx: int = 2048
     n_batch: int = 512
     n_ubatch: int = 512
     n_threads: int = 2
     flash_attn: str = "off"
+    n_gpu_layers: int = 0
 
     def __post_init__(self):
         for key in ("n_ctx", "n_batch", "n_ubatch", "n_threads"):
@@ -62,6 +88,10 @@ class EngineSettings:
             top = MAX_THREADS if key == "n_threads" else MAX_SETTING_TOKENS
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= top:
                 raise EngineError("EngineSettings", key, f"expected an integer in [1, {top}], got {value!r}")
+        g = self.n_gpu_layers
+        if not isinstance(g, int) or isinstance(g, bool) or not ALL_LAYERS <= g <= MAX_GPU_LAYERS:
+            raise EngineError("EngineSettings", "n_gpu_layers",
+                              f"expected an integer in [{ALL_LAYERS}, {MAX_GPU_LAYERS}] (-1: all layers), got {g!r}")
         if self.n_ubatch > self.n_batch:
             raise EngineError("EngineSettings", "n_ubatch",
                               f"{self.n_ubatch} exceeds n_batch {self.n_batch}")
@@ -70,7 +100,15 @@ class EngineSettings:
                               f"expected one of {sorted(_FLASH_ATTN)}, got {self.flash_attn!r}")
 
     def as_meta(self) -> dict:
-        return asdict(self)
+        meta = asdict(self)
+        if not meta["n_gpu_layers"]:        # the CPU backend: recorded as before the setting existed
+            del meta["n_gpu_layers"]
+        return meta
+
+    @property
+    def offloaded(self) -> bool:
+        """Whether layers run on a GPU backend (then live verification is not bit-exact: class doc)."""
+        return self.n_gpu_layers != 0
 
     @classmethod
     def from_meta(cls, meta: Mapping, where="meta") -> EngineSettings:
@@ -149,6 +187,11 @@ class _Capture:
             self.error = f"capture callback failed: {exc!r}"
             return False  # aborts the graph
 
+    def reset(self) -> None:
+        """Forget what was seen (the next sequence of a context: LlamaEngine.sequences)."""
+        self.parts = {n: [] for n in self.names}
+        self.error = None
+
     def arrays(self) -> dict[str, np.ndarray]:
         """The tensors seen, rows concatenated (a name the graph never produced is absent)."""
         return {n: np.concatenate(p, axis=0) for n, p in self.parts.items() if p}
@@ -178,7 +221,8 @@ def _silence(lib) -> None:
 
 
 class LlamaEngine:
-    """A GGUF loaded into llama.cpp's CPU backend. Close it (or use `with`) to free the model."""
+    """A GGUF loaded into llama.cpp: its CPU backend, or with `settings.n_gpu_layers` layers on a
+    GPU backend (refused when llama-cpp-python has none). Close it (or use `with`) to free the model."""
 
     def __init__(self, model_path, settings: EngineSettings | None = None):
         self.path = Path(model_path)
@@ -189,8 +233,13 @@ class LlamaEngine:
         self._lib = lib
         _silence(lib)
         lib.llama_backend_init()
+        if self.settings.offloaded and not bool(lib.llama_supports_gpu_offload()):
+            raise EngineError(self.path, "n_gpu_layers", f"{self.settings.n_gpu_layers} layers to offload, but the "
+                              "installed llama-cpp-python was built without a GPU backend: give 0 (--gpu-layers 0)")
         mparams = lib.llama_model_default_params()
         mparams.use_mmap = True
+        g = self.settings.n_gpu_layers
+        mparams.n_gpu_layers = 0x7FFFFFFF if g == ALL_LAYERS else g     # as llama-cpp-python's Llama passes -1
         self._model = lib.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
             raise EngineError(self.path, "model", "llama.cpp could not load this GGUF")
@@ -242,6 +291,33 @@ class LlamaEngine:
     def evaluate(self, tokens, *, capture: Sequence[str] = (),
                  progress: Callable[[int, int], None] | None = None) -> EngineRun:
         """Run `tokens` from position 0 in a fresh context, logits for every position."""
+        with self.sequences(capture=capture) as run:
+            return run(tokens, progress)
+
+    @contextlib.contextmanager
+    def sequences(self, *, capture: Sequence[str] = ()):
+        """One context for many sequences: yields `run(tokens, progress=None) -> EngineRun`, which
+        evaluates `tokens` as `evaluate` does, the context's memory cleared first (KV cells and
+        their data zeroed, as llama.cpp leaves a new context's), so each run gives the numbers of a
+        fresh context (tests/native/llamacpp/test_live_sequences.py) without making one per
+        sequence (a corpus window's prefill is a few hundred ms, a context ~50 ms)."""
+        lib = self._lib
+        cap = _Capture(capture, _ggml_lib()) if capture else None
+        callback = lib.ggml_backend_sched_eval_callback(cap) if cap else None
+        ctx = self._context(callback)
+        held = {"batch": None, "size": 0}
+
+        def run(tokens, progress: Callable[[int, int], None] | None = None) -> EngineRun:
+            return self._sequence(ctx, held, cap, tokens, progress)
+
+        try:
+            yield run
+        finally:
+            if held["batch"] is not None:
+                lib.llama_batch_free(held["batch"])
+            lib.llama_free(ctx)
+
+    def _sequence(self, ctx, held: dict, cap: _Capture | None, tokens, progress) -> EngineRun:
         lib, s = self._lib, self.settings
         toks = np.asarray(tokens)
         if toks.ndim != 1 or toks.size == 0 or not np.issubdtype(toks.dtype, np.integer):
@@ -251,34 +327,35 @@ class LlamaEngine:
         if toks.size > s.n_ctx:
             raise EngineError(self.path, "tokens", f"{toks.size} tokens exceed n_ctx {s.n_ctx}")
         toks = toks.astype(np.int32)
-        cap = _Capture(capture, _ggml_lib()) if capture else None
-        callback = lib.ggml_backend_sched_eval_callback(cap) if cap else None
-        ctx = self._context(callback)
         T, V = toks.size, self.n_vocab
+        if held["size"] < min(s.n_batch, T):      # a decode call takes at most T tokens (a huge n_batch is not allocated)
+            if held["batch"] is not None:
+                lib.llama_batch_free(held["batch"])
+                held["batch"] = None
+            held["batch"], held["size"] = lib.llama_batch_init(min(s.n_batch, T), 0, 1), min(s.n_batch, T)
+        batch = held["batch"]
+        lib.llama_memory_clear(lib.llama_get_memory(ctx), True)
+        if cap is not None:
+            cap.reset()
         logits = np.empty((T, V), dtype=np.float32)
-        batch = lib.llama_batch_init(min(s.n_batch, T), 0, 1)       # a decode call takes at most T tokens
-        try:
-            for start in range(0, T, s.n_batch):
-                n = min(s.n_batch, T - start)
-                for i in range(n):
-                    batch.token[i] = int(toks[start + i])
-                    batch.pos[i] = start + i
-                    batch.n_seq_id[i] = 1
-                    batch.seq_id[i][0] = 0
-                    batch.logits[i] = 1
-                batch.n_tokens = n
-                rc = lib.llama_decode(ctx, batch)
-                if cap is not None and cap.error:
-                    raise EngineError(self.path, "capture", cap.error)
-                if rc != 0:
-                    raise EngineError(self.path, "llama_decode", f"returned {rc} at token {start}")
-                out = lib.llama_get_logits(ctx)
-                logits[start:start + n] = np.ctypeslib.as_array(out, shape=(n * V,)).reshape(n, V)
-                if progress is not None:
-                    progress(start + n, T)
-        finally:
-            lib.llama_batch_free(batch)
-            lib.llama_free(ctx)
+        for start in range(0, T, s.n_batch):
+            n = min(s.n_batch, T - start)
+            for i in range(n):
+                batch.token[i] = int(toks[start + i])
+                batch.pos[i] = start + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = 1
+            batch.n_tokens = n
+            rc = lib.llama_decode(ctx, batch)
+            if cap is not None and cap.error:
+                raise EngineError(self.path, "capture", cap.error)
+            if rc != 0:
+                raise EngineError(self.path, "llama_decode", f"returned {rc} at token {start}")
+            out = lib.llama_get_logits(ctx)
+            logits[start:start + n] = np.ctypeslib.as_array(out, shape=(n * V,)).reshape(n, V)
+            if progress is not None:
+                progress(start + n, T)
         captured = cap.arrays() if cap else {}
         for name, arr in captured.items():
             if arr.shape[0] != T:

@@ -141,10 +141,12 @@ def ban_lines(phrases: Sequence[dict]) -> list[str]:
 
 
 def discover_with_model(model, model_texts, human_texts, config, *, contexts: int = 4, certain: float = 0.9,
-                        template=None, progress: Progress | None = None) -> dict:
+                        template=None, settings: EngineSettings | None = None,
+                        progress: Progress | None = None) -> dict:
     """`evals.discover.discover` on the texts, then each listed phrase `annotate`d by `model` at its
     occurrences in the model text (each framed by its prompt where the file gives one): the JSON
-    object `discover --model` writes (discover's, phrases annotated, the model named)."""
+    object `discover --model` writes (discover's, phrases annotated, the model named). `settings`:
+    the engine's (None: the default EngineSettings)."""
     from exactedit.evals.discover import discover
     from exactedit.files import file_sha256
 
@@ -152,7 +154,7 @@ def discover_with_model(model, model_texts, human_texts, config, *, contexts: in
     obj = d.to_dict()
     sources = [Source(t.text, t.prompt) for t in model_texts]
     obj["phrases"] = annotate(model, obj["phrases"], sources, contexts=contexts, certain=certain, template=template,
-                              progress=progress)
+                              settings=settings, progress=progress)
     obj["tokenizer"] = {"model": str(model), "sha256": file_sha256(model), "contexts": contexts, "certain": certain,
                         "chat_template": None if template is None else str(template)}
     return obj
