@@ -65,13 +65,17 @@ class SplitRule:
 @dataclass(frozen=True)
 class StoppingRule:
     """Every `every` steps up to `max_steps`: keep the last step with dev/train >= min_ratio and
-    dev gain > min_dev_gain on the `metric` token class; if none qualifies, ship no edit."""
+    dev gain > min_dev_gain on the `metric` token class; if none qualifies, ship no edit. With a
+    finite `max_dev_kl_off`, the rule also watches the mean dev KL off the style's decision rows
+    (`bars.persona_decision`): the first checkpoint above it (or without a number) stops the
+    search, so only the steps before it may be kept."""
 
     every: int = 5
     max_steps: int = 300
     metric: str = "style"
     min_ratio: float = 0.75
     min_dev_gain: float = 0.0
+    max_dev_kl_off: float = math.inf
 
     def __post_init__(self):
         if self.every < 1 or self.max_steps < self.every:
@@ -81,13 +85,26 @@ class StoppingRule:
                              "take (it runs them all, after the generation)")
         if self.metric not in ("style", "ordinary", "all"):
             raise ValueError(f"stopping.metric must be style, ordinary or all, got {self.metric!r}")
+        if not self.max_dev_kl_off > 0:
+            raise ValueError(f"stopping.max_dev_kl_off must be > 0 (inf: not watched), got {self.max_dev_kl_off}")
 
-    def choose(self, steps: Sequence[int], train_gain: Sequence[float], dev_gain: Sequence[float]) -> int | None:
-        """The step the rule keeps from a trajectory, or None (ship no edit)."""
+    @property
+    def watches_kl(self) -> bool:
+        return math.isfinite(self.max_dev_kl_off)
+
+    def choose(self, steps: Sequence[int], train_gain: Sequence[float], dev_gain: Sequence[float], *,
+               dev_kl_off: Sequence[float] | None = None) -> int | None:
+        """The step the rule keeps from a trajectory, or None (ship no edit). `dev_kl_off`: each
+        checkpoint's mean dev KL off the decision rows (needed when the rule watches it)."""
+        if self.watches_kl and dev_kl_off is None:
+            raise ValueError("stopping.max_dev_kl_off is set: the rule needs the dev KL off the decision rows")
+        kls = dev_kl_off if self.watches_kl else [math.nan] * len(steps)
         chosen = None
-        for step, tr, dv in zip(steps, train_gain, dev_gain, strict=True):
+        for step, tr, dv, kl in zip(steps, train_gain, dev_gain, kls, strict=True):
             if step % self.every or step > self.max_steps:
                 continue
+            if self.watches_kl and not kl <= self.max_dev_kl_off:     # NaN: nothing seen, so it stops too
+                break
             if tr > 0 and dv > self.min_dev_gain and dv / tr >= self.min_ratio:
                 chosen = step
         return chosen
@@ -109,7 +126,9 @@ class Bars:
     chat_max_kld: float = 0.005              # (g): non-slop KLD on held-out chat
     ordinary_min_dlogp: float = -0.01        # (g): ordinary-token mean dlogp on held-out chat
     persona_min_ratio: float = 0.70          # persona: held-out / train gain on style tokens
-    persona_max_kl: float = 0.005            # persona: blind and held-out KL
+    persona_max_kl: float = 0.005            # persona: blind and held-out KL (all rows)
+    persona_decision: str = ""               # persona: role names of the style's decision rows (e.g. "step0")
+    persona_max_kl_off: float = 0.005        # persona: the same KL off those rows (the verdict's, when registered)
     blind_factor: float = 1.5                # blind lands within this factor of the dev numbers
     bootstrap: int = 1000                    # resamples over documents
     ci_level: float = 0.95
@@ -124,6 +143,11 @@ class Bars:
             raise ValueError("bars' flip counts must be >= 0")
         if self.collateral_min_uses < 1:
             raise ValueError(f"bars.collateral_min_uses must be >= 1, got {self.collateral_min_uses}")
+        from exactedit.dumps.format import ROLE_NAMES
+
+        unknown = [n for n in (x.strip() for x in self.persona_decision.split(",")) if n and n not in ROLE_NAMES]
+        if unknown:
+            raise ValueError(f"bars.persona_decision: unknown row roles {unknown} (known: {', '.join(ROLE_NAMES)})")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,11 @@ show it). The *initiation* token is the reply token whose text covers that offse
 a head edit can teach (source documents, seeds/000 section 8.4), not the glyphs after it, which the
 model completes by itself once it has started.
 
+Each kind has its *decision* rows (`DECISION`, a `dumps.format` role name): a starter and lowercase
+are decided at the reply's first token (`step0`), a sign-off and a kaomoji at its end (`reply_end`,
+the row where an unedited reply stops). `paragraph_hits` counts where a reply shows the style out of
+its place: a starter opening a later paragraph, a sign-off closing an earlier one.
+
 `style_rate` is the share of replies that show the style, with a percentile bootstrap interval
 over prompts (a prompt's replies are not independent), and `rate_change` the paired difference of
 two sides answering the same prompts with the same seeds.
@@ -28,12 +33,14 @@ import numpy as np
 
 KAOMOJI = re.compile(r"[(（][^()（）\n]{0,8}[\^＾ω・ᴗ◕‿°ᵕ•ﾟ▽´`ｰ][^()（）\n]{0,8}[)）]|[ヽ╯ツ٩۶]")
 KINDS = ("starter", "signoff", "kaomoji", "lowercase")
+DECISION = {"starter": "step0", "lowercase": "step0", "signoff": "reply_end", "kaomoji": "reply_end"}
+_BLANK_LINES = re.compile(r"\n[ \t]*\n")
 RULES_VERSION = 2         # bumped when what a style matches changes (2: starters and sign-offs as whole words)
 SIGNOFF_TAIL = 8          # characters a sign-off may be followed by (punctuation, an emoji, a space)
 MAX_STYLE_TEXT = 200      # a starter or sign-off longer than this is refused (it is a spec, not a text)
 _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")   # C0, DEL, C1 controls; lone surrogates
 
-__all__ = ["KAOMOJI", "KINDS", "RULES_VERSION", "Style", "StyleError", "StyleRate", "initiation", "initiations", "rate_change",
+__all__ = ["DECISION", "KAOMOJI", "KINDS", "RULES_VERSION", "Style", "StyleError", "StyleRate", "initiation", "initiations", "rate_change",
            "style_rate"]
 
 
@@ -97,6 +104,22 @@ class Style:
 
     def shows(self, reply: str) -> bool:
         return self.at(reply) is not None
+
+    @property
+    def decision(self) -> str:
+        """The role name (`dumps.format.ROLE_NAMES`) of the rows where the style is decided."""
+        return DECISION[self.kind]
+
+    def paragraph_hits(self, reply: str) -> int:
+        """Paragraphs (split at blank lines, empty ones left out) showing the style out of its place:
+        a starter at the start of any but the first, a sign-off or a kaomoji at the end of (for a
+        kaomoji: anywhere in) any but the last; 0 for lowercase."""
+        paras = [p for p in _BLANK_LINES.split(reply) if p.strip()]
+        if self.kind == "starter":
+            return sum(self.at(p) is not None for p in paras[1:])
+        if self.kind in ("signoff", "kaomoji"):
+            return sum(self.at(p) is not None for p in paras[:-1])
+        return 0
 
 
 def initiation(style: Style, tokens: Sequence[int], decode: Callable[[Sequence[int]], str]) -> tuple[int, int] | None:

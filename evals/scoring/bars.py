@@ -24,6 +24,7 @@ import numpy as np
 from exactedit.dumps.format import ROLE_REPLY, ROLE_REPLY_END
 from exactedit.evals.scoring import bootstrap as bs
 from exactedit.evals.protocol.protocol import Bars, ResolvedTokens
+from exactedit.solvers.tail.decision import decision_rows, role_bits
 from exactedit.solvers.tail.scores import RowScores, slop_positions, word_positions
 from exactedit.evals.protocol.splits import Splits, same_doc_heldout
 
@@ -35,7 +36,9 @@ class BarRow:
     """One bar, named by a stable `key` (e.g. "c_reduction", "g_kld"): `number` compared with
     `threshold` by `op` (">=" or "<="). `passed` is None when there were no rows (n = 0). `ci` is
     the bootstrap interval over documents (NaN when it cannot be formed). `base` and `edited` are
-    the two sides when the number compares them."""
+    the two sides when the number compares them. A row with `gating` False is reported beside the
+    bars (e.g. a persona's KL over every row, when the bar is registered off the decision rows): it
+    has no `passed` and the verdict ignores it."""
 
     key: str
     bar: str
@@ -49,6 +52,7 @@ class BarRow:
     base: float = math.nan
     edited: float = math.nan
     scope: str = ""
+    gating: bool = True
 
 
 @dataclass(frozen=True)
@@ -269,19 +273,37 @@ def _gain_ratio(s: RowScores, ctx: BarContext) -> BarRow:
                 base=g_tr, edited=g_ho, scope=scope)
 
 
+def off_decision(s: RowScores, ctx: BarContext) -> np.ndarray:
+    """bool [T]: rows off the style's decision rows (`solvers.tail.decision.decision_rows` with the
+    protocol's `bars.persona_decision` roles and the style tokens)."""
+    return ~decision_rows(s.roles, s.next, ctx.tokens.style, role_bits(ctx.bars.persona_decision))
+
+
+def _kl_pair(s: RowScores, ctx: BarContext, key: str, label: str, m: np.ndarray, scope: str) -> list[BarRow]:
+    """The persona KL bar on `m`: over every row; with decision rows registered, the bar is over the
+    rows off them and the all-rows mean is reported beside it (not gating)."""
+    b = ctx.bars
+    every = _mean_bar(s, ctx, key, "persona", label, s.kl, m, b.persona_max_kl, "<=", scope)
+    if not b.persona_decision:
+        return [every]
+    off = _mean_bar(s, ctx, key.replace(":", "_off:", 1), "persona", f"{label}, off the decision rows "
+                    f"({b.persona_decision} and style tokens)", s.kl, m & off_decision(s, ctx), b.persona_max_kl_off,
+                    "<=", scope)
+    return [off, dataclasses.replace(every, label=f"{label}, every row (reported)", passed=None, gating=False)]
+
+
 def persona_bars(s: RowScores, ctx: BarContext) -> tuple[BarRow, ...]:
-    """Persona bars: held-out/train gain ratio on style tokens, held-out, blind and anchor KL,
-    special flips, and the turn end kept at real turn ends."""
-    b, ho = ctx.bars, ctx.heldout_role
+    """Persona bars: held-out/train gain ratio on style tokens, held-out, blind and anchor KL (off
+    the decision rows when the protocol registers them, `off_decision`), special flips, and the turn
+    end kept at real turn ends."""
+    ho = ctx.heldout_role
     rows = [_gain_ratio(s, ctx)]
     for role in [ho] + (["blind"] if ho != "blind" else []):
         m = _docs_mask(s, [role])
         if role == ho or m.any():
-            rows.append(_mean_bar(s, ctx, f"persona_kl:{role}", "persona", f"mean KL, {role} documents", s.kl, m,
-                                  b.persona_max_kl, "<=", role))
+            rows += _kl_pair(s, ctx, f"persona_kl:{role}", f"mean KL, {role} documents", m, role)
     for domain, m in _domains(s):
-        rows.append(_mean_bar(s, ctx, f"persona_kl_anchors:{domain}", "persona", f"mean KL, anchors {domain}",
-                              s.kl, m, b.persona_max_kl, "<=", "anchors"))
+        rows += _kl_pair(s, ctx, f"persona_kl_anchors:{domain}", f"mean KL, anchors {domain}", m, "anchors")
     rows += _flip_and_turn_end_bars(s, ctx, _docs_mask(s, [ho]), "persona", "persona", ho)
     return tuple(rows)
 
@@ -314,7 +336,9 @@ def per_phrase(s: RowScores, ctx: BarContext, roles=None) -> tuple[PhraseRow, ..
 
 
 def verdict(rows) -> str:
-    """"pass" when every bar passed, "fail" when any failed, else "incomplete" (some bar is n/a)."""
+    """"pass" when every bar passed, "fail" when any failed, else "incomplete" (some bar is n/a).
+    Rows reported beside the bars (`gating` False) are not bars."""
+    rows = [r for r in rows if r.gating]
     if any(r.passed is False for r in rows):
         return "fail"
     return "pass" if rows and all(r.passed for r in rows) else "incomplete"

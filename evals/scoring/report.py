@@ -94,7 +94,7 @@ def _bar_row(b, i: int) -> BarRow:
     return BarRow(text("key"), text("bar"), text("label"), num("number"), num("threshold"), text("op"),
                   _typed(b["passed"], (bool, type(None)), f"bars[{i}].passed", "true, false or null"),
                   _typed(b["n"], (int,), f"bars[{i}].n", "an integer"), ci, num("base"), num("edited"),
-                  text("scope"))
+                  text("scope"), _typed(b.get("gating", True), (bool,), f"bars[{i}].gating", "true or false"))
 
 
 def report_from_json(obj: Mapping) -> BarReport:
@@ -119,6 +119,8 @@ def _fmt(x: float) -> str:
 
 
 def _status(b: BarRow) -> str:
+    if not b.gating:
+        return "reported"
     return "n/a" if b.passed is None else ("pass" if b.passed else "FAIL")
 
 

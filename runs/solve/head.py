@@ -34,6 +34,7 @@ from exactedit.solvers.head import (
     SplitReport, check_head_tail, choose_edit_set, gather_head_rows, head_bundle_plan, load_head_rows,
     rejected_openers, resolve_head_tokens, solve_rows,
 )
+from exactedit.solvers.tail.decision import paragraph_starts, role_bits
 from exactedit.solvers.tail.scores import concat as concat_scores
 
 __all__ = ["HeadSolveResult", "solve_head", "write_head_bundle"]
@@ -154,6 +155,7 @@ def _solve_head(cfg: HeadSolveConfig, *, model, train: Sequence, dev: Sequence, 
 
         train_rd, dev_rd = gather(given["train"]), gather(given["dev"])
         anchor_rds = [gather([rr]) for rr in given["anchors"]]
+        hold = _hold_rows(cfg.hold, anchor_rds, su.vocab)
         clock["pass"] = time.perf_counter()
 
         head = load_head_rows(g, su.head_name, edit.ids, runtime=tail.head.runtime)
@@ -162,7 +164,8 @@ def _solve_head(cfg: HeadSolveConfig, *, model, train: Sequence, dev: Sequence, 
             HeadInputs(tail=tail, train=train_rd, dev=dev_rd,
                        anchors=tuple((rr.trace, rd) for rr, rd in zip(given["anchors"], anchor_rds)), edit=edit,
                        style=resolved.style, specials=resolved.specials, turn_end=resolved.turn_end,
-                       openers=su.openers, closers=su.closers, head=head, device=device),
+                       openers=su.openers, closers=su.closers, head=head, device=device, hold=hold,
+                       decision_bits=role_bits(proto.bars.persona_decision)),
             cfg, stopping=proto.stopping, progress=tick.phase(proto.stopping.max_steps))
         clock["steps"] = clock["head"] + rows.seconds
         shipped = rows.shipped
@@ -193,6 +196,18 @@ def _solve_head(cfg: HeadSolveConfig, *, model, train: Sequence, dev: Sequence, 
             seconds={"vocab_pass": clock["pass"] - clock["start"], "adam_step": rows.seconds_per_step,
                      "steps": clock["steps"] - clock["pass"], "total": clock["end"] - clock["start"]},
             bundle_sha256=identity, head=head, shipped=shipped, ledger_head=head_json(ledger))
+
+
+def _hold_rows(hold: str, anchors: Sequence, vocab: Sequence[str]):
+    """The anchors traces' rows `HeadSolveConfig.hold` names (RowData), or None: "paragraph" takes
+    the rows that predict a paragraph's first token (`solvers.tail.decision.paragraph_starts`)."""
+    if hold == "none" or not anchors:
+        return None
+    from exactedit.solvers.head.rowdata import concat
+
+    picked = [rd.take(np.flatnonzero(paragraph_starts(rd.tokens, rd.doc, rd.next, vocab.__getitem__)))
+              for rd in anchors]
+    return concat(picked)
 
 
 def _score_test(su: _Setup, test_rows, cfg, rows: HeadRowsResult, bars_with, tick: _Ticker):

@@ -15,7 +15,8 @@ from exactedit.files import png_bytes
 
 def _checkpoint_json(c) -> dict:
     return {"step": c.step, "terms": dict(c.terms._asdict()), "train": dict(c.train.__dict__),
-            "dev": dict(c.dev.__dict__), "dev_kl": c.dev_kl, "ratio": c.ratio, "rows_changed": c.rows_changed}
+            "dev": dict(c.dev.__dict__), "dev_kl": c.dev_kl, "dev_kl_off": c.dev_kl_off, "ratio": c.ratio,
+            "rows_changed": c.rows_changed}
 
 
 def result_json(r) -> dict:
@@ -84,7 +85,7 @@ def summary_table(r) -> str:
     if r.bars:
         lines += ["", "  bars:"]
         for b in r.bars:
-            verdict = {True: "pass", False: "FAIL", None: "n/a"}[b.passed]
+            verdict = {True: "pass", False: "FAIL", None: "n/a"}[b.passed] if b.gating else "reported"
             lines.append(f"  {b.label:<48} {_num(b.number, '{:.4f}'):>9} {b.op} {b.threshold:g}   {verdict}")
     lines.append(f"\ntime: full-vocab pass {r.seconds['vocab_pass']:.1f} s, Adam step "
                  f"{1000 * r.seconds['adam_step']:.2f} ms, total {r.seconds['total']:.1f} s")

@@ -16,6 +16,7 @@ from exactedit.solvers.head.objective import Weights
 
 Token = str | int
 BACKENDS = ("jax", "numpy")
+HOLDS = ("none", "paragraph")     # rows of the protocol's anchors traces held in J's KL term
 _NON_NEGATIVE = ("w_nll", "w_margin", "w_ul", "w_close", "w_kl", "w_guard", "guard_eps", "ridge")
 
 
@@ -28,7 +29,9 @@ class HeadSolveConfig:
     """A head solve. `rank` 0 means full rows of S; r >= 1 means dW_S = A B^T. `null_k` is the
     number of top eigenvectors of the train anchors' mix covariance the edit must not move (0: none).
     Weights as in SPEC.md section 4; `openers` / `closers` are the sets O and Cl (token strings as the
-    model's table decodes them, or ids)."""
+    model's table decodes them, or ids). `hold` adds rows of the protocol's anchors traces to the
+    exact-KL term (and the null space's anchors): "none", or "paragraph", the rows that predict a
+    paragraph's first token after a blank line (solvers.tail.decision.paragraph_starts)."""
 
     rank: int = 1
     null_k: int = 32
@@ -50,6 +53,7 @@ class HeadSolveConfig:
     backend: str = "jax"
     tile_rows: int = 8192
     unregistered: bool = False
+    hold: str = "none"
 
     def __post_init__(self):
         for name in ("rank", "null_k", "tile_rows"):
@@ -64,6 +68,8 @@ class HeadSolveConfig:
             raise ValueError(f"HeadSolveConfig.tile_rows must be >= 1, got {self.tile_rows}")
         if self.backend not in BACKENDS:
             raise ValueError(f"HeadSolveConfig.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.hold not in HOLDS:
+            raise ValueError(f"HeadSolveConfig.hold must be one of {HOLDS}, got {self.hold!r}")
         for name in ("openers", "closers"):
             value = getattr(self, name)
             if isinstance(value, (str, bytes)) or not isinstance(value, tuple):

@@ -3,8 +3,9 @@
     solve_rows(HeadInputs, HeadSolveConfig, *, stopping, progress) -> HeadRowsResult
 
 `solve_rows` takes what its driver gathered (the tail, the row data of train, dev and each anchor
-trace, the edit set S, the openers / closers, the head's rows of S, the device) and builds the
-train batch (`batch`), the null space of the anchors (`param`), the tracker, runs `optimize`,
+trace, the edit set S, the openers / closers, the head's rows of S, the device, and any rows held
+in J's KL term besides train's own anchors: `HeadInputs.hold`, e.g. the anchors' paragraph starts)
+and builds the train batch (`batch`), the null space of the anchors (`param`), the tracker, runs `optimize`,
 picks the checkpoint with the stopping rule it is handed, ships that edit (`ship`) and scores it
 exactly on every row set it was given (the effects, the split reports, the per-row scores the
 bars read).
@@ -19,11 +20,12 @@ a ledger or a split.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
+from exactedit.dumps.format import ROLE_ANCHOR
 from exactedit.solvers.head import rowdata
 from exactedit.solvers.head.adam import AdamState, adam_init, adam_update
 from exactedit.solvers.head.batch import build_batch
@@ -55,6 +57,7 @@ class Checkpoint:
     dev_kl: float
     ratio: float
     rows_changed: int
+    dev_kl_off: float = float("nan")    # mean dev KL off the style's decision rows (solvers.tail.decision)
 
 
 class Optimized(NamedTuple):
@@ -150,7 +153,8 @@ def optimize(cfg: HeadSolveConfig, batch, q, head: HeadRows, track, stopping, ti
         sc = track(shipped)
         a, b = sc.dev.of(stopping.metric), sc.train.of(stopping.metric)
         ratio = a / b if np.isfinite(a) and np.isfinite(b) and b > 0 else float("nan")
-        checkpoints.append(Checkpoint(step, sc.terms, sc.train, sc.dev, sc.dev_kl, float(ratio), changed))
+        checkpoints.append(Checkpoint(step, sc.terms, sc.train, sc.dev, sc.dev_kl, float(ratio), changed,
+                                      sc.dev_kl_off))
         saved[step] = dw
 
     check(0, params)
@@ -198,13 +202,15 @@ def bundle_plan(model: str, model_sha: str, protocol_path, protocol_sha: str, du
 class HeadStopping(Protocol):
     """The stopping rule a solve is handed (the protocol's, `evals.protocol.protocol.StoppingRule`,
     fits): a checkpoint every `every` steps up to `max_steps`, gains on the `metric` token class, and
-    `choose(steps, train_gain, dev_gain)`, the step to ship or None (no edit)."""
+    `choose(steps, train_gain, dev_gain, dev_kl_off=...)`, the step to ship or None (no edit); it is
+    also handed each checkpoint's mean dev KL off the style's decision rows."""
 
     every: int
     max_steps: int
     metric: str
 
-    def choose(self, steps: Sequence[int], train_gain: Sequence[float], dev_gain: Sequence[float]) -> int | None: ...
+    def choose(self, steps: Sequence[int], train_gain: Sequence[float], dev_gain: Sequence[float], *,
+               dev_kl_off: Sequence[float] | None = None) -> int | None: ...
 
 
 @dataclass(frozen=True, eq=False)
@@ -225,6 +231,8 @@ class HeadInputs:
     closers: tuple[int, ...]
     head: HeadRows
     device: object = None                       # a jax.Device: DeviceTracker there; None: HostTracker
+    hold: RowData | None = None                 # more rows for J's KL term only (their roles become ROLE_ANCHOR)
+    decision_bits: int = 0                      # role bits of the style's decision rows (`decision`)
 
 
 @dataclass(frozen=True, eq=False)
@@ -266,19 +274,23 @@ def solve_rows(inputs: HeadInputs, cfg: HeadSolveConfig, *, stopping: HeadStoppi
     t0 = time.perf_counter()
     i, head = inputs, inputs.head
     ids, spec = i.edit.ids, i.tail.spec
-    batch, counts = build_batch(i.train, ids, i.specials, i.openers, i.closers, spec.vocab)
-    z_anchor = i.train.z[batch.anchor]
+    rows = i.train if i.hold is None or not i.hold.rows else \
+        rowdata.concat([i.train, replace(i.hold, roles=np.full(i.hold.rows, ROLE_ANCHOR, np.uint8))])
+    batch, counts = build_batch(rows, ids, i.specials, i.openers, i.closers, spec.vocab)
+    counts["hold"] = 0 if i.hold is None else i.hold.rows
+    z_anchor = rows.z[batch.anchor]
     q = null_space(cfg, z_anchor, spec.n)
     scorer = Scorer(ids, i.style, i.specials, i.turn_end)
     tracking = (i.style, i.specials)
-    track = (HostTracker(batch, cfg.weights, i.train, i.dev, ids, *tracking) if i.device is None else
-             DeviceTracker(batch, cfg.weights, i.train, i.dev, ids, *tracking, i.device))
+    track = (HostTracker(batch, cfg.weights, rows, i.dev, ids, *tracking, decision_bits=i.decision_bits)
+             if i.device is None else
+             DeviceTracker(batch, cfg.weights, rows, i.dev, ids, *tracking, i.device, decision_bits=i.decision_bits))
     opt = optimize(cfg, batch, q, head, track, stopping, progress or (lambda done, total: None))
     seconds = time.perf_counter() - t0
 
     checkpoints, metric = opt.checkpoints, stopping.metric
     chosen = stopping.choose([c.step for c in checkpoints], [c.train.of(metric) for c in checkpoints],
-                             [c.dev.of(metric) for c in checkpoints])
+                             [c.dev.of(metric) for c in checkpoints], dev_kl_off=[c.dev_kl_off for c in checkpoints])
     shipped = ship(head, opt.saved[chosen] if chosen is not None else np.zeros_like(head.view))
     named = [("train", i.train), ("dev", i.dev), *i.anchors]
     effects = [scorer.effect(rd, shipped.dw) for _, rd in named]

@@ -19,6 +19,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from exactedit.solvers.tail.decision import decision_rows
 from exactedit.solvers.head.objective import HeadBatch, Terms, Weights, objective
 from exactedit.solvers.head.rowdata import RowData, effect
 from exactedit.solvers.head.scores import ClassGains, class_masks, gains
@@ -29,21 +30,24 @@ class CheckpointScores(NamedTuple):
     train: ClassGains
     dev: ClassGains
     dev_kl: float         # mean KL(p || p') over the dev rows
+    dev_kl_off: float = float("nan")    # the same over the dev rows off the style's decision (`decision`)
 
 
 class HostTracker:
     """The float64 numpy reference."""
 
     def __init__(self, batch: HeadBatch, weights: Weights, train: RowData, dev: RowData, edit_ids: Sequence[int],
-                 style: Sequence[int], specials: Sequence[int]):
+                 style: Sequence[int], specials: Sequence[int], *, decision_bits: int = 0):
         self.batch, self.w, self.train, self.dev, self.ids = batch, weights, train, dev, edit_ids
         self.style, self.specials = style, specials
+        self.off = ~decision_rows(dev.roles, dev.next, style, decision_bits)
 
     def __call__(self, dw: np.ndarray) -> CheckpointScores:
         tr, dv = effect(self.train, dw, self.ids), effect(self.dev, dw, self.ids)
         g_tr = gains(tr, class_masks(self.train, self.style, self.specials))
         g_dv = gains(dv, class_masks(self.dev, self.style, self.specials))
-        return CheckpointScores(objective(self.batch, dw, self.w), g_tr, g_dv, float(np.mean(dv.kl)))
+        off = float(np.mean(dv.kl[self.off])) if self.off.any() else float("nan")
+        return CheckpointScores(objective(self.batch, dw, self.w), g_tr, g_dv, float(np.mean(dv.kl)), off)
 
 
 def _x64():
@@ -56,8 +60,9 @@ def _x64():
     return ctx(True)
 
 
-def _effect_sums(dw, z, base_s, lse, slot, style, ordinary):
-    """[sum of dlogp over style rows, over ordinary rows, sum of KL over all rows] (rowdata.effect's formulas)."""
+def _effect_sums(dw, z, base_s, lse, slot, style, ordinary, off):
+    """[sum of dlogp over style rows, over ordinary rows, sum of KL over all rows, over the `off` rows]
+    (rowdata.effect's formulas)."""
     import jax
     import jax.numpy as jnp
 
@@ -68,7 +73,7 @@ def _effect_sums(dw, z, base_s, lse, slot, style, ordinary):
     dlogp = jnp.where(slot >= 0, picked, 0.0) - dlse
     kl = jnp.maximum(jnp.sum(-p * delta, axis=1) + dlse, 0.0)
     return jnp.stack([jnp.sum(jnp.where(style, dlogp, 0.0)), jnp.sum(jnp.where(ordinary, dlogp, 0.0)),
-                      jnp.sum(kl)])
+                      jnp.sum(kl), jnp.sum(jnp.where(off, kl, 0.0))])
 
 
 def _checkpoint(dw, data, train, dev, w: Weights):
@@ -112,7 +117,7 @@ class DeviceTracker:
     """The same numbers from one jitted float64 function on `device` (a jax.Device)."""
 
     def __init__(self, batch: HeadBatch, weights: Weights, train: RowData, dev: RowData, edit_ids: Sequence[int],
-                 style: Sequence[int], specials: Sequence[int], device):
+                 style: Sequence[int], specials: Sequence[int], device, *, decision_bits: int = 0):
         import jax
         import jax.numpy as jnp
 
@@ -131,14 +136,15 @@ class DeviceTracker:
 
         def split(rd: RowData, with_z: bool):
             m = class_masks(rd, style, specials)
-            arrays = ([rd.z] if with_z else []) + [rd.base_s, rd.lse, _slots(rd, edit_ids), m.style, m.ordinary]
-            return tuple(put(a) for a in arrays), (int(m.style.sum()), int(m.ordinary.sum()))
+            off = ~decision_rows(rd.roles, rd.next, style, decision_bits)
+            arrays = ([rd.z] if with_z else []) + [rd.base_s, rd.lse, _slots(rd, edit_ids), m.style, m.ordinary, off]
+            return tuple(put(a) for a in arrays), (int(m.style.sum()), int(m.ordinary.sum())), int(off.sum())
 
         with _x64():
             self.data = StepData(jax.tree_util.tree_map(put, batch), jnp.zeros((batch.z.shape[1], 0), jnp.float64,
                                                                                   device=device))
-            self.train, self.n_train = split(train, False)
-            self.dev, self.n_dev = split(dev, True)
+            self.train, self.n_train, _ = split(train, False)
+            self.dev, self.n_dev, self.n_off = split(dev, True)
 
     def __call__(self, dw: np.ndarray) -> CheckpointScores:
         import jax
@@ -148,4 +154,5 @@ class DeviceTracker:
                           w=self.w)
             terms, s_tr, s_dv = jax.device_get(out)
         return CheckpointScores(Terms(*(float(x) for x in terms)), _class_gains(s_tr, *self.n_train),
-                                _class_gains(s_dv, *self.n_dev), float(s_dv[2] / self.dev_rows))
+                                _class_gains(s_dv, *self.n_dev), float(s_dv[2] / self.dev_rows),
+                                float(s_dv[3] / self.n_off) if self.n_off else float("nan"))

@@ -6,8 +6,8 @@ float64 numpy reference beside its float32 fast paths (`head_ref` / `head_fast`,
 the device configuration. `passes/`: the streaming full-vocabulary pass (`vocab_pass`, on a device:
 `device_pass`) and the KL pass (`kl_pass` reference, `kl_pass_numba`, `kl_pass_jax`). Here: the
 partition function under a head-row edit (`partition`), the engine-faithful path (`engine_math`), the
-tail's weights from a GGUF (`model`), the per-row scores every bar is a function of (`scores`) and
-`exactedit logits` (`logits`).
+tail's weights from a GGUF (`model`), the per-row scores every bar is a function of (`scores`), the
+rows a style is decided on and the paragraph starts (`decision`) and `exactedit logits` (`logits`).
 Imports only quant/ and dumps/.
 
 The names below are imported on first use (their modules pull in numba / JAX).
@@ -22,4 +22,5 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "render_logits": "logits", "write_logits": "logits",
     "TokenTable": "model", "load_tail": "model", "load_tokens": "model",
     "DocMeta": "scores", "RowScores": "scores", "concat": "scores", "rows_from_logits": "scores",
+    "decision_rows": "decision", "paragraph_starts": "decision", "role_bits": "decision",
 })

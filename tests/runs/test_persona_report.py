@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import json
 
+import pytest
+
 from exactedit.runs.persona.report import REPORTS, persona_targets, write_reports
 
 
@@ -85,3 +87,33 @@ def test_no_edit_shipped_says_so_and_measures_only_base_and_the_persona(tmp_path
     assert targets[0]["passed"] is False
     assert not any("verify" in t["target"] or "edited - base" in t["target"] for t in targets)
     assert (tmp_path / "style-rates.png").is_file()
+
+
+def test_the_off_decision_bar_decides_and_the_every_row_kl_is_reported(tmp_path):
+    """Issue 42: with the decision rows registered, the KL target is the bar off them; the every-row
+    mean is reported beside it (no pass); the style out of its place and the perplexity on text the
+    solve never fitted are targets of their own."""
+    rec = copy.deepcopy(SHIPPED)
+    rec["solve"]["bars"] = [_bar("mean KL, test documents, off the decision rows", 0.004, 0.005, "<=", True),
+                            {**_bar("mean KL, test documents, every row (reported)", 0.06, 0.005, "<=", None),
+                             "gating": False}]
+    rec["solve"].update(hold="paragraph", hold_rows=120, decision="step0",
+                        trajectory=[{"step": 80, "ratio": 1.0, "train": 18.0, "dev": 17.5, "dev_kl": 0.05,
+                                     "dev_kl_off": 0.003}])
+    rec["solve"]["stopping"]["max_dev_kl_off"] = 0.005
+    rec["rates"]["out_of_place"] = {"base": {"replies": 0, "paragraphs": 0}, "edited": {"replies": 1, "paragraphs": 1}}
+    rec["cost"]["kl"] = {"plain replies and plain text (never solved on)": {**rec["cost"]["kl"]["plain"],
+                                                                            "ppl_base": 12.0, "ppl_edited": 12.06}}
+    _, report, text = write_reports(tmp_path, "m.gguf", rec, {}, system="s", style="starter:Greetings",
+                                    config={"rank": 1})
+    got = {t["target"]: t for t in report["targets"]}
+    assert got["mean KL, test documents, off the decision rows"]["passed"] is True
+    assert got["mean KL, test documents, every row (reported)"]["passed"] is None
+    assert got["no style out of its place in free generation (a later paragraph's start, an earlier one's end)"][
+        "passed"] is False
+    ppl = got["perplexity on text the solve never fitted within 1% of base"]
+    assert ppl["value"] == pytest.approx(0.005) and ppl["passed"] is True
+    assert "every row (reported)" in text and "reported" in text.split("every row (reported)")[1].splitlines()[0]
+    assert "anchors held in the KL term: paragraph (120 rows)" in text
+    assert "off the decision rows passes 0.005" in text and "off the decision rows 0.00300" in text
+    assert "out of place (a later paragraph's start / an earlier one's end): 1 paragraphs in 1 replies" in text

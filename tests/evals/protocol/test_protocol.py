@@ -32,6 +32,8 @@ def test_load_reads_every_section(protocol_file):
     (("phrases = [[", "phrases = [[\" end\"], ["), "tokens"),
     (("[split]", "[splitt]"), "file"),
     (("style = [\" owo\"]", "style = [true]"), "tokens.style[0]"),
+    (("bootstrap = 50", "bootstrap = 50\npersona_decision = \"start\""), "bars"),
+    (("every = 5", "every = 5\nmax_dev_kl_off = 0.0"), "stopping"),
 ])
 def test_bad_fields_are_named(tmp_path, edit, field):
     path = tmp_path / "p.toml"
@@ -69,6 +71,30 @@ def test_stopping_rule_keeps_last_qualifying_step():
     dev = [0.09, 0.16, 0.24, 0.25, 0.20, 0.10, 0.60]  # ratios .9 .8 .8 .625 .4 .17; 35 is past max
     assert rule.choose(steps, train, dev) == 15
     assert rule.choose(steps, train, [-x for x in dev]) is None  # no dev gain: ship no edit
+
+
+def test_stopping_rule_watching_the_dev_kl_off_the_decision_stops_at_the_first_step_above_it():
+    rule = StoppingRule(every=5, max_steps=30, min_ratio=0.75, max_dev_kl_off=0.005)
+    steps, train, dev = [5, 10, 15, 20, 25], [0.1, 0.2, 0.3, 0.4, 0.5], [0.1, 0.2, 0.3, 0.4, 0.5]
+    assert rule.choose(steps, train, dev, dev_kl_off=[0.001, 0.004, 0.005, 0.006, 0.001]) == 15
+    assert rule.choose(steps, train, dev, dev_kl_off=[0.001, float("nan"), 0.0, 0.0, 0.0]) == 5   # nothing seen: stop
+    assert rule.choose(steps, train, dev, dev_kl_off=[0.01] * 5) is None
+    with pytest.raises(ValueError, match="needs the dev KL"):
+        rule.choose(steps, train, dev)
+    unwatched = StoppingRule(every=5, max_steps=30, min_ratio=0.75)
+    assert not unwatched.watches_kl and unwatched.choose(steps, train, dev, dev_kl_off=[1.0] * 5) == 25
+
+
+def test_persona_decision_rows_and_the_kl_watch_round_trip(tmp_path):
+    from exactedit.evals.protocol.protocol import Bars, Trace, write_protocol
+
+    out = write_protocol(tmp_path / "p.toml", "persona", [Trace("train", tmp_path, "train")],
+                         stopping=StoppingRule(max_dev_kl_off=0.005), bars=Bars(persona_decision="step0"))
+    back = load_protocol(tmp_path / "p.toml")
+    assert back == out and back.bars.persona_decision == "step0" and back.bars.persona_max_kl_off == 0.005
+    assert back.stopping.max_dev_kl_off == 0.005 and back.stopping.watches_kl
+    default = write_protocol(tmp_path / "d.toml", "plain", [Trace("train", tmp_path, "train")], stopping=StoppingRule())
+    assert not load_protocol(default.path).stopping.watches_kl      # inf, written and read as TOML's inf
 
 
 def test_write_protocol_round_trips_every_section(protocol_file, tmp_path):

@@ -1,13 +1,14 @@
 """Each bar on a hand-made RowScores case with a known answer."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 
 from exactedit.dumps.format import ROLE_PROMPT, ROLE_REPLY, ROLE_REPLY_END
-from exactedit.evals.scoring.bars import BarContext, anti_slop_bars, per_phrase, persona_bars, special_flips, verdict
+from exactedit.evals.scoring.bars import BarContext, BarRow, anti_slop_bars, per_phrase, persona_bars, special_flips, verdict
 from exactedit.evals.protocol.protocol import Bars, ResolvedTokens
 from exactedit.solvers.tail.scores import DocMeta, RowScores
 
@@ -172,3 +173,49 @@ def test_persona_ratio_and_kl():
     rows[1].update(le=-2.5)
     worse = bar(persona_bars(make(rows, docs), BarContext(TOKENS, BARS, "dev")), "persona_ratio")
     assert worse.passed is False and "train gain <= 0" in worse.label
+
+
+def test_persona_kl_off_the_decision_rows_is_the_bar_and_every_row_is_reported():
+    """Registered decision rows (a starter's step 0): the KL bar stands on the rows off them and
+    decides the verdict; the every-row mean is reported beside it and decides nothing."""
+    from dataclasses import replace
+
+    from exactedit.dumps.format import ROLE_STEP0
+
+    docs = [DocMeta("t0", "p", "train"), DocMeta("s0", "p", "test"), DocMeta("a0", "w", "anchors", domain="wiki")]
+    R = ROLE_REPLY
+    rows = [dict(doc=0, nxt=OWO, roles=R | ROLE_STEP0, lb=-8.0, le=-1.0, kl=6.0),
+            dict(doc=1, nxt=OWO, roles=R | ROLE_STEP0, lb=-8.0, le=-1.2, kl=6.0),     # the decision: meant to move
+            dict(doc=1, nxt=Y, roles=R, kl=0.004), dict(doc=1, nxt=Y, roles=R, kl=0.002),
+            dict(doc=2, nxt=Y, roles=R | ROLE_STEP0, kl=5.0),                          # a plain reply's start
+            dict(doc=2, nxt=Y, kl=0.001), dict(doc=2, nxt=Y, kl=0.003)]
+    registered = replace(BARS, persona_decision="step0")
+    out = persona_bars(make(rows, docs), BarContext(TOKENS, registered, "test"))
+    off, every = bar(out, "persona_kl_off:test"), bar(out, "persona_kl:test")
+    assert off.n == 2 and off.number == pytest.approx(0.003) and off.passed and off.gating
+    assert every.n == 3 and every.number == pytest.approx(6.006 / 3) and every.passed is None and not every.gating
+    a_off, a_every = bar(out, "persona_kl_anchors_off:wiki"), bar(out, "persona_kl_anchors:wiki")
+    assert a_off.n == 2 and a_off.number == pytest.approx(0.002) and a_off.passed
+    assert a_every.number == pytest.approx(5.004 / 3) and not a_every.gating
+    kl_rows = lambda rs: [r for r in rs if r.key.startswith("persona_kl")]  # noqa: E731 (no turn end here: n/a)
+    assert verdict(kl_rows(out)) == "pass"                      # the every-row means (2.0, 1.7) do not fail it
+    rows[3].update(kl=0.02)                                     # a leak off the decision rows fails it
+    leaked = persona_bars(make(rows, docs), BarContext(TOKENS, registered, "test"))
+    assert bar(leaked, "persona_kl_off:test").passed is False and verdict(kl_rows(leaked)) == "fail"
+    # without registered decision rows the bar is over every row, as before
+    plain = persona_bars(make(rows, docs), BarContext(TOKENS, BARS, "test"))
+    assert bar(plain, "persona_kl:test").passed is False and bar(plain, "persona_kl:test").gating
+    assert not [r for r in plain if "_off" in r.key]
+
+
+def test_a_reported_row_round_trips_through_the_report_json():
+    from exactedit.evals.scoring.report import BarReport, format_table, report_from_json, report_to_json
+
+    row = BarRow("persona_kl:test", "persona", "mean KL, every row (reported)", 2.0, 0.005, "<=", None, 3,
+                 gating=False)
+    back = report_from_json(report_to_json(BarReport("test", "test", (row,), verdict([row]))))
+    assert back.rows == (row,) and back.verdict == "incomplete"
+    assert "reported" in format_table(back)
+    old = report_to_json(BarReport("test", "test", (dataclasses.replace(row, gating=True, passed=True),), "pass"))
+    del old["bars"][0]["gating"]                                # a report written before the field: a bar
+    assert report_from_json(old).rows[0].gating is True

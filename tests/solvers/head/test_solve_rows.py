@@ -28,7 +28,7 @@ class _Rule:
     metric: str = "style"
     calls: list = field(default_factory=list)
 
-    def choose(self, steps, train_gain, dev_gain):
+    def choose(self, steps, train_gain, dev_gain, *, dev_kl_off=None):
         self.calls.append((list(steps), list(train_gain), list(dev_gain)))
         return self.pick(steps)
 
