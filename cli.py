@@ -196,7 +196,14 @@ _engine_settings = _options(
                  help="Micro-batch the graph runs with (<= n-batch)."),
     click.option("--threads", "n_threads", default=2, show_default=True, type=click.IntRange(1)),
     click.option("--flash-attn", type=click.Choice(["off", "on"]), default="off", show_default=True),
+    click.option("--gpu-layers", "n_gpu_layers", default=None, type=click.IntRange(-1), metavar="N",
+                 help="Layers offloaded to a GPU backend, -1: all, 0: none (default: all when llama-cpp-python was "
+                      "built with a GPU backend, else 0). Live verification is bit-exact with 0 (the CPU backend)."),
 )
+_GPU_LAYERS = click.option(
+    "--gpu-layers", "n_gpu_layers", default=None, type=click.IntRange(-1), metavar="N",
+    help="The engine's layers offloaded to a GPU backend, -1: all, 0: none (default: all when llama-cpp-python was "
+         "built with a GPU backend, else 0).")
 
 # document labels, mapping 1:1 to the library's tags / source / character
 _labels = _options(
@@ -223,11 +230,13 @@ _tolerance = _options(
 )
 
 
-def _settings(n_ctx, n_batch, n_ubatch, n_threads, flash_attn):
-    from exactedit.native.llamacpp import EngineSettings
+def _settings(n_ctx, n_batch, n_ubatch, n_threads, flash_attn, n_gpu_layers=None):
+    """The engine's settings; --gpu-layers not given: all layers with a GPU backend, else 0."""
+    from exactedit.native.llamacpp import EngineSettings, default_gpu_layers
 
     return EngineSettings(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
-                          flash_attn=flash_attn)
+                          flash_attn=flash_attn,
+                          n_gpu_layers=default_gpu_layers() if n_gpu_layers is None else n_gpu_layers)
 
 
 def _gen_config(max_new, temperature, top_k):
@@ -398,6 +407,10 @@ def _loop_options(demo: bool):
         click.option("--rules-mode", type=click.Choice(["penalty", "rewind"]), default=None,
                      help=h("the rates stage's arms with rules: " + _RULES_MODE_HELP[:1].lower() + _RULES_MODE_HELP[1:]
                      + given("penalty") + ".")),
+        click.option("--gpu-layers", "gpu_layers", default=None, type=click.IntRange(-1), metavar="N",
+                     help=h("the engine's layers offloaded to a GPU backend in the data, corpus and rates stages, -1: "
+                     "all, 0: none; verify live runs on the CPU backend, where it is bit-exact"
+                     + given("all when llama-cpp-python was built with a GPU backend, else 0") + ".")),
     ]
 
     def wrap(f):
@@ -520,10 +533,18 @@ def _read_bounded_text(path, flag: str) -> str:
               help="Sampling and split seed (default 0): reply i has seed + i (rate replies seed + 10000 + i), each "
                    "within llama.cpp's 32-bit seeds (-1, its 'random', is refused).")
 @click.option("--edit-count", default=None, type=click.IntRange(1),
-              help="|S|: the train split's most frequent initiation tokens (default 1).")
-@click.option("--rank", default=None, type=click.IntRange(1), help="solve head --rank (default 1).")
+              help="|S|: the train split's most frequent initiation tokens (default 1, at most 1024 and the "
+                   "model's vocabulary).")
+@click.option("--rank", default=None, type=click.IntRange(1),
+              help="solve head --rank (default 1, at most --edit-count and the model's width).")
 @click.option("--lr", default=None, type=click.FloatRange(min=0, min_open=True), help="Adam step size (default 1e-3).")
 @click.option("--max-steps", default=None, type=click.IntRange(1), help="The stopping rule's step budget (default 300).")
+@click.option("--hold", type=click.Choice(["none", "paragraph"]), default=None,
+              help="Anchor rows held in the solve's KL term besides the prompts (default paragraph: the paragraph "
+                   "starts after a blank line in the plain replies and texts).")
+@click.option("--watch-kl/--no-watch-kl", "watch_kl", default=None,
+              help="The stopping rule also stops where the dev KL off the style's decision rows passes the bar "
+                   "(default off).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "gpu"]), default=None, help="Where the solve's passes run.")
 @JSON_FLAG
 def persona_cmd(model, out, as_json, **given) -> None:
@@ -633,9 +654,10 @@ def demo_cmd(out, fixture, model, persona, as_json, **given) -> None:
 @click.option("--certain", default=0.9, show_default=True, type=click.FloatRange(0, 1),
               help="With --model: a last word this likely after its prefix moves the ban one word earlier.")
 @_CHAT_TEMPLATE
+@_GPU_LAYERS
 @JSON_FLAG
 def discover_cmd(model_text, human, out, top, min_count, max_n, background, alpha0, min_z, min_ratio, confidence, lang,
-                 sides, png, model, contexts, certain, chat_template, as_json) -> None:
+                 sides, png, model, contexts, certain, chat_template, n_gpu_layers, as_json) -> None:
     """Phrases the model over-uses against your own writing and against written English (or --lang):
     n-grams with both evidences, each marked style, mixed or topic (docs/discover.md); with --model,
     where to ban each one."""
@@ -657,8 +679,11 @@ def discover_cmd(model_text, human, out, top, min_count, max_n, background, alph
     if model is not None:
         from exactedit.runs import ban_lines, discover_with_model
 
+        from exactedit.native.llamacpp import EngineSettings, default_gpu_layers
+
+        layers = default_gpu_layers() if n_gpu_layers is None else n_gpu_layers
         obj = with_progress("ban points", discover_with_model, model, mt, ht, cfg, contexts=contexts,
-                            certain=certain, template=chat_template)
+                            certain=certain, template=chat_template, settings=EngineSettings(n_gpu_layers=layers))
         text += "\n\n" + "\n".join(ban_lines(obj["phrases"]))
     write_discovery(obj, out)
     if png:
@@ -865,7 +890,7 @@ def untie_cmd(model, out, overwrite, as_json) -> None:
     emit(res, render_untie(res), as_json)
 
 
-# ---- bench: dump-verify, engine, gbnf, generate, gguf-open, head, quant, serve, shape-compile, solve-head, solve-wfld
+# ---- bench: dump-verify, engine, gbnf, generate, gguf-open, head, loop, quant, serve, shape-compile, solve-head, solve-wfld
 
 @main.group()
 def bench() -> None:
@@ -1006,6 +1031,38 @@ def bench_head(rows, vocab, n, tile_rows, repeats, seed, device, as_json) -> Non
         cfg = BenchHeadConfig(rows, vocab, n, tile_rows, repeats, seed)
     res = with_progress("bench head", run_bench_head, cfg)
     emit(res, render_bench_head(res), as_json)
+
+
+@bench.command("loop")
+@click.option("--model", type=MODEL, required=True, help="GGUF path, or a public model name (smollm, qwen, gemma).")
+@click.option("--phrases", default=4, show_default=True, type=click.IntRange(1, 8),
+              help="Of the bench's own phrases: their final words are the corpus windows' words.")
+@click.option("--prompts", default=4, show_default=True, type=click.IntRange(1, 12), help="Of the bench's own prompts.")
+@click.option("--samples", default=2, show_default=True, type=click.IntRange(1), help="Replies per prompt.")
+@click.option("--max-new", default=48, show_default=True, type=click.IntRange(1), help="Tokens per reply (no stop).")
+@click.option("--slots", default=16, show_default=True, type=click.IntRange(1), help="Replies decoded together.")
+@click.option("--corpus-tokens", default=1024, show_default=True, type=click.IntRange(1),
+              help="The corpus windows' prefill budget (dataset corpus --max-tokens; bundled English only).")
+@click.option("--head-rows", default=256, show_default=True, type=click.IntRange(1), help="Rows of the vocab pass.")
+@click.option("--repeats", default=1, show_default=True, type=click.IntRange(1), help="Alternating repeats; best kept.")
+@click.option("--out", "json_out", default=None, type=click.Path(dir_okay=False),
+              help="Also write the result as JSON here ('-' for stdout only).")
+@_engine_settings
+@JSON_FLAG
+def bench_loop(model, phrases, prompts, samples, max_new, slots, corpus_tokens, head_rows, repeats, json_out, as_json,
+               **flags) -> None:
+    """The antislop loop's engine work (generation, capture, the corpus stage, the vocab pass) on a small
+    fixed workload, each beside llama.cpp's (or sgemm's) own rate measured in the same run: ratios."""
+    from exactedit.bench import LoopBenchConfig, render_loop_bench, run_loop_bench
+
+    cfg = LoopBenchConfig(str(model), phrases=phrases, prompts=prompts, samples=samples, max_new=max_new, slots=slots,
+                          corpus_tokens=corpus_tokens, head_rows=head_rows, repeats=repeats, settings=_settings(**flags))
+    res = with_progress("bench loop", run_loop_bench, cfg)
+    if as_json and json_out not in (None, "-"):        # both: the file written, the JSON printed
+        from exactedit.files import atomic_write_text
+
+        atomic_write_text(json_out, json.dumps(res.to_dict(), indent=1) + "\n")
+    emit_json_file(res, render_loop_bench(res), "-" if as_json else json_out)
 
 
 @bench.command("quant")
@@ -1178,7 +1235,7 @@ def dataset() -> None:
 @_engine_settings
 @JSON_FLAG
 def dataset_build(model, prompts, phrases, top, kind, texts, out, overwrite, as_json, n_ctx, n_batch, n_ubatch, n_threads,
-                  flash_attn, **flags) -> None:
+                  flash_attn, n_gpu_layers, **flags) -> None:
     """Sample the model's replies and write the train / heldout / collateral / anchors dumps
     (tags, roles, split by prompt) with a summary of slop contexts and legitimate uses per set."""
     from exactedit.runs import DatasetConfig, build_dataset, render_dataset, text_files
@@ -1195,7 +1252,7 @@ def dataset_build(model, prompts, phrases, top, kind, texts, out, overwrite, as_
     cfg = DatasetConfig(mine=mine, **flags)
     files = list(text_files([texts], None)) if texts else []
     res = with_progress("sampling", build_dataset, model, _lines(prompts), _phrases(phrases, top, kind), out, texts=files,
-                        config=cfg, settings=_settings(n_ctx, n_batch, n_ubatch, n_threads, flash_attn),
+                        config=cfg, settings=_settings(n_ctx, n_batch, n_ubatch, n_threads, flash_attn, n_gpu_layers),
                         overwrite=overwrite)
     emit(res, render_dataset(res), as_json)
 
@@ -1232,7 +1289,7 @@ def dataset_build(model, prompts, phrases, top, kind, texts, out, overwrite, as_
 @_engine_settings
 @JSON_FLAG
 def dataset_corpus(model, phrases, top, kind, texts, out, overwrite, as_json, n_ctx, n_batch, n_ubatch, n_threads,
-                   flash_attn, **flags) -> None:
+                   flash_attn, n_gpu_layers, **flags) -> None:
     """Teacher-force windows of an offline corpus (--texts first, then the bundled general English,
     then the stdlib's docstrings) around each use of the phrases' final tokens: solve / dev /
     collateral dumps, split by source document."""
@@ -1242,7 +1299,8 @@ def dataset_corpus(model, phrases, top, kind, texts, out, overwrite, as_json, n_
                                      "--chat-template": flags.get("chat_template")})
     cfg = CorpusConfig(**flags)
     res = with_progress("prefill", build_corpus, model, _phrases(phrases, top, kind), out, texts=list(texts), config=cfg,
-                        settings=_settings(n_ctx, n_batch, n_ubatch, n_threads, flash_attn), overwrite=overwrite)
+                        settings=_settings(n_ctx, n_batch, n_ubatch, n_threads, flash_attn, n_gpu_layers),
+                        overwrite=overwrite)
     emit(res, render_corpus(res), as_json)
 
 
@@ -1640,6 +1698,9 @@ def solve() -> None:
 @click.option("--ridge", default=0.0, show_default=True, type=float, help="lambda of lambda ||dW_S||^2.")
 @click.option("--opener", "openers", multiple=True, help="Opener set O: token text or #ID (repeatable).")
 @click.option("--closer", "closers", multiple=True, help="Closer set Cl: token text or #ID (repeatable).")
+@click.option("--hold", type=click.Choice(["none", "paragraph"]), default="none", show_default=True,
+              help="Rows of the protocol's anchors traces added to the exact-KL term: paragraph = the rows that "
+                   "predict a paragraph's first token (after a blank line).")
 @click.option("--backend", type=click.Choice(["jax", "numpy"]), default="jax", show_default=True,
               help="jax: float32 jitted steps; numpy: the float64 reference loop.")
 @TILE_ROWS

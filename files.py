@@ -17,6 +17,8 @@
                                                       later through a memory map)
     refuse_clobber(outputs, inputs, ...)              an output that is, holds or lies inside an input
                                                       is refused (ClobberError), whatever --overwrite says
+    refuse_special(path, field)                       an output that is a FIFO, a device or a socket is
+                                                      refused (ClobberError): a rename would replace it
 
 Untrusted inputs (a user's texts, prompts, phrase lists, transcripts; MAX_TEXT_BYTES: a plain text's cap):
     open_regular(path, limit, error, field)           context: a binary file of a regular file of at most
@@ -54,7 +56,8 @@ CHUNK = 1 << 24
 
 class ClobberError(FieldError):
     """An output path that is one of the run's inputs (same path, a symlink or a hard link to it),
-    lies inside an input directory (a dump, a bundle), or is a directory holding an input."""
+    lies inside an input directory (a dump, a bundle), is a directory holding an input, or is a
+    special file (a FIFO, a device, a socket)."""
 
 
 class OutputBusyError(FieldError):
@@ -93,17 +96,34 @@ def fsync_dir(directory) -> None:
         os.close(fd)
 
 
+def refuse_special(path, field: str = "output", *, follow: bool = False) -> None:
+    """Refuse (ClobberError) an output `path` that is a FIFO, a device or a socket (with `follow`, a
+    symlink to one too): a writer renames its file over the path, and that replaces the special
+    file itself (`discover --out /dev/full`, run as root, left /dev/full a JSON file)."""
+    try:
+        st = os.stat(path) if follow else os.lstat(path)
+    except OSError:                     # missing (the usual output), or a loop: the writer's to report
+        return
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+        kind = next((name for test, name in _KINDS if test(st.st_mode)), "a special file")
+        raise ClobberError(path, field, f"is {kind}: refusing to write over it; give another path")
+
+
 def fsync_replace(tmp, dst) -> None:
-    """fsync the finished file `tmp`, rename it over `dst`, then fsync `dst`'s directory."""
+    """fsync the finished file `tmp`, rename it over `dst` (never over a special file:
+    `refuse_special`), then fsync `dst`'s directory."""
     with open(tmp, "rb+") as fh:
         os.fsync(fh.fileno())
+    refuse_special(dst)
     os.replace(tmp, dst)
     fsync_dir(Path(dst).parent)
 
 
 def atomic_write_bytes(path, data: bytes) -> None:
-    """Write `data` to `path.tmp` (claimed: `claim_tmp`), fsync it, and rename it over `path`."""
+    """Write `data` to `path.tmp` (claimed: `claim_tmp`), fsync it, and rename it over `path` (never
+    over a special file: `refuse_special`)."""
     path = Path(path)
+    refuse_special(path)
     with claim_tmp(path) as tmp:
         with writing(tmp), open(tmp, "wb") as fh:
             fh.write(data)
@@ -283,9 +303,11 @@ def refuse_clobber(outputs, inputs, *, holds_inputs: bool = False) -> None:
     is an input (the same path, a symlink or a hard link to it), lies inside an input directory (a
     dump, a bundle), has an input as its temporary file `OUT.tmp`, equals another output, or (unless
     `holds_inputs`: a directory reports are written into, never replaced whole) is a directory
-    holding an input. Raises ClobberError naming both paths."""
+    holding an input; and one that is a FIFO, a device or a socket (`refuse_special`). Raises
+    ClobberError naming both paths."""
     outs, ins = _roles(outputs, "output"), _roles(inputs, "input")
     for k, (role, out) in enumerate(outs):
+        refuse_special(out, role, follow=True)
         for role_in, inp in ins:
             if _same(out, inp):
                 raise ClobberError(out, role, f"is the {role_in} input {inp}; refusing to overwrite an input")

@@ -28,6 +28,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "discover_paths": "ranking",
     "human_texts": "sources",
     "model_texts": "sources",
+    "over_limits": "sources",
     "plot_discovery": "report",
     "render_discovery": "report",
     "write_discovery": "report",

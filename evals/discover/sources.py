@@ -105,6 +105,23 @@ _HARNESS_OPEN = re.compile(rf"<({'|'.join(HARNESS_TAGS)})>|^\[Request interrupte
 _WS = re.compile(r"[ \t\n\r]*")
 
 
+def over_limits(size: int, records: int, chars: int, longest: int, limits: Limits | None = None) -> str | None:
+    """Why discover would refuse one JSON file of reply records written for it (`dataset build`'s
+    and `mine --replies`'s replies.json), named by the limit it passes: its bytes (`size`), its
+    records, its texts' characters in all (`chars`: one side's limit, and every record here is
+    read), its longest record's characters (`longest`); None where discover reads it (with `limits`,
+    default LIMITS, the limits discover reads with)."""
+    limits = limits or LIMITS
+    for n, cap, what in ((size, limits.file_bytes, "bytes, over the limit of one file"),
+                         (records, limits.records, "records, over the limit of one side"),
+                         (chars, limits.chars, "characters of reply text, over the limit of one side"),
+                         (longest, limits.line_bytes, "characters in its longest record, over the limit of one "
+                                                      "record")):
+        if n > cap:
+            return f"{n} {what.split(',')[0]}, over discover's {cap} ({what.split('over the ')[1]})"
+    return None
+
+
 def model_texts(paths, *, sides: Iterable[str] | None = None, limits: Limits = LIMITS) -> Texts:
     """The model's texts in `paths` (assistant turns, replies, plain files)."""
     return _read(paths, "model", None if sides is None else frozenset(sides), limits)

@@ -27,7 +27,7 @@ from exactedit.files import decode_utf8, lone_surrogate, read_regular
 from exactedit.native.llamacpp.engine import EngineError
 from exactedit.quant import gguf
 from exactedit.quant.model.chat_template import (CHATML, ChatFormat, ChatTemplate, ChatTemplateError, GivenTemplate,
-    from_gguf, probe_format, read_template)
+    check_messages, from_gguf, probe_format, read_template)
 from exactedit.quant.model.specials import ModelSpecials, model_specials
 from exactedit.solvers.tail.model import TokenTable, load_tokens
 
@@ -197,13 +197,14 @@ def unique_names(names) -> list[str]:
 MAX_CHAT_BYTES = 64 << 20     # an `engine dump --chat` file, read whole
 
 
-def read_chat_jsonl(path) -> list[list[dict]]:
+def read_chat_jsonl(path, field: str = "chat") -> list[list[dict]]:
     """Conversations, one JSON list of {"role", "content"} per line (blank lines skipped): a regular
     file of at most MAX_CHAT_BYTES, UTF-8; a line nested too deeply or holding a lone surrogate
-    (JSON's "\\ud800": no UTF-8 encodes it, for the template or the tokenizer) is refused naming it."""
+    (JSON's "\\ud800": no UTF-8 encodes it, for the template or the tokenizer) is refused naming it;
+    `field` names the file in errors (the flag that gave it)."""
     path = Path(path)
     out = []
-    lines = decode_utf8(read_regular(path, MAX_CHAT_BYTES, EngineError, "chat"), path, EngineError, "chat").splitlines()
+    lines = decode_utf8(read_regular(path, MAX_CHAT_BYTES, EngineError, field), path, EngineError, field).splitlines()
     for no, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -221,9 +222,13 @@ def read_chat_jsonl(path) -> list[list[dict]]:
             if isinstance(v, str) and lone_surrogate(v) is not None:
                 raise EngineError(path, f"line {no}", f"a lone surrogate in {ascii(v)[:60]}: not valid Unicode text")
             todo += v if isinstance(v, list) else [*v.keys(), *v.values()] if isinstance(v, dict) else []
+        try:        # as the template takes it: a bad role was refused naming the model, not this line
+            check_messages(conv)
+        except ChatTemplateError as exc:
+            raise EngineError(path, f"line {no}: {exc.field}", exc.message[:300]) from None
         out.append(conv)
     if not out:
-        raise EngineError(path, "chat", "no conversations (one JSON list per line)")
+        raise EngineError(path, field, "no conversations (one JSON list per line)")
     return out
 
 

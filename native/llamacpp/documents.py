@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from exactedit.files import MAX_TEXT_BYTES, read_utf8
+from exactedit.files import MAX_TEXT_BYTES, lone_surrogate, read_utf8
 from exactedit.native.llamacpp.capture import CaptureDoc, CaptureResult, capture_dump
 from exactedit.native.llamacpp.chat import ModelChat, model_chat, read_chat_jsonl, short_hash, unique_names
 from exactedit.native.llamacpp.engine import EngineError, EngineSettings, LlamaEngine
@@ -47,6 +47,17 @@ class DumpInputs:
         if len(given) != 1:
             raise EngineError("engine dump", "inputs", "give exactly one of --text, --tokens and --chat")
         object.__setattr__(self, "tags", tuple(dict.fromkeys(self.tags)))
+        # refused here, before the engine runs: an empty tag failed the manifest after the capture, and a
+        # label holding a lone surrogate (a non-UTF-8 byte from the shell) reached the dump and its reports
+        for flag, values in (("--tag", self.tags), ("--source", (self.source,)), ("--character", (self.character,))):
+            for v in values:
+                if v is None and flag == "--source":
+                    continue
+                if not isinstance(v, str) or (flag == "--tag" and not v.strip()):
+                    raise EngineError("engine dump", flag, f"expected a non-empty string, got {v!r}")
+                if (at := lone_surrogate(v)) is not None:
+                    raise EngineError("engine dump", flag, f"{ascii(v)} is not UTF-8 text (a byte no UTF-8 text "
+                                                           f"holds, at character {at})")
 
 
 def labelled(chat: ModelChat, name: str, tokens, *, source: str, character: str, tags: Sequence[str],
@@ -68,13 +79,14 @@ def build_docs(model, inputs: DumpInputs) -> tuple[list[CaptureDoc], ModelChat]:
     source = inputs.source if inputs.source is not None else src_path.name
     kw = dict(source=source, character=inputs.character, tags=inputs.tags)
     if inputs.tokens is not None:
-        toks = contract.read_tokens(inputs.tokens, field="tokens")
+        toks = contract.read_tokens(inputs.tokens, field="--tokens")
+        contract.check_ids(inputs.tokens, toks, len(chat.table), "--tokens")     # named here, not as "token stream"
         return [labelled(chat, f"tokens-{short_hash(toks.astype('<i4').tobytes())}", toks, **kw)], chat
     if inputs.text is not None:
-        text = read_utf8(src_path, MAX_TEXT_BYTES, EngineError, "text")
+        text = read_utf8(src_path, MAX_TEXT_BYTES, EngineError, "--text")
         with LlamaEngine(model, EngineSettings()) as engine:
             return [labelled(chat, f"text-{short_hash(text)}", engine.tokenize(text), **kw)], chat
-    convs = read_chat_jsonl(src_path)
+    convs = read_chat_jsonl(src_path, "--chat")
     names = unique_names(f"chat-{short_hash(c)}" for c in convs)
     rendered = chat.render_many(convs)                   # the untrusted template runs before the engine loads
     with LlamaEngine(model, EngineSettings()) as engine:

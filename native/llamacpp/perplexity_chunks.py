@@ -132,7 +132,7 @@ def dump_text_chunks(model, text_file, n_ctx: int, out, *, n_chunks: int | None 
     bounded: a regular file (a FIFO or a device refused by name) of at most MAX_TEXT_BYTES, UTF-8."""
     from exactedit.files import MAX_TEXT_BYTES, read_utf8
 
-    text = read_utf8(text_file, MAX_TEXT_BYTES, EngineError, "text")
+    text = read_utf8(text_file, MAX_TEXT_BYTES, EngineError, "--text")
     plan = text_plan(model, text, n_ctx, n_chunks)
     settings = tool_settings(n_ctx, n_batch, n_ubatch, n_threads)
     res = capture_chunks(model, plan, out, settings=settings, overwrite=overwrite, progress=progress)

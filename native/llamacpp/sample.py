@@ -110,7 +110,10 @@ def sample_replies(engine: LlamaEngine, jobs: Sequence[tuple[np.ndarray, Samplin
         raise EngineError("sample_replies", "slots", f"expected an integer >= 1, got {slots!r}")
     for k, (p, c) in enumerate(todo):
         if p.ndim != 1 or p.size == 0 or p.size + c.max_new > s.n_ctx:
-            raise EngineError(engine.path, f"prompt[{k}]", f"needs 1..{s.n_ctx - c.max_new} tokens, got {p.size}")
+            room = s.n_ctx - c.max_new          # "needs 1..-999997952 tokens" said nothing of max_new
+            raise EngineError(engine.path, f"prompt[{k}]", (
+                f"max_new {c.max_new} leaves no room for a prompt in the context of n_ctx {s.n_ctx} tokens"
+                if room < 1 else f"needs 1..{room} tokens (n_ctx {s.n_ctx} less max_new {c.max_new}), got {p.size}"))
     if shapers is not None and processor is not None:
         raise EngineError("sample_replies", "shapers", "give a shaper factory or a processor, not both")
     stops = None if stop_ids is None else frozenset(int(t) for t in stop_ids)

@@ -130,9 +130,22 @@ class VerifyReport:
     def passed(self) -> bool:
         return all(c.passed for c in self.checks)
 
+    @property
+    def offload_note(self) -> str | None:
+        """With layers on a GPU backend (n_gpu_layers != 0), what the check means: the prediction is
+        the CPU backend's, bit-exact there only; None on the CPU backend."""
+        layers = self.settings.get("n_gpu_layers", 0)
+        if not layers:
+            return None
+        return (f"llama.cpp ran with {'all' if layers == -1 else layers} layers on a GPU backend (n_gpu_layers "
+                f"{layers}); the prediction is CPU-faithful, bit-exact on the CPU backend only (--gpu-layers 0): "
+                "a difference here may be the GPU's rounding, not the edit")
+
     def to_json(self) -> dict:
         d = asdict(self)
         d["passed"] = self.passed
+        if self.offload_note is not None:     # absent on the CPU backend: its report is as before
+            d["offload_note"] = self.offload_note
         for c, obj in zip(self.checks, d["checks"]):
             obj["passed"] = c.passed
         return d
@@ -351,5 +364,7 @@ def render_report(r: VerifyReport) -> str:
     t = r.tolerance
     lines.append(f"tolerance: mean KL <= {t.kl_mean:g}, max KL <= {t.kl_max:g}, top-1 >= {t.top1:g}, "
                  f"max|diff| <= {t.max_abs_rel:g} * max(1, max|logit|)")
+    if r.offload_note is not None:
+        lines.append("note: " + r.offload_note)
     lines.append("PASS" if r.passed else "FAIL")
     return "\n".join(lines)

@@ -22,10 +22,11 @@ __all__ = ["ARM_LABELS", "arms_png", "rate_arms"]
 
 def rate_arms(model, rules, edited, prompts: Sequence[str], phrases: Sequence[str], seeds: Sequence[int], *,
               max_new: int, n_boot: int, out, progress: Callable[[int, int], None] | None = None,
-              rules_mode: str = "penalty") -> dict:
+              rules_mode: str = "penalty", settings=None) -> dict:
     """Generate the four arms, write out/rates.json, out/replies.json, out/phrase-rates.png (base
     against the edited weights) and out/arms.png (every arm's continuation at each phrase's prefix);
-    return the record the report reads."""
+    return the record the report reads. `settings`: the engine's (native.llamacpp.EngineSettings; None: the
+    default)."""
     from exactedit.evals.rates.artefacts import variant_artefacts
     from exactedit.evals.rates.report import plot_phrase_rates
     from exactedit.native.llamacpp.chat import reply_name
@@ -37,7 +38,7 @@ def rate_arms(model, rules, edited, prompts: Sequence[str], phrases: Sequence[st
 
     out = Path(out)
     sr = shape_rates(model, rules, prompts, phrases, edited=edited, config=Sampling(max_new=max_new), seeds=seeds,
-                     n_boot=n_boot, progress=progress, rules_mode=rules_mode)
+                     n_boot=n_boot, progress=progress, rules_mode=rules_mode, settings=settings)
     g = gguf.open(model)
     compiled, _ = open_rules(model, rules, g)
     turn_end = tuple(compiled.vocab.turn_end)

@@ -20,7 +20,7 @@ CORPUS_AFTER = 4          # tokens past each use in a corpus window (runs/data/c
 # model's bundled defaults.toml or the class
 FLAGS = frozenset({"phrases", "top", "kind", "prompts", "rate_prompts", "watch", "texts", "same_sense", "chat_template",
                    "samples", "rate_samples", "max_new", "seed", "ridge", "corpus_tokens", "key", "word_holds",
-                   "strength_grid", "rules_bias", "rules_mode"})
+                   "strength_grid", "rules_bias", "rules_mode", "gpu_layers"})
 
 __all__ = ["AntislopConfig", "AntislopError", "LOOP", "RATE_SEED", "model_defaults"]
 
@@ -64,6 +64,8 @@ class AntislopConfig:
     chat_template: str | None = None    # a Jinja2 chat template file (default: the bundled chat_template.jinja, if any)
     rules_bias: float = 6.0             # the shipped rules' prefix penalty (shape compile --bias), nats
     rules_mode: str = "penalty"         # the rates stage's rules arms: "penalty", or "rewind" (phrases rolled back)
+    gpu_layers: int | None = None       # the engine's n_gpu_layers in the data, corpus and rates stages (-1: all);
+    #                                     None: all with a GPU build of llama-cpp-python, else 0 (verify stays on the CPU)
 
     @classmethod
     def for_model(cls, model: str = "qwen", **given) -> "AntislopConfig":
@@ -90,9 +92,14 @@ class AntislopConfig:
         from exactedit.solvers.l47.config import KEYS, WfldConfig
 
         out = st.integers(self, {"samples": 1, "rate_samples": 1, "max_new": 1, "verify_tokens": 1, "n_boot": 0,
-                                 "corpus_tokens": 0, "corpus_context": 1, "word_holds": 0}, FLAGS)
+                                 "corpus_tokens": 0, "corpus_context": 1, "word_holds": 0}, FLAGS,
+                          {"samples": (st.MAX_SAMPLES, "replies per data prompt"),
+                           "rate_samples": (st.MAX_SAMPLES, "replies per rate prompt"),
+                           "n_boot": (st.MAX_BOOT, "bootstrap resamples")})
         if self.top is not None:
             out += st.integers(self, {"top": 1}, FLAGS)
+        if self.gpu_layers is not None:
+            out += st.downstream(lambda: self.engine_settings(), ["gpu_layers"], FLAGS)
         out += _kind_problems(self.kind, st.flag("kind", FLAGS))
         out += st.reply_room(self.max_new, FLAGS)
         out += st.utf8_paths(self, ("model", "prompts", "rate_prompts", "phrases", "watch", "same_sense", "texts",
@@ -127,6 +134,13 @@ class AntislopConfig:
             return [f"{where}: {b!r} is not a float32 number (the compiled rules hold the penalty in float32, "
                     f"as {near!r}): give one float32 holds exactly, e.g. {_f32_near(b)}"]
         return []
+
+    def engine_settings(self):
+        """The engine's settings of the stages that generate or capture (data, corpus, rates): the
+        default EngineSettings with `gpu_layers` (None: native.llamacpp.engine.default_gpu_layers)."""
+        from exactedit.native.llamacpp.engine import EngineSettings, default_gpu_layers
+
+        return EngineSettings(n_gpu_layers=default_gpu_layers() if self.gpu_layers is None else self.gpu_layers)
 
     def corpus_config(self, chat_template=None):
         """`dataset corpus`'s settings of the run (runs/data/corpus.py CorpusConfig)."""

@@ -86,6 +86,7 @@ class _Run(StagedRun):
     def __init__(self, cfg: AntislopConfig, out: Path, progress: Progress | None, command: str):
         super().__init__(out, cfg.model, cfg.template(), cfg.text_files(), progress)
         self.cfg = cfg
+        self.settings = cfg.engine_settings()      # data, corpus, rates (verify runs on the CPU backend)
         self.phrases = cfg.phrase_list()
         self.measured = tuple(dict.fromkeys(self.phrases + cfg.watched()))
         self.prompts = _lines(cfg.file("prompts"))
@@ -160,11 +161,17 @@ def _data(r: _Run) -> dict:
         mine = MineConfig(sampling=Sampling(max_new=c.max_new, seed=c.seed), samples=c.samples, n_boot=0,
                           chat_template=r.tpl_path)
         ds = build_dataset(r.model, r.prompts, r.phrases, r.out / "data", texts=r.texts,
-                           config=DatasetConfig(mine=mine), progress=r.tick("dataset"))
+                           config=DatasetConfig(mine=mine), settings=r.settings, progress=r.tick("dataset"))
         return {**ds.to_dict(), "tuples": [list(t) for t in ds.tuples("train", "heldout")]}
 
     return r.run("data", {"prompts": list(r.prompts), "phrases": list(r.phrases), "texts": r.sha["texts"],
-                          "samples": c.samples, "max_new": c.max_new, "seed": c.seed}, ["data"], build)
+                          "samples": c.samples, "max_new": c.max_new, "seed": c.seed, **_offload(r)}, ["data"], build)
+
+
+def _offload(r: _Run) -> dict:
+    """The engine's n_gpu_layers as a stage input, only when layers are offloaded: a CPU run's keys are
+    those of a run made before the setting existed (its stages resume)."""
+    return {"gpu_layers": r.settings.n_gpu_layers} if r.settings.offloaded else {}
 
 
 def _corpus(r: _Run) -> dict | None:
@@ -176,11 +183,11 @@ def _corpus(r: _Run) -> dict | None:
 
     def build():
         corpus = build_corpus(r.model, r.phrases, r.out / "corpus", config=c.corpus_config(r.tpl_path),
-                              progress=r.tick("corpus"))
+                              settings=r.settings, progress=r.tick("corpus"))
         return corpus.to_dict()
 
     return r.run("corpus", {"phrases": list(r.phrases), "max_tokens": c.corpus_tokens, "context": c.corpus_context,
-                            "seed": c.seed, "english": english_digest()}, ["corpus"], build)
+                            "seed": c.seed, "english": english_digest(), **_offload(r)}, ["corpus"], build)
 
 
 def _parts(rec: dict) -> dict[str, str]:
@@ -288,7 +295,12 @@ def _rules(r: _Run) -> dict:
         return compile_file(None, r.model, r.out / "rules.json", phrases=r.phrases, bias=r.cfg.rules_bias,
                             chat_template=r.tpl_path).to_dict()
 
-    return r.run("rules", {"phrases": list(r.phrases), "bias": r.cfg.rules_bias}, ["rules.json"], compile_rules)
+    from exactedit.solvers.shaping.compiled import VERSION
+
+    # the compiled format's version in the key: a run directory holding rules of an older format
+    # (version 1 missed code fences split over tokens) recompiles them and re-measures the rates
+    return r.run("rules", {"phrases": list(r.phrases), "bias": r.cfg.rules_bias, "format": VERSION}, ["rules.json"],
+                 compile_rules)
 
 
 def _rates(r: _Run, rec: dict) -> dict:
@@ -300,14 +312,14 @@ def _rates(r: _Run, rec: dict) -> dict:
     def rates():
         return rate_arms(r.model, r.out / "rules.json", r.out / "edited.gguf", r.rate_prompts, r.measured, seeds,
                          max_new=c.max_new, n_boot=c.n_boot, out=r.out, progress=r.tick("rates (4 arms)"),
-                         rules_mode=c.rules_mode)
+                         rules_mode=c.rules_mode, settings=r.settings)
 
     # the rules' mode joins the stage's inputs only when it is not the default (a run made before the
     # mode existed keeps its rates)
     mode = {"rules_mode": c.rules_mode} if c.rules_mode != "penalty" else {}
     return r.run("rates", {"edited": rec["apply"]["sha256"], "rules": r.stages.outputs("rules"),
                            "prompts": list(r.rate_prompts), "phrases": list(r.measured), "seeds": seeds,
-                           "max_new": c.max_new, "n_boot": c.n_boot, **mode},
+                           "max_new": c.max_new, "n_boot": c.n_boot, **mode, **_offload(r)},
                  ["rates.json", "replies.json", "phrase-rates.png", "arms.png"], rates)
 
 

@@ -23,7 +23,9 @@ From prompts, banned phrases and a few plain texts:
 The summary counts what `solve wfld` will mine in each set (solvers/l47/mining.py, the same
 matcher): slop contexts per phrase, legitimate uses per word, complete turn ends, and warns
 where a set is too small for its bar; every reply's text goes to DIR/replies.json (with its set:
-`exactedit discover` reads it as model text). The result keeps each set's mining (`DatasetResult.tuples`):
+`exactedit discover` reads it as model text; one that discover would refuse, past one of its limits,
+is refused after the sampling and before any dump is captured, and a reply count past its record limit
+before the sampling). The result keeps each set's mining (`DatasetResult.tuples`):
 the demo's protocol lists the tuples found here, so the replies are matched once.
 """
 from __future__ import annotations
@@ -37,13 +39,15 @@ from typing import Callable, Sequence
 import numpy as np
 
 from exactedit.dumps import ROLE_REPLY_END
+from exactedit.evals.discover.sources import over_limits
 from exactedit.native.llamacpp.capture import CaptureDoc, capture_dump
 from exactedit.native.llamacpp.chat import model_chat, prompt_tokens, reply_name, short_hash
 from exactedit.native.llamacpp.documents import labelled
 from exactedit.native.llamacpp.engine import EngineError, EngineSettings, LlamaEngine
 from exactedit.native.llamacpp.generate import Sampling
 from exactedit.native.llamacpp.sample import sample_replies
-from exactedit.runs.data.mine import MineConfig, by_prompt, reply_infos, reply_jobs, reply_record, reply_stops
+from exactedit.runs.data.mine import (MineConfig, by_prompt, replies_json, reply_infos, reply_jobs, reply_record,
+                                      reply_stops)
 from exactedit.files import MAX_TEXT_BYTES, atomic_write_text, decode_utf8, read_regular
 from exactedit.solvers.l47.mining import mine as mine_dumps
 from exactedit.solvers.phrases import parse_phrases
@@ -208,6 +212,18 @@ def build_dataset(model, prompts: Sequence[str], phrases: Sequence[str], out, *,
     out = Path(out)
     if out.exists() and not overwrite:
         raise EngineError(out, "out", "exists (pass --overwrite to replace its dumps)")
+    if cfg.chunk > settings.n_ctx:      # each chunk is captured whole: this failed after the sampling
+        raise EngineError("DatasetConfig", "chunk", f"{cfg.chunk} tokens per text document, more than the "
+                          f"context's n_ctx {settings.n_ctx} (each is captured whole): give a --chunk of at most "
+                          f"{settings.n_ctx}, or a larger --n-ctx")
+    if cfg.mine.sampling.max_new >= settings.n_ctx:
+        raise EngineError("Sampling", "max_new", f"{cfg.mine.sampling.max_new} leaves no room for a prompt in the "
+                          f"context of n_ctx {settings.n_ctx} tokens: give a smaller --max-new, or a larger --n-ctx")
+    too_many = over_limits(0, len(prompts) * cfg.mine.samples, 0, 0)
+    if too_many is not None:
+        raise EngineError(out / "replies.json", "replies", f"{len(prompts)} prompts x {cfg.mine.samples} samples: "
+                          f"{too_many}: `exactedit discover --model-text` would refuse to read it; give fewer "
+                          "--samples or fewer prompts")
     chat = model_chat(model, fallback=cfg.mine.chat_fallback, template=cfg.mine.chat_template)
     groups = split_prompts(prompts, cfg)
     with LlamaEngine(model, settings) as engine:
@@ -217,6 +233,10 @@ def build_dataset(model, prompts: Sequence[str], phrases: Sequence[str], out, *,
         gens = sample_replies(engine, reply_jobs(ptoks, cfg.mine), stop_ids=reply_stops(chat, engine),
                               turn_end=chat.specials.turn_end, progress=progress)
     samples = by_prompt(gens, cfg.mine.samples)
+    set_of = {i: PROMPT_SETS[g] for g, idx in groups.items() for i in idx}
+    records = [{**reply_record("base", x, prompts), "set": set_of[x.prompt]} for x in reply_infos(prompts, samples, chat)]
+    replies_text = replies_json(records, out / "replies.json", "a smaller --max-new or --samples, or fewer prompts")
+    del records                 # refused here, before any dump is captured, where discover would not read it
     replies: dict[int, list[CaptureDoc]] = {}
     for i, (p, row) in enumerate(zip(prompts, samples)):
         replies[i] = [labelled(chat, reply_name(p, s.seed), s.sequence, source="dataset", character=f"p-{short_hash(p)}",
@@ -258,9 +278,7 @@ def build_dataset(model, prompts: Sequence[str], phrases: Sequence[str], out, *,
         warnings += _warn(s)
     res = DatasetResult(out, {g: [short_hash(prompts[i]) for i in idx] for g, idx in groups.items()},
                         tuple(summaries), tuple(warnings), chat.to_dict(), minings)
-    set_of = {i: PROMPT_SETS[g] for g, idx in groups.items() for i in idx}
-    records = [{**reply_record("base", x, prompts), "set": set_of[x.prompt]} for x in reply_infos(prompts, samples, chat)]
-    atomic_write_text(out / "replies.json", json.dumps(records, indent=1, ensure_ascii=False) + "\n")
+    atomic_write_text(out / "replies.json", replies_text)
     atomic_write_text(out / "dataset.json", json.dumps(res.to_dict(), indent=1) + "\n")
     return res
 

@@ -244,13 +244,37 @@ def reply_records(r: MineResult, prompts: Sequence[str] | None = None) -> list[d
             for x in xs]
 
 
-def write_replies(r: MineResult, prompts: Sequence[str] | None, path) -> None:
-    """`reply_records` as JSON at `path`, written atomically."""
+def replies_json(records: Sequence[dict], path, shrink: str) -> str:
+    """`records` (`reply_record`s) as the JSON text `exactedit discover` reads as model text; where
+    discover would refuse to read it back (evals/discover/sources.py `over_limits`: its bytes, its
+    records, its texts' characters, its longest record), EngineError naming `path`, the limit and
+    `shrink` (the options that make it smaller), and nothing is written."""
     import json
+    import re
 
+    from exactedit.evals.discover.sources import over_limits
+
+    text = json.dumps(list(records), indent=1, ensure_ascii=False) + "\n"
+    # at indent 1 a record alone opens a line " {" and closes one " }" (strings escape their newlines);
+    # discover measures a record from its "{" to its "}"
+    opens = [m.end() - 2 for m in re.finditer("\n {\n", text)]
+    closes = [m.end() for m in re.finditer("\n }(?=,?\n)", text)]
+    longest = max((b - a for a, b in zip(opens, closes, strict=True)), default=0)
+    why = over_limits(len(text.encode("utf-8")), len(records), sum(len(x.get("text") or "") for x in records),
+                      longest)
+    if why is not None:
+        raise EngineError(path, "replies", f"{why}: `exactedit discover --model-text` would refuse to read it; "
+                                           f"give {shrink}")
+    return text
+
+
+def write_replies(r: MineResult, prompts: Sequence[str] | None, path) -> None:
+    """`reply_records` as JSON at `path`, written atomically; refused before writing where discover
+    would not read it back (`replies_json`)."""
     from exactedit.files import atomic_write_text
 
-    atomic_write_text(path, json.dumps(reply_records(r, prompts), indent=1, ensure_ascii=False) + "\n")
+    atomic_write_text(path, replies_json(reply_records(r, prompts), path, "a smaller --max-new or --samples, or "
+                                                                          "fewer prompts"))
 
 
 def render_mine(r: MineResult) -> str:

@@ -21,26 +21,23 @@ MATTR_WINDOW = 500
 __all__ = ["MATTR_WINDOW", "edit_cost"]
 
 
-def _split(dump: Path, per_row, role: int, name: str) -> dict:
-    """Mean and max KL over the rows carrying role bit `role` and over the others."""
-    import numpy as np
-
-    from exactedit.dumps import read_dump
-
-    roles = read_dump(dump).roles
-    if roles is None or len(roles) != len(per_row):
-        return {}
-    on = (np.asarray(roles) & role) != 0
-    return {label: {"rows": int(m.sum()), "mean": float(per_row[m].mean()) if m.any() else None,
-                    "max": float(per_row[m].max()) if m.any() else None}
-            for label, m in ((f"{name} rows", on), ("other rows", ~on))}
+def _split(per_row, parts: Mapping) -> dict:
+    """Rows, mean and max KL over each named row set (bool masks of the dump's rows)."""
+    out = {}
+    for label, m in parts.items():
+        if len(m) != len(per_row):
+            return {}
+        out[label] = {"rows": int(m.sum()), "mean": float(per_row[m].mean()) if m.any() else None,
+                      "max": float(per_row[m].max()) if m.any() else None}
+    return out
 
 
 def edit_cost(model, edited, dumps: Mapping[str, Path], replies, out, *,
-              progress: Callable[[int, int], None] | None = None, split: tuple[str, int] | None = None) -> dict:
+              progress: Callable[[int, int], None] | None = None,
+              split: Callable[[Path], Mapping] | None = None) -> dict:
     """KL and perplexity per labelled dump, MATTR per arm; written to `out` (JSON) and returned.
-    `split` (name, role bit): the KL also over the rows with that role and over the rest (e.g. a
-    persona's reply-start rows, where the edit is meant to act, against everything else)."""
+    `split(dump)` names row sets of a dump (label -> bool mask of its rows): the KL also over each
+    (e.g. a persona's decision rows, where the edit is meant to act, and the rows off them)."""
     from exactedit.evals.kl.compare import KldConfig, compare
     from exactedit.evals.rates.diversity import diversity
 
@@ -51,7 +48,7 @@ def edit_cost(model, edited, dumps: Mapping[str, Path], replies, out, *,
         kl[label] = {"dump": str(dump), "rows": s["rows"], "kld": s["kld"], "same_top": s["same_top"],
                      "ppl_base": s["ppl_base"], "ppl_edited": s["ppl_edited"]}
         if split is not None:
-            kl[label]["split"] = _split(Path(dump), c.per_row_kld, split[1], split[0])
+            kl[label]["split"] = _split(c.per_row_kld, split(Path(dump)))
         if progress is not None:
             progress(i + 1, len(dumps) + 1)
     records = json.loads(Path(replies).read_text(encoding="utf-8"))

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -279,12 +279,14 @@ def preflight(model, phrases: Sequence[str], *, chat_template=None, phrases_from
                            head.type_name, spec.tied, template, tokens)
 
 
-def preflight_head(model, *, chat_template=None) -> PreflightResult:
+def preflight_head(model, *, chat_template=None,
+                   settings: Callable[[int, int], Sequence[tuple[str, str]]] | None = None) -> PreflightResult:
     """Check that `exactedit persona` (a `solve head` edit of output.weight rows) can run on `model`
     before any generation: (a) and (c) of the module doc, (b) for the head, and (e): the head is its
     own tensor (an edit of the tied token_embd.weight would move the inputs too) and the logits are
     linear in it (no final softcap), the test `solve head` applies (solvers.head.solve.check_tail).
-    Raises PreflightError listing every problem."""
+    `settings(n, vocab)`: the run's settings the model's sizes bound (the head's input width and
+    rows), as (setting, why) pairs, listed first. Raises PreflightError listing every problem."""
     model = Path(model)
     problems: list[Problem] = []
     try:
@@ -293,6 +295,8 @@ def preflight_head(model, *, chat_template=None) -> PreflightResult:
         raise PreflightError(model, [Problem.of(exc, model, "file")], "persona") from None
     with g:
         spec = _tail(g, problems)
+        if spec is not None and settings is not None:
+            problems[:0] = [Problem(str(model), name, why) for name, why in settings(spec.n, spec.vocab)]
         if spec is not None:
             _types(g, spec, problems, ("head",))
             if spec.tied:

@@ -3,6 +3,10 @@ run) and `exactedit persona`. Each check returns the problems it finds, one stri
 names it (its field, and its flag), so that a config refuses every bad setting in one error, not one
 per run, and before the minutes of generation a setting used only by a later stage would waste:
 - integers of their range, numbers finite and in theirs (a NaN compares False with every bound);
+  counts with an upper bound where a larger one is no run's but a memory or time bomb found only
+  after the generation: replies per prompt at most MAX_SAMPLES (each reply's seed is listed and
+  each reply held), bootstrap resamples at most MAX_BOOT (their weights are an [n_boot, prompts]
+  float64 array);
 - seeds: the run's `seed` and every seed it derives from it (one per reply: seed + i for the data
   replies, seed + RATE_SEED + i for the rate replies) in llama.cpp's range, 0 <= seed < SEED_LIMIT
   (native/llamacpp/generate.py: the engine takes 32 bits, so a larger seed wraps to another one,
@@ -18,7 +22,11 @@ from typing import Callable, Mapping, Sequence
 
 from exactedit.native.llamacpp.generate import SEED_LIMIT, seed_problem
 
-__all__ = ["SEED_LIMIT", "downstream", "flag", "integers", "numbers", "refusal", "reply_room", "seeds", "utf8_paths"]
+__all__ = ["MAX_BOOT", "MAX_SAMPLES", "SEED_LIMIT", "downstream", "flag", "integers", "numbers", "refusal",
+           "reply_room", "seeds", "utf8_paths"]
+
+MAX_SAMPLES = 256       # replies per prompt (and side): --samples 10^9 listed a billion seeds after the preflight
+MAX_BOOT = 10_000       # bootstrap resamples (default 1000): 10^9 was a [10^9, prompts] array after the generation
 
 
 def flag(name: str, flags=()) -> str:
@@ -27,13 +35,18 @@ def flag(name: str, flags=()) -> str:
     return f"{name} (--{name.replace('_', '-')})" if name in flags else name
 
 
-def integers(cfg, lows: Mapping[str, int], flags=()) -> list[str]:
-    """Each field of `lows` an integer (not a bool) >= its low."""
+def integers(cfg, lows: Mapping[str, int], flags=(), highs: Mapping[str, tuple[int, str]] | None = None) -> list[str]:
+    """Each field of `lows` an integer (not a bool) >= its low, and at most its high where `highs`
+    gives one (name -> (high, why the bound))."""
     out = []
     for name, low in lows.items():
         v = getattr(cfg, name)
+        high, why = (highs or {}).get(name, (None, ""))
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            out.append(f"{flag(name, flags)}: expected an integer >= {low}, got {v!r}")
+            most = f" and at most {high}" if high is not None else ""
+            out.append(f"{flag(name, flags)}: expected an integer >= {low}{most}, got {v!r}")
+        elif high is not None and v > high:
+            out.append(f"{flag(name, flags)}: {v} is more than {high} ({why})")
     return out
 
 

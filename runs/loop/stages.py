@@ -14,7 +14,9 @@ naming the stage), never half-trusted. Running a stage:
   stage's own, under DIR), then its entry is dropped from the state (written first: a crash from
   here on leaves no entry, so the next run redoes the stage), it runs, its outputs are hashed and
   its entry written.
-A stage whose inputs changed is redone, and so is every stage whose key holds its record.
+A stage whose inputs changed is redone, and so is every stage whose key holds its record. A stage
+a run skips (`skip`: no edit shipped, or its setting turned off) loses the entry and the files an
+earlier run of it left, as a redo would.
 The run's closing files (`finals`: report.md, report.json, the report's PNGs), written after the
 last stage from every stage's records and recorded by none, are removed when a stage is redone,
 before anything else changes: a run that then fails before writing them again leaves no report
@@ -259,10 +261,30 @@ class Stages:
                 path.unlink()
 
     def skip(self, name: str) -> None:
-        """A stage this run has no use for (its settings turn it off): counted in the progress, no entry."""
+        """A stage this run has no use for (its settings turn it off, or no edit shipped): counted in
+        the progress, no entry. An entry an earlier run left (the stage ran then) is dropped and
+        its files removed as a redo removes them, with the run's closing files and the folders
+        its files leave empty: an edited.gguf, verify.json or corpus/ of an edit or setting this run
+        no longer has would stand beside a report that says there is none."""
         self.done += 1
         if self.progress is not None:
             self.progress("stages", self.done, self.total)
+        entry = self.state["stages"].get(name)
+        if entry is None:
+            return
+        self._clear(entry, ())
+        root = self.out.resolve()
+        for rel in sorted(entry["outputs"], key=lambda r: -r.count("/")):
+            for parent in PurePosixPath(rel).parents[:-1]:          # its folders under DIR, deepest first
+                folder = self.out / parent
+                if folder.is_symlink() or not folder.is_dir() or root not in folder.resolve().parents:
+                    break
+                try:
+                    folder.rmdir()
+                except OSError:                 # not empty: kept, and so are the folders above it
+                    break
+        del self.state["stages"][name]
+        self._save()
 
     def run(self, name: str, inputs: dict, outputs: Sequence[str], fn: Callable[[], dict]) -> dict:
         """The stage's record: the recorded one when its key and outputs still hold, else fn()'s

@@ -14,12 +14,13 @@ from exactedit.runs.loop.inputs import bundled_dir, bundled_file, bundled_templa
 LOOP = "persona"        # the bundled inputs' folder: runs/bundled/NAME/persona/
 PERSONA_FILE = "persona.toml"
 MAX_SYSTEM_CHARS = 4000         # a persona prompt longer than this is refused (it is read from a user's file)
+MAX_EDIT_COUNT = 1024           # |S|: a style's initiation tokens are a handful; more is no style's edit set
 RATE_SEED = 10_000        # rate replies' seeds start at seed + this: never a data reply's seed
 DEVICES = ("auto", "cpu", "gpu")
 _UNTYPABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")   # controls but tab and newlines; surrogates
 # the settings `exactedit persona` has a flag for; the others come from persona.toml or the class
 FLAGS = frozenset({"system", "style", "prompts", "rate_prompts", "texts", "chat_template", "samples", "rate_samples",
-                   "max_new", "seed", "edit_count", "rank", "lr", "max_steps", "device"})
+                   "max_new", "seed", "edit_count", "rank", "lr", "max_steps", "device", "hold", "watch_kl"})
 
 __all__ = ["PERSONA_FILE", "PersonaConfig", "PersonaError", "RATE_SEED", "persona_defaults"]
 
@@ -32,7 +33,10 @@ class PersonaError(ExacteditError):
 class PersonaConfig:
     """A persona run. `system` is the persona's system prompt; `style` a Style spec (starter:TEXT,
     signoff:TEXT, kaomoji, lowercase). The solve's stopping rule and bars are the seeds' (SPEC.md
-    section 7): keep the last step with dev/train >= `min_ratio` on the style positions."""
+    section 7): keep the last step with dev/train >= `min_ratio` on the style positions; with
+    `watch_kl`, only before the first checkpoint whose mean dev KL off the style's decision rows
+    passes the registered bar (`bars.persona_max_kl_off`). `hold` is the head solve's (rows of the
+    anchors held in its KL term: "none", or "paragraph", the paragraph starts after a blank line)."""
 
     model: str = "qwen"
     system: str | None = None
@@ -53,6 +57,8 @@ class PersonaConfig:
     every: int = 5
     max_steps: int = 300
     min_ratio: float = 0.75             # the seeds' rule: a margin over the 0.70 bar
+    watch_kl: bool = False              # the rule also stops where the dev KL off the decision rows passes the bar
+    hold: str = "none"                  # anchors' rows held in the solve's KL term (HeadSolveConfig.hold)
     verify_tokens: int = 192
     n_boot: int = 1000
     device: str = "auto"
@@ -72,11 +78,17 @@ class PersonaConfig:
         every reply in llama.cpp's range."""
         from exactedit.runs.loop import settings as st
 
+        counts = {"samples": (st.MAX_SAMPLES, "replies per prompt and side"),
+                  "rate_samples": (st.MAX_SAMPLES, "replies per rate prompt and side"),
+                  "n_boot": (st.MAX_BOOT, "bootstrap resamples"),
+                  "edit_count": (MAX_EDIT_COUNT, "the edit set S is the train split's most frequent initiation "
+                                                 "tokens: a style has a handful")}
         out = st.integers(self, {"samples": 1, "rate_samples": 1, "max_new": 1, "verify_tokens": 1, "edit_count": 1,
-                                 "rank": 1, "null_k": 0, "every": 1, "max_steps": 1, "n_boot": 0}, FLAGS)
-        if not out and self.rank > self.edit_count:
-            out.append(f"{st.flag('rank', FLAGS)}: expected 1 <= rank <= edit_count ({self.edit_count}), "
-                       f"got {self.rank}")
+                                 "rank": 1, "null_k": 0, "every": 1, "max_steps": 1, "n_boot": 0}, FLAGS, counts)
+        counted = all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (self.rank, self.edit_count))
+        if counted and self.rank > min(self.edit_count, MAX_EDIT_COUNT):     # A is |S| x rank
+            most = self.edit_count if self.edit_count <= MAX_EDIT_COUNT else f"at most {MAX_EDIT_COUNT}"
+            out.append(f"{st.flag('rank', FLAGS)}: expected 1 <= rank <= edit_count ({most}), got {self.rank}")
         out += st.numbers(self, {"dev": (0, 0.5, "()"), "lr": (0, None, "()"), "w_kl": (0, None, "[)"),
                                  "min_ratio": (0, None, "()")}, FLAGS)
         out += st.reply_room(self.max_new, FLAGS)
@@ -89,6 +101,8 @@ class PersonaConfig:
                                     "the rate replies": (RATE_SEED, self.rate_samples)}, FLAGS)
         if self.device not in DEVICES:
             out.append(f"{st.flag('device', FLAGS)}: expected one of {DEVICES}, got {self.device!r}")
+        if not isinstance(self.watch_kl, bool):
+            out.append(f"{st.flag('watch_kl', FLAGS)}: expected true or false, got {self.watch_kl!r}")
         if self.system is not None and (not isinstance(self.system, str) or not self.system.strip()
                                         or len(self.system) > MAX_SYSTEM_CHARS):
             out.append(f"{st.flag('system', FLAGS)}: the persona prompt must be non-empty and at most "
@@ -100,21 +114,40 @@ class PersonaConfig:
             out.append(f"{st.flag('system', FLAGS)}: the persona prompt holds {what} ({ascii(bad.group())} at "
                        f"character {bad.start()}); give UTF-8 text")
         if not out:
-            out += st.downstream(self.head_config, ["rank", "null_k", "lr", "w_kl"], FLAGS)
-            out += st.downstream(self.stopping, ["every", "max_steps", "min_ratio"], FLAGS)
+            out += st.downstream(self.head_config, ["rank", "null_k", "lr", "w_kl", "hold"], FLAGS)
+            out += st.downstream(self.stopping, ["every", "max_steps", "min_ratio", "watch_kl"], FLAGS)
+        return out
+
+    def model_problems(self, n: int, vocab: int) -> list[tuple[str, str]]:
+        """The settings the model bounds, as (setting, why) pairs, checked by preflight_head with the
+        model's head read (before any generation; the solve refused them, or ran out of memory, only
+        after it): `rank` <= n, the head's input width (B is n x rank; a rank past n adds no
+        direction), `null_k` < n (the null space keeps n - null_k directions for the edit),
+        `edit_count` <= the head's rows (S is a set of the model's tokens)."""
+        from exactedit.runs.loop import settings as st
+
+        out = []
+        for name, high, what in (("rank", n, f"the model's width n = {n}: the edit's B is n x rank"),
+                                 ("null_k", n - 1, f"the model's width n = {n} less one: the null space must leave "
+                                                   "the edit a direction"),
+                                 ("edit_count", vocab, f"the model's {vocab} tokens (the head's rows)")):
+            v = getattr(self, name)
+            if isinstance(v, int) and v > high:
+                out.append((st.flag(name, FLAGS), f"{v} is more than {high}, {what}"))
         return out
 
     def head_config(self):
         """`solve head`'s settings of the run (solvers.head.config.HeadSolveConfig)."""
         from exactedit.solvers.head.config import HeadSolveConfig
 
-        return HeadSolveConfig(rank=self.rank, null_k=self.null_k, lr=self.lr, w_kl=self.w_kl)
+        return HeadSolveConfig(rank=self.rank, null_k=self.null_k, lr=self.lr, w_kl=self.w_kl, hold=self.hold)
 
     def stopping(self):
         """The protocol's stopping rule of the run (evals.protocol.protocol.StoppingRule)."""
-        from exactedit.evals.protocol.protocol import StoppingRule
+        from exactedit.evals.protocol.protocol import Bars, StoppingRule
 
-        return StoppingRule(every=self.every, max_steps=self.max_steps, metric="style", min_ratio=self.min_ratio)
+        return StoppingRule(every=self.every, max_steps=self.max_steps, metric="style", min_ratio=self.min_ratio,
+                            max_dev_kl_off=Bars().persona_max_kl_off if self.watch_kl else math.inf)
 
     @classmethod
     def for_model(cls, model: str = "qwen", **given) -> "PersonaConfig":

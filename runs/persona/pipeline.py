@@ -13,15 +13,18 @@ prompts and held-out rate prompts, into DIR, in resumable stages (runs/loop/stag
    text; the edit set S is the train split's most frequent initiation tokens (the token that starts
    the style: the decision, not the glyphs) -> DIR/data/;
 3. `solve`: a protocol (the splits as fixed traces, S explicit, the style tokens = S, the seeds'
-   stopping rule and bars), registered and split in DIR/ws; `solve head --rank r` -> DIR/head/
-   (test scored once, at the step the rule chose; no step qualifies: no edit ships);
+   stopping rule and bars, the KL bars over the rows off the style's decision rows: `Style.decision`,
+   with the every-row mean reported beside them; with `watch_kl` the rule also stops where the dev KL
+   off those rows passes the bar), registered and split in DIR/ws; `solve head --rank r --hold H`
+   -> DIR/head/ (test scored once, at the step the rule chose; no step qualifies: no edit ships);
 4. `apply` -> DIR/edited.gguf; 5. `verify`: llama.cpp on base and edited against the
    engine-faithful prediction, on a test document -> DIR/verify.json (both skipped with no edit);
 6. `rates`: free generation on the rate prompts *without* the persona prompt, base and edited, and
    the persona-prompted base as the target, same seeds: the style rate per side with intervals
    and the paired change; turn ends, empty turns, the tokens whose rate moved -> DIR/rates.json;
 7. `cost`: KL and perplexity of edited vs base on the plain replies and texts the solve never fitted
-   and on the test persona documents; MATTR per side -> DIR/cost.json;
+   and on the test persona documents, also split into the decision rows, the rows off them and the
+   paragraph starts among those; MATTR per side -> DIR/cost.json;
 then DIR/report.md, DIR/report.json and DIR/style-rates.png. Nothing here prints.
 """
 from __future__ import annotations
@@ -73,7 +76,7 @@ class _Run(StagedRun):
         self.system = cfg.persona()
         self.style = cfg.style_spec()
         self.style_key = [str(self.style), RULES_VERSION]      # a stage that reads the style redoes when its rules change
-        self.preflight = preflight_head(self.model, chat_template=self.tpl_path)
+        self.preflight = preflight_head(self.model, chat_template=self.tpl_path, settings=cfg.model_problems)
         self.prompts = cfg.lines("prompts")
         self.rate_prompts = cfg.lines("rate_prompts")
         overlap = set(self.prompts) & set(self.rate_prompts)
@@ -258,7 +261,7 @@ def _data(r: _Run, rec: dict) -> dict:
 
 
 def _solve(r: _Run, rec: dict) -> dict:
-    from exactedit.evals.protocol.protocol import EditSetRule, TokenSets, Trace, write_protocol
+    from exactedit.evals.protocol.protocol import Bars, EditSetRule, TokenSets, Trace, write_protocol
     from exactedit.runs.eval import workflow
     from exactedit.runs.solve.head_report import result_json
     from exactedit.runs.solve.head import solve_head, write_head_bundle
@@ -271,6 +274,7 @@ def _solve(r: _Run, rec: dict) -> dict:
     if missing:
         raise PersonaError(f"{out / 'data'}: no {', '.join(missing)} documents (give more prompts)")
     hcfg = c.head_config()
+    stopping, bars = c.stopping(), Bars(persona_decision=r.style.decision)    # registered before the solve
 
     def solve():
         with gguf.open(r.model) as g:
@@ -282,7 +286,7 @@ def _solve(r: _Run, rec: dict) -> dict:
         protocol = out / "protocol.toml"
         write_protocol(protocol, f"persona-{Path(str(r.model)).stem}", traces,
                        description=f"exactedit persona: style {r.style} taught to the head without the persona prompt",
-                       stopping=c.stopping(),
+                       stopping=stopping, bars=bars,
                        edit_set=EditSetRule("explicit", len(edit), edit),
                        tokens=TokenSets(specials=tuple(ms.guards), turn_end=int(ms.turn_end), style=edit))
         ws = out / "ws"
@@ -301,11 +305,13 @@ def _solve(r: _Run, rec: dict) -> dict:
                 "test": full["test"], "rows_changed": res.rows_changed, "edit_norm_ratio": res.edit_norm_ratio,
                 "best_ratio": None if best is None else {"step": best["step"], "ratio": best["ratio"]},
                 "trajectory": [{"step": t["step"], "ratio": t["ratio"], "train": t["train"].get("style"),
-                                "dev": t["dev"].get("style")} for t in full["trajectory"]],
-                "seconds": full["seconds"], "stopping": full["stopping"]}
+                                "dev": t["dev"].get("style"), "dev_kl": t["dev_kl"], "dev_kl_off": t["dev_kl_off"]}
+                               for t in full["trajectory"]],
+                "seconds": full["seconds"], "stopping": full["stopping"], "hold": hcfg.hold,
+                "hold_rows": full["term_rows"].get("hold", 0), "decision": bars.persona_decision}
 
-    return r.run("solve", {"data": r.stages.outputs("data"), "head": hcfg.to_json(), "every": c.every,
-                           "max_steps": c.max_steps, "min_ratio": c.min_ratio},
+    return r.run("solve", {"data": r.stages.outputs("data"), "head": hcfg.to_json(),
+                           "stopping": dataclasses.asdict(stopping), "bars": dataclasses.asdict(bars)},
                  ["protocol.toml", "ws", "head"], solve)
 
 
@@ -328,7 +334,10 @@ def _rates(r: _Run, rec: dict) -> dict:
             records += reply_records(side, chat, r.rate_prompts, samples, r.style)
         atomic_write_text(r.out / "rate-replies.json", json.dumps(records, indent=1, ensure_ascii=False) + "\n")
         per = {s: [x for x in records if x["side"] == s] for s, _, _ in sides}
-        obj = {"prompts": len(r.rate_prompts), "seeds": seeds, "sides": {s: side_rates(v, c.n_boot) for s, v in per.items()}}
+        obj = {"prompts": len(r.rate_prompts), "seeds": seeds, "sides": {s: side_rates(v, c.n_boot) for s, v in per.items()},
+               "out_of_place": {s: {"replies": sum(r.style.paragraph_hits(x["text"]) > 0 for x in v),
+                                    "paragraphs": sum(r.style.paragraph_hits(x["text"]) for x in v)}
+                                for s, v in per.items()}}
         if edited:
             shows = {s: [x["style_at"] is not None for x in per[s]] for s in ("base", "edited")}
             obj["change"] = rate_change(shows["base"], shows["edited"], [x["prompt"] for x in per["base"]],
@@ -346,8 +355,11 @@ def _rates(r: _Run, rec: dict) -> dict:
 
 
 def _cost(r: _Run, rec: dict) -> dict:
-    from exactedit.dumps.format import ROLE_STEP0
+    import numpy as np
+
+    from exactedit.dumps import read_dump
     from exactedit.runs.loop.cost import edit_cost
+    from exactedit.solvers.tail.decision import decision_rows, paragraph_starts, role_bits
 
     sets = rec["data"]["sets"]
     held = {"test persona replies (chat, scored once)": Path(sets["test"]["dump"])}
@@ -357,11 +369,23 @@ def _cost(r: _Run, rec: dict) -> dict:
         held["anchors: plain replies to train prompts and plain text (the solve's KL term)"] = \
             Path(sets["anchors"]["dump"])
 
+    style, bits = tuple(int(t) for t in rec["data"]["edit_set"]), role_bits(r.style.decision)
+
     def cost():
-        split = ("reply-start", ROLE_STEP0) if r.style.kind == "starter" else None
+        piece = r.chat().table.decode
+
+        def parts(dump) -> dict:
+            """The decision rows, the rows off them, and of those the paragraph starts."""
+            d = read_dump(dump)
+            roles, nxt, toks = np.asarray(d.roles), np.asarray(d.next), np.asarray(d.tokens)
+            dec = decision_rows(roles, nxt, style, bits)
+            para = paragraph_starts(toks, d.doc_index(), nxt, lambda t: piece([t]))
+            return {f"decision rows ({r.style.decision}, style tokens)": dec, "off the decision rows": ~dec,
+                    "paragraph starts off the decision rows": para & ~dec}
+
         return edit_cost(r.model, rec["apply"]["edited"], held, r.out / "rate-replies.json", r.out / "cost.json",
-                         progress=r.tick("cost"), split=split)
+                         progress=r.tick("cost"), split=parts)
 
     return r.run("cost", {"edited": rec["apply"]["sha256"], "data": r.stages.outputs("data"),
                           "rates": r.stages.outputs("rates"), "parts": list(held),
-                          "split": r.style.kind == "starter"}, ["cost.json"], cost)
+                          "split": ["decision", r.style.decision, list(style), "paragraph"]}, ["cost.json"], cost)

@@ -144,8 +144,8 @@ def _engine_cmd(cmd: str, flag: str, bad, model, tmp_path) -> list:
             "live": ["verify", "live", "--model", model, "--bundle", tmp_path / "bundle", flag, bad]}[cmd]
 
 
-_ENGINE_INPUTS = [("dump", "--text", "text"), ("dump", "--tokens", "tokens"),
-                  ("perplexity-chunks", "--text", "text"), ("run", "--tokens-file", "tokens file"),
+_ENGINE_INPUTS = [("dump", "--text", "--text"), ("dump", "--tokens", "--tokens"), ("dump", "--chat", "--chat"),
+                  ("perplexity-chunks", "--text", "--text"), ("run", "--tokens-file", "tokens file"),
                   ("live", "--text", "--text"), ("live", "--tokens", "--tokens")]
 
 
@@ -178,6 +178,33 @@ def test_engine_and_verify_tokens_are_capped(tmp_path, model, cmd, flag, field):
         fh.truncate(4 * MAX_TOKENS + 4)                     # sparse
     _clean(_run(*_engine_cmd(cmd, flag, f, model, tmp_path)),
            f"{f}: {field}: {4 * MAX_TOKENS + 4} bytes, over the limit of {4 * MAX_TOKENS}")
+
+
+def test_engine_dump_tokens_past_the_vocabulary_name_the_file_and_flag(tmp_path, model):
+    """Adversarial pass: an id past the vocabulary was refused as "token stream: tokens: row 2",
+    naming neither the file nor --tokens, after the engine loaded."""
+    f = tmp_path / "t.i32"
+    np.array([1, 2, 10**8], "<i4").tofile(f)
+    _clean(_run("engine", "dump", "--model", model, "--tokens", f, "--out", tmp_path / "d"),
+           f"{f}: --tokens: id 100000000 at position 2 is outside [0, {len(VOCAB)})")
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("flag, value, says", [
+    ("--tag", "", "--tag: expected a non-empty string, got ''"),
+    ("--tag", " ", "--tag: expected a non-empty string, got ' '"),
+    ("--source", "s\udcff", r"--source: 's\udcff' is not UTF-8 text"),
+    ("--character", "c\udcfe", r"--character: 'c\udcfe' is not UTF-8 text"),
+])
+def test_engine_dump_labels_are_checked_before_the_engine(tmp_path, model, flag, value, says):
+    """Adversarial pass: `--tag ''` was refused by the manifest after the whole capture; a label of
+    bytes that are not UTF-8 (a lone surrogate from the shell) was written into the dump."""
+    f = tmp_path / "t.txt"
+    f.write_text("some text")
+    res = CliRunner().invoke(main, ["engine", "dump", "--model", str(model), "--text", str(f), flag, value,
+                                    "--out", str(tmp_path / "d")])
+    _clean(res, f"engine dump: {says}")
+    assert not (tmp_path / "d").exists()
 
 
 @pytest.mark.parametrize("kind", ["fifo", "zero", "utf8"])

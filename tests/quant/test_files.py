@@ -88,6 +88,27 @@ def test_distinct_paths_pass(world):
     refuse_clobber({"--out": root / "m.gguf.2"}, {"--model": model})
 
 
+def test_a_special_file_as_an_output_is_refused_never_replaced(tmp_path):
+    """Adversarial pass: `discover --out /dev/full`, run as root, renamed its JSON over the device
+    node: /dev/full became a regular file. A FIFO, a device or a link to one is refused by name, by
+    refuse_clobber (following links: the command's check) and by the writer itself (the path's own
+    entry: a link is replaced as a link, its target untouched)."""
+    fifo = tmp_path / "out.json"
+    os.mkfifo(fifo)
+    link = tmp_path / "null.json"
+    link.symlink_to("/dev/null")
+    with pytest.raises(ClobberError, match=r"out\.json: --out: is a FIFO: refusing to write over it; give another"):
+        refuse_clobber({"--out": fifo}, {})
+    with pytest.raises(ClobberError, match=r"null\.json: --png: is a character device"):
+        refuse_clobber({"--png": link}, {})
+    with pytest.raises(ClobberError, match=r"out\.json: output: is a FIFO"):
+        atomic_write_bytes(fifo, b"{}")
+    assert fifo.is_fifo() and not (tmp_path / "out.json.tmp").exists()
+    atomic_write_bytes(link, b"{}")                     # the link replaced; /dev/null is still a device
+    assert link.read_bytes() == b"{}" and not link.is_symlink() and os.path.exists("/dev/null")
+    refuse_clobber({"--out": tmp_path, "--json": tmp_path / "new.json"}, {})     # a directory, a new file: fine
+
+
 def test_claim_reuses_a_killed_runs_leftover(tmp_path):
     out = tmp_path / "x.npy"
     tmp_path.joinpath("x.npy.tmp").write_bytes(b"half a file from a killed run")

@@ -134,6 +134,71 @@ def test_persona_refuses_lr_nan_before_the_run(tmp_path, no_run):
     assert r.exit_code == 1 and "2 settings refused" in r.output and "--lr" in r.output, r.output
 
 
+# ---- upper bounds: counts that were a memory or time bomb after the generation ----------------
+def test_persona_edit_count_and_rank_out_of_range_are_refused_before_the_run(tmp_path, no_run):
+    """The repro: `--edit-count 10**12 --rank 10**9` passed every check (rank <= edit_count) and the
+    solve allocated its n x 10**9 B after the whole generation."""
+    from exactedit import cli
+    from exactedit.fixtures import DEFAULT_FIXTURE
+
+    r = CliRunner().invoke(cli.main, ["persona", "--model", str(DEFAULT_FIXTURE / "model.gguf"), "--out",
+                                      str(tmp_path / "o"), "--edit-count", str(10**12), "--rank", str(10**9),
+                                      "--samples", str(10**9)])
+    assert r.exit_code == 1 and "3 settings refused, before any generation" in r.output, r.output
+    assert "edit_count (--edit-count): 1000000000000 is more than 1024" in r.output
+    assert "rank (--rank): expected 1 <= rank <= edit_count (at most 1024), got 1000000000" in r.output
+    assert "samples (--samples): 1000000000 is more than 256" in r.output
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("cls, error, kw, says", [
+    (PersonaConfig, PersonaError, {"rate_samples": 257}, "rate_samples (--rate-samples): 257 is more than 256"),
+    (PersonaConfig, PersonaError, {"n_boot": 10**12}, "n_boot: 1000000000000 is more than 10000"),
+    (PersonaConfig, PersonaError, {"edit_count": 1025, "rank": 1}, "edit_count (--edit-count): 1025 is more"),
+    (PersonaConfig, PersonaError, {"edit_count": 4, "rank": 5}, "expected 1 <= rank <= edit_count (4), got 5"),
+    (AntislopConfig, AntislopError, {"samples": 10**9}, "samples (--samples): 1000000000 is more than 256"),
+    (AntislopConfig, AntislopError, {"n_boot": 10**6}, "n_boot: 1000000 is more than 10000"),
+])
+def test_counts_past_their_bound_are_refused_by_name(cls, error, kw, says):
+    assert says in _refused(cls, error, **kw)
+    assert PersonaConfig(edit_count=1024, rank=1024, samples=256, n_boot=10_000).rank == 1024
+
+
+def test_the_model_bounds_rank_null_k_and_edit_count_in_the_preflight(tmp_path):
+    """What only the model bounds, checked with its head read and listed first in preflight's one
+    error: the solve refused `null_k >= n` only after the generation, and rank past n was an n x rank
+    allocation."""
+    from exactedit.quant.gguf.write import synthetic_model
+    from exactedit.runs.loop.preflight import PreflightError, preflight_head
+
+    w = synthetic_model(tmp_path / "m.gguf", vocab=64, n=256, h=256, head_type="Q8_0")
+    cfg = PersonaConfig(model=str(w.path), edit_count=1000, rank=300, null_k=256)
+    with pytest.raises(PreflightError) as info:
+        preflight_head(w.path, settings=cfg.model_problems)
+    got = [(p.field, p.message) for p in info.value.problems][:3]
+    assert got == [("rank (--rank)", "300 is more than 256, the model's width n = 256: the edit's B is n x rank"),
+                   ("null_k", "256 is more than 255, the model's width n = 256 less one: the null space must leave "
+                              "the edit a direction"),
+                   ("edit_count (--edit-count)", "1000 is more than 64, the model's 64 tokens (the head's rows)")]
+    assert PersonaConfig(rank=256, null_k=255, edit_count=256).model_problems(256, 64) == \
+        [("edit_count (--edit-count)", "256 is more than 64, the model's 64 tokens (the head's rows)")]
+    assert PersonaConfig(rank=4, edit_count=64).model_problems(256, 64) == []
+
+
+def test_the_persona_run_hands_the_model_bounds_to_its_preflight(tmp_path):
+    """run_persona: refused by the preflight (the model's sizes), before the ledger or any generation."""
+    from exactedit.quant.gguf.write import synthetic_model
+    from exactedit.runs.loop.preflight import PreflightError
+    from exactedit.runs.persona.pipeline import run_persona
+
+    w = synthetic_model(tmp_path / "m.gguf", vocab=64, n=256, h=256, head_type="Q8_0")
+    cfg = PersonaConfig(model=str(w.path), system="You are terse.", style="kaomoji", rank=300, edit_count=300)
+    with pytest.raises(PreflightError, match=r"rank \(--rank\): 300 is more than 256") as info:
+        run_persona(cfg, tmp_path / "o")
+    assert "edit_count (--edit-count): 300 is more than 64" in str(info.value)
+    assert not (tmp_path / "o").exists()
+
+
 # ---- preflight: the settings that need their files, in the model's error -------------------------
 def _files(tmp_path, same_sense: str | None = None) -> dict:
     (tmp_path / "p.txt").write_text("you can use\nhere is an\n")

@@ -309,6 +309,40 @@ def test_a_redone_stage_removes_the_report_so_a_failed_run_leaves_none_of_the_ol
     assert not any(f in _state(out)["stages"]["b"]["outputs"] for f in FINALS)      # no stage's outputs
 
 
+def test_a_stage_now_skipped_removes_what_it_wrote_when_it_ran(tmp_path):
+    """The repro: a persona run shipped an edit (apply wrote edited.gguf and its manifest, verify
+    verify.json); a rerun whose redone solve shipped none skipped apply and verify, and left the
+    deleted edit's edited.gguf, manifest and verify.json, and their entries, beside a report of no
+    edit. Antislop's corpus stage, turned off by --corpus-tokens 0, left corpus/ the same way."""
+    out = tmp_path / "run"
+
+    def solve(says):
+        (out / "solve.txt").write_text(says)
+        return {"shipped": says}
+
+    def apply():
+        (out / "edited.gguf").write_bytes(b"edit one")
+        (out / "edited.gguf.manifest.json").write_text("{}")
+        (out / "corpus" / "dev").mkdir(parents=True)
+        (out / "corpus" / "dev" / "rows.npy").write_bytes(b"rows")
+        return {"edited": "edited.gguf"}
+
+    with Stages(out, 2, state_file=STATE, lock=True, finals=FINALS) as s:
+        s.run("solve", {"steps": 300}, ["solve.txt"], lambda: solve("ships"))
+        s.run("apply", {}, ["edited.gguf"], apply)
+        _report(out, "one edit")
+    (out / "keep").mkdir()                                                  # not the stage's: left alone
+    with Stages(out, 2, state_file=STATE, lock=True, finals=FINALS) as s:
+        s.run("solve", {"steps": 40}, ["solve.txt"], lambda: solve("none"))
+        s.skip("apply")
+        assert s.done == 2 and s.ran == ["solve"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(["keep", "solve.txt", STATE])
+    assert set(_state(out)["stages"]) == {"solve"}
+    with Stages(out, 2, state_file=STATE, lock=True, finals=FINALS) as s:    # skipping again: nothing to do
+        s.skip("apply")
+    assert set(_state(out)["stages"]) == {"solve"}
+
+
 def test_the_loops_hand_their_report_files_to_the_ledger(tmp_path, monkeypatch):
     """antislop and persona: what write_reports writes is removed when a stage is redone."""
     from exactedit.quant.gguf.write import synthetic_model

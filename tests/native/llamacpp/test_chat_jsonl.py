@@ -41,6 +41,21 @@ def test_a_lone_surrogate_names_the_line(tmp_path, line, why):
         read_chat_jsonl(f)
 
 
+@pytest.mark.parametrize("line, why", [
+    ([{"role": ["x"], "content": "hi"}], r"messages\[0\]: expected \{\"role\": str, \"content\": str\}"),
+    ([{"role": "user", "content": [{"type": ["text"], "text": "hi"}]}], r"messages\[0\]: expected"),
+    ([{"role": "user", "content": "hi"}, 5], r"messages\[1\]: expected .*got 5"),
+    ([{"role": "narrator", "content": "hi"}], r"messages\[0\]\.role: expected one of"),
+])
+def test_a_message_the_template_would_refuse_names_the_file_and_line(tmp_path, line, why):
+    """Adversarial pass: a role that is a list was refused as the model's error ("model.gguf:
+    messages[0]: ..."), after the model's chat was read; now the chat file's line is named."""
+    f = tmp_path / "c.jsonl"
+    f.write_text(json.dumps([{"role": "user", "content": "fine"}]) + "\n" + json.dumps(line) + "\n")
+    with pytest.raises(EngineError, match=rf"c\.jsonl: line 2: {why}"):
+        read_chat_jsonl(f, "--chat")
+
+
 def test_deep_nesting_names_the_line(tmp_path):
     f = tmp_path / "c.jsonl"
     f.write_text("[" * 100_000 + "]" * 100_000 + "\n")
