@@ -540,8 +540,8 @@ def _read_bounded_text(path, flag: str) -> str:
 @click.option("--lr", default=None, type=click.FloatRange(min=0, min_open=True), help="Adam step size (default 1e-3).")
 @click.option("--max-steps", default=None, type=click.IntRange(1), help="The stopping rule's step budget (default 300).")
 @click.option("--hold", type=click.Choice(["none", "paragraph"]), default=None,
-              help="Anchor rows held in the solve's KL term besides the prompts (default paragraph: the paragraph "
-                   "starts after a blank line in the plain replies and texts).")
+              help="Anchor rows held in the solve's KL term besides the prompts (default none; paragraph: the "
+                   "paragraph starts after a blank line in the plain replies and texts).")
 @click.option("--watch-kl/--no-watch-kl", "watch_kl", default=None,
               help="The stopping rule also stops where the dev KL off the style's decision rows passes the bar "
                    "(default off).")

@@ -60,15 +60,21 @@ def bundled_template(given, bundled: Path | None):
     return None if path is None else given_template(path)
 
 
+MAX_TEXTS_BYTES = 4 * MAX_TEXT_BYTES     # --texts all together (each file is also capped at MAX_TEXT_BYTES)
+
+
 def text_files(given, bundled: Path | None, flag: str = "--texts") -> tuple[Path, ...]:
     """The plain texts of a run: each given path, a directory standing for its *.txt files (sorted);
     none given: the bundled model's texts/ folder (beside its loops' folders), if any. Each must be
     a regular file of at most MAX_TEXT_BYTES (a FIFO, a device, a symlink loop refused), and a
-    directory given must hold a .txt file: else InputError naming the path and `flag`."""
+    directory given must hold a .txt file, and all of them together at most MAX_TEXTS_BYTES (each is
+    read whole and tokenized: a directory of many capped files was unbounded): else InputError naming
+    the path and `flag`."""
     if given is None:
         folder = (bundled or BUNDLED / "-" / "-").parent / "texts"
         return tuple(sorted(folder.glob("*.txt"))) if folder.is_dir() else ()
     out: list[Path] = []
+    total = 0
     for t in given:
         p = Path(t)
         found = sorted(p.glob("*.txt")) if p.is_dir() else [p]
@@ -76,6 +82,10 @@ def text_files(given, bundled: Path | None, flag: str = "--texts") -> tuple[Path
             raise InputError(p, flag, "a directory holding no .txt files: no texts")
         for f in found:
             check_regular(f, MAX_TEXT_BYTES, InputError, flag)
+            total += f.stat().st_size
+            if total > MAX_TEXTS_BYTES:
+                raise InputError(f, flag, f"the texts up to this file hold {total} bytes, over the limit of "
+                                          f"{MAX_TEXTS_BYTES} for all texts together: give fewer or smaller files")
         out += found
     return tuple(out)
 

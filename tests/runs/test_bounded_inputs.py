@@ -83,6 +83,24 @@ def test_texts_are_capped(tmp_path):
         text_files([str(f)], None)
 
 
+def test_texts_together_are_capped(tmp_path):
+    """Files each under the cap, many of them: a directory of 1,000 capped files was 16 GB read and
+    tokenized. Refused at the file that passes the total, naming it."""
+    from exactedit.runs.loop.inputs import MAX_TEXTS_BYTES
+
+    d = tmp_path / "texts"
+    d.mkdir()
+    n = MAX_TEXTS_BYTES // MAX_TEXT_BYTES + 1
+    for i in range(n):
+        with open(d / f"t{i:02d}.txt", "wb") as fh:
+            fh.truncate(MAX_TEXT_BYTES)                     # sparse: no disk used
+    with pytest.raises(InputError, match=rf"t{n - 1:02d}\.txt: --texts: the texts up to this file hold "
+                                         rf"{n * MAX_TEXT_BYTES} bytes, over the limit of {MAX_TEXTS_BYTES}"):
+        text_files([str(d)], None)
+    (d / f"t{n - 1:02d}.txt").unlink()
+    assert len(text_files([str(d)], None)) == n - 1
+
+
 def test_a_texts_directory_of_no_txt_is_an_error(tmp_path):
     """It was silently "no texts"."""
     d = tmp_path / "notes"
