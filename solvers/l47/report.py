@@ -204,8 +204,8 @@ def gated_lines(gated: dict | None) -> list[str]:
         return (f"{a['n_pos']} contexts >= {a['pos_min']:.3g} (median {a['pos_median']:.3g}), elsewhere "
                 f"|a| <= {_fmt(a['neg_max_abs'], 3)}")
 
-    act = {"silu": "SwiGLU", "gelu": "GEGLU"}.get(gated.get("activation", "silu"), gated.get("activation"))
-    lines = [f"gated edit: units {gated['units']} ({act}, activation target {gated['activation_target']:.3g})"]
+    glu = {"silu": "SwiGLU", "gelu": "GEGLU"}.get(gated.get("activation", "silu"), gated.get("activation"))
+    lines = [f"gated edit: units {gated['units']} ({glu}, activation target {gated['activation_target']:.3g})"]
     for p in gated["phrases"]:
         fit = p["gate"]["fit"]
         lines.append(f"  {p['phrase']!r}: unit {p['unit']}, gate AUC {fit['auc']:.3f}, gap {fit['gap']:.3g}")
