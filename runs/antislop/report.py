@@ -118,7 +118,8 @@ def demo_targets(vs_base: dict, solved: Sequence[str], bars: Sequence[dict], ver
             cut = None if not b or e is None else 1.0 - e / b
             out.append({"name": f"continuation cut {p['phrase']!r}{suffix}", "value": cut,
                         "target": f">= {CONTINUATION_CUT}", "pass": cut is not None and cut >= CONTINUATION_CUT})
-    failed = [f"{x['bar']} {x.get('label', x['name'])}" for x in bars if not x["pass"]]
+    failed = [f"{x['bar']} {x.get('label', x['name'])}{'' if x['pass'] is False else ' (n/a: no rows to stand on)'}"
+              for x in bars if not x["pass"]]
     out.append({"name": "bars (a)-(g)", "value": f"{len(bars) - len(failed)}/{len(bars)} pass",
                 "target": "all pass", "pass": not failed, "failed": failed})
     out.append({"name": "verify live (bitwise)", "value": verify_passed, "target": True, "pass": bool(verify_passed)})
@@ -220,6 +221,11 @@ def corpus_md(corpus: dict) -> list[str]:
     return lines + [f"warning: {w}" for w in corpus["warnings"]]
 
 
+def _status(passed: bool | None) -> str:
+    """A bar's verdict as the tables write it: a bar with no rows to stand on (None) is n/a, not FAIL."""
+    return "n/a" if passed is None else "pass" if passed else "FAIL"
+
+
 def report_text(obj: dict, rec: dict) -> str:
     """report.md's text."""
     model = Path(obj["model"]).name
@@ -250,7 +256,7 @@ def report_text(obj: dict, rec: dict) -> str:
     lines += strength_lines(wf.get("strength"))
     lines += [f"  {b['bar']:<4} {b.get('label', b['name'])[:60]:<60} "
               f"{b['value'] if b['value'] is None else round(b['value'], 5)!s:>10}"
-              f"  {b['op']} {b['threshold']}  {'pass' if b['pass'] else 'FAIL'}" for b in obj["bars"]]
+              f"  {b['op']} {b['threshold']}  {_status(b['pass'])}" for b in obj["bars"]]
     coll = collateral_lines(wf.get("collateral") or ())
     if coll:
         lines += [""] + coll
