@@ -125,8 +125,8 @@ def test_head_solver_steps_capture_no_array():
     assert large_constants(text) == []
     f = lambda *s: jnp.zeros(s, jnp.float32)  # noqa: E731
     b = lambda *s: jnp.zeros(s, bool)  # noqa: E731
-    train = (f(300, 4), f(300), jnp.zeros(300, jnp.int32), b(300), b(300))
-    dev = (f(50, N), f(50, 4), f(50), jnp.zeros(50, jnp.int32), b(50), b(50))
+    train = (f(300, 4), f(300), jnp.zeros(300, jnp.int32), b(300), b(300), b(300))     # ..., style, ordinary, off
+    dev = (f(50, N), f(50, 4), f(50), jnp.zeros(50, jnp.int32), b(50), b(50), b(50))
     text = lowered_text(_checkpoint_jit(), f(4, N), data, train, dev, w=cfg.weights)
     assert large_constants(text) == []
 
