@@ -57,7 +57,8 @@ def _trackers(weights: Weights, scale: float = 1.0):
     train, dev = _rows(0, scale), _rows(1, scale)
     batch, _ = build_batch(train, EDIT, SPECIALS, OPENERS, CLOSERS, V)
     args = (batch, weights, train, dev, EDIT, STYLE, SPECIALS)
-    return HostTracker(*args), DeviceTracker(*args, CPU)
+    bits = ROLE_STEP0                                   # a starter's decision rows (and the style tokens' rows)
+    return HostTracker(*args, decision_bits=bits), DeviceTracker(*args, CPU, decision_bits=bits)
 
 
 # (weights, dW scale, tolerance, why): both sides are float64; only the summation order differs
@@ -81,8 +82,25 @@ def test_device_checkpoint_matches_the_float64_reference(weights, scale, tol, wh
         for cls in ("style", "ordinary", "all"):
             assert gb.of(cls) == pytest.approx(ga.of(cls), rel=tol, abs=tol), (cls, why)
     assert b.dev_kl == pytest.approx(a.dev_kl, rel=tol, abs=tol), why
+    assert b.dev_kl_off == pytest.approx(a.dev_kl_off, rel=tol, abs=tol), why
     if scale:
-        assert a.dev_kl > 0 and a.terms.total != 0
+        assert a.dev_kl > 0 and a.terms.total != 0 and a.dev_kl_off > 0
+
+
+def test_the_kl_off_the_decision_is_the_mean_over_the_other_rows():
+    """dev_kl_off by hand: the rows without the step0 bit whose next token is not a style token in a
+    reply, from rowdata.effect's per-row KL."""
+    from exactedit.solvers.head.rowdata import effect
+
+    host, device = _trackers(W_ALL)
+    dw = np.random.default_rng(3).normal(0, 0.1, (len(EDIT), N))
+    dev = _rows(1)
+    kl = effect(dev, dw, EDIT).kl
+    on = ((dev.roles & ROLE_STEP0) != 0) | (np.isin(dev.next, STYLE) & ((dev.roles & ROLE_REPLY) != 0))
+    assert 0 < on.sum() < len(on)
+    want = float(np.mean(kl[~on]))
+    assert host(dw).dev_kl_off == pytest.approx(want, rel=1e-12) and device(dw).dev_kl_off == pytest.approx(want, rel=1e-9)
+    assert want != pytest.approx(float(np.mean(kl)), rel=1e-6)
 
 
 def test_device_solve_matches_the_host_solve(tmp_path_factory):
