@@ -81,7 +81,9 @@ def test_the_protocol_decides_and_a_shipped_edit_is_verified_and_measured(run):
         assert "edited" in rates and "change" in rec["rates"] and rec["cost"]["kl"]
         for part in rec["cost"]["kl"].values():      # the KL where the edit acts (reply starts) and elsewhere
             split = part["split"]
-            assert split["reply-start rows"]["rows"] + split["other rows"]["rows"] == part["rows"]
+            on = next(v for k, v in split.items() if k.startswith("decision rows"))
+            off, para = split["off the decision rows"], split["paragraph starts off the decision rows"]
+            assert on["rows"] + off["rows"] == part["rows"] and para["rows"] <= off["rows"]
         assert report["shipped"]["edited.gguf"] == rec["apply"]["sha256"]
     else:
         assert not (d / "out" / "edited.gguf").exists()
