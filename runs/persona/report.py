@@ -16,7 +16,7 @@ from typing import Sequence
 from exactedit.files import atomic_write_text, file_sha256, write_png
 
 MIN_RATIO = 0.70          # the seeds' bar: test / train gain on the style positions
-MAX_PPL_RISE = 0.01       # issue 42's target: perplexity on text the solve never fitted within 1% of base
+MAX_PPL_RISE = 0.01       # target: perplexity on text the solve never fitted within 1% of base
 REPORTS = ("report.json", "report.md", "style-rates.png")       # what write_reports writes, in DIR
 
 __all__ = ["REPORTS", "persona_targets", "write_reports"]
