@@ -35,10 +35,14 @@ What is listed, of the candidates:
   (0.9) of its model count: nearly every use of "it's worth noting" is inside "it's worth noting
   that", so only the longer is listed; "delve into" used alone half the time stays beside
   "delve into the".
-Each listed phrase gets its kind (kinds.py: style, mixed, topic) and its `score`, the larger of its
+Each listed phrase gets its kind (kinds.py: style, mixed, topic), its `score`, the larger of its
 two lower bounds (the user's: exp(delta - q sqrt(var)), q the normal quantile at `confidence`; the
-language's ratio bound): how many times more the model writes it than the reference, at least. The
-list is the style phrases by score, then the mixed, then the topic ones, the first `top` of it.
+language's ratio bound): how many times more the model writes it than the reference, at least, and
+its `excess`, model_count (1 - 1/score): the uses the reference does not account for at that bound.
+The list is the style phrases by excess (ties by score), then the mixed, then the topic ones, the
+first `top` of it. Excess, not the ratio, ranks: a word used 3 times that English almost never
+writes ("iterates", x3,900) is a smaller habit than "you can use" written 17 times at 6x English's
+bound; what a ban takes out of the replies is the excess uses.
 An empty list comes with the gram that came closest and what it misses (`closest`).
 """
 from __future__ import annotations
@@ -117,6 +121,7 @@ class Phrase:
     kind: str                   # style / mixed / topic (kinds.py)
     evidence: str               # which reference it is over-used against: "both", "user" or "language"
     score: float                # the larger lower bound: at least this many times the reference's rate
+    excess: float               # model_count (1 - 1/score): uses beyond the reference's at that bound (the rank)
     z: float                    # against the user: the log-odds z
     log_odds: float             # delta: the posterior log-odds ratio, model over human
     user_ratio_low: float       # exp(delta - q sqrt(var)): the lower bound of the odds ratio
@@ -196,8 +201,16 @@ class _Scores:
     candidate: np.ndarray       # min_count and an evidence (and, past max_n, both sub-grams candidates)
 
     def score(self, at=slice(None)):
-        """The larger of the two lower bounds: the ranking key."""
+        """The larger of the two lower bounds."""
         return np.maximum(self.user_low[at], self.lang_low[at])
+
+
+def excess(count, score):
+    """The uses of `count` a reference `score` times rarer does not account for: count (1 - 1/score),
+    0 where score <= 1 (the ranking key)."""
+    count, score = np.asarray(count, np.float64), np.asarray(score, np.float64)
+    with np.errstate(divide="ignore"):
+        return np.where(score > 1.0, count * (1.0 - 1.0 / score), 0.0)
 
 
 def discover(model_texts: Sequence[Text | str], human_texts: Sequence[Text | str],
@@ -225,7 +238,9 @@ def discover(model_texts: Sequence[Text | str], human_texts: Sequence[Text | str
     function = function_like(stream.keys, freqs)
     words_seen: dict = {}
     uses = {k: usage(groups, stream, where[k[0]][k[1]], k[0], function, words_seen) for k in kept}
-    order = sorted(kept, key=lambda k: (KINDS.index(uses[k].kind), -float(scores[k[0] - 1].score(k[1])), k))
+    rank = {k: (float(excess(levels[k[0] - 1].model[k[1]], scores[k[0] - 1].score(k[1]))),
+                float(scores[k[0] - 1].score(k[1]))) for k in kept}
+    order = sorted(kept, key=lambda k: (KINDS.index(uses[k].kind), -rank[k][0], -rank[k][1], k))
     phrases = tuple(_phrase(stream, levels, scores, n, g, where[n][g], uses[(n, g)], model, words, cfg)
                     for n, g in order[:cfg.top])
     notes = []
@@ -363,7 +378,7 @@ def _phrase(stream: Stream, levels, scores, n: int, g: int, pos, use, model: lis
     return Phrase(
         phrase=written_form(stream, n, pos), n=n, kind=use.kind,
         evidence="both" if user and lang else "user" if user else "language",
-        score=float(sc.score(g)), z=float(sc.z[g]), log_odds=float(sc.delta[g]),
+        score=float(sc.score(g)), excess=float(excess(lv.model[g], sc.score(g))), z=float(sc.z[g]), log_odds=float(sc.delta[g]),
         user_ratio_low=float(sc.user_low[g]),
         lang_per_1k=1000.0 * float(sc.lang[g]) if has_lang else None,
         lang_ratio=_opt(rate / sc.lang[g]) if has_lang else None,

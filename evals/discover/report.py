@@ -1,7 +1,7 @@
 """A Discovery as a text table, a PNG and a JSON file (the files written atomically).
 
     render_discovery(d) -> str
-    plot_discovery(d, path, top=30) -> Path      score per phrase (by kind) | model vs human per 1,000 words
+    plot_discovery(d, path, top=30) -> Path      excess uses per phrase (by kind) | model vs human per 1,000 words
     write_discovery(d, path) -> Path             d.to_json()
 """
 from __future__ import annotations
@@ -52,17 +52,17 @@ def render_discovery(d: Discovery) -> str:
             out.append(f"  listed with: {' and '.join(d.closest['changes'])}")
         return "\n".join(out)
     counts = ", ".join(f"{d.listed.get(kind, 0)} {kind}" for kind in ("style", "mixed", "topic"))
-    out.append(f"kinds: {counts} passed (style first, then mixed, then topic; the first {c.top} shown); topic "
+    out.append(f"kinds: {counts} passed (style first, then mixed, then topic, each by excess uses; the first {c.top} shown); topic "
                "phrases are the prompts' subject and stay out of `--phrases F.json` lists unless --kind asks")
-    head = ["#", "phrase", "kind", "evidence", "score", "z", "log-odds", f"x{c.lang}>=", "model", "/1k", "human",
+    head = ["#", "phrase", "kind", "evidence", "excess", "score", "z", "log-odds", f"x{c.lang}>=", "model", "/1k", "human",
             "/1k", "prompts", "D", "func", "sources"]
-    rows = [[str(i), repr(_cut(p.phrase, 40)), p.kind if p.kind != "topic" else "TOPIC", p.evidence, _num(p.score),
+    rows = [[str(i), repr(_cut(p.phrase, 40)), p.kind if p.kind != "topic" else "TOPIC", p.evidence, f"{p.excess:.1f}", _num(p.score),
              f"{p.z:.1f}", f"{p.log_odds:.2f}", _num(p.lang_ratio_low), str(p.model_count), f"{p.model_per_1k:.2f}",
              str(p.human_count), f"{p.human_per_1k:.2f}", f"{p.prompts}/{d.prompts}",
              "-" if p.dispersion is None else f"{p.dispersion:.2f}", f"{p.function_share:.2f}", _sources(p.sources)]
             for i, p in enumerate(d.phrases, 1)]
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
-    right = {0, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14}
+    right = {0, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}
     line = lambda cells: "  ".join(x.rjust(w) if i in right else x.ljust(w)  # noqa: E731
                                    for i, (x, w) in enumerate(zip(cells, widths))).rstrip()
     out += ["", line(head)] + [line(r) for r in rows]
@@ -70,8 +70,8 @@ def render_discovery(d: Discovery) -> str:
 
 
 def plot_discovery(d: Discovery, path, top: int = 30) -> Path:
-    """PNG of the first `top` phrases: their score, colored by kind (left, log scale), and their rates
-    per 1,000 words, model beside human (right)."""
+    """PNG of the first `top` phrases: their excess uses (the ranking key), colored by kind (left), and
+    their rates per 1,000 words, model beside human (right)."""
     import matplotlib
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
@@ -83,10 +83,9 @@ def plot_discovery(d: Discovery, path, top: int = 30) -> Path:
     fig = Figure(figsize=(11.0, 1.5 + 0.28 * max(len(shown), 1)), dpi=110)
     ax_z, ax_r = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     colors = {"style": "tab:red", "mixed": "tab:orange", "topic": "tab:gray"}
-    ax_z.barh(ys, [p.score for p in shown][::-1], color=[colors[p.kind] for p in shown][::-1])
-    ax_z.set_xscale("log")
+    ax_z.barh(ys, [p.excess for p in shown][::-1], color=[colors[p.kind] for p in shown][::-1])
     ax_z.set_yticks(ys, labels, fontsize=7)
-    ax_z.set_xlabel("score: times the reference's rate, at least (red: style, orange: mixed, gray: topic)",
+    ax_z.set_xlabel("excess uses: beyond the reference's rate bound (red: style, orange: mixed, gray: topic)",
                     fontsize=8)
     h = 0.4
     ax_r.barh([y + h / 2 for y in ys], [p.model_per_1k for p in shown][::-1], height=h, label="model")

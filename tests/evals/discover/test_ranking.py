@@ -10,7 +10,7 @@ import math
 import pytest
 
 from exactedit.evals.discover.ngrams import count_grams, encode, gram_table
-from exactedit.evals.discover.ranking import DiscoverConfig, Discovery, _score_levels, discover
+from exactedit.evals.discover.ranking import DiscoverConfig, Discovery, _score_levels, discover, excess
 from exactedit.evals.discover.sources import DiscoverError, Text
 from tests.evals.discover.synth import corpus
 
@@ -124,7 +124,7 @@ def test_json_shape_and_sources(planted):
     data = json.loads(d.to_json())
     assert set(data) == {"phrases", "model", "human", "settings", "listed", "prompts", "closest", "skipped", "notes"}
     assert set(data["phrases"][0]) == {
-        "phrase", "n", "kind", "evidence", "score", "z", "log_odds", "user_ratio_low", "lang_per_1k", "lang_ratio",
+        "phrase", "n", "kind", "evidence", "score", "excess", "z", "log_odds", "user_ratio_low", "lang_per_1k", "lang_ratio",
         "lang_ratio_low", "cohesion", "model_count", "human_count", "model_per_1k", "human_per_1k", "model_docs",
         "human_docs", "prompts", "prompt_share", "dispersion", "spread", "echo", "word_spread", "word_echo", "unrelated_per_1k",
         "function_share",
@@ -137,10 +137,25 @@ def test_json_shape_and_sources(planted):
     assert sum(first.sources.values()) == first.model_count and set(first.sources) <= {"qwen", "gemma"}
     order = [("style", "mixed", "topic").index(p.kind) for p in d.phrases]
     assert order == sorted(order) and sum(data["listed"].values()) >= len(d.phrases)
-    for kind in set(p.kind for p in d.phrases):                 # by kind, then by score
-        scores = [p.score for p in d.phrases if p.kind == kind]
-        assert scores == sorted(scores, reverse=True)
+    for kind in set(p.kind for p in d.phrases):                 # by kind, then by excess uses
+        ranked = [(p.excess, p.score) for p in d.phrases if p.kind == kind]
+        assert ranked == sorted(ranked, reverse=True)
+    for p in d.phrases:
+        assert math.isclose(p.excess, p.model_count * (1 - 1 / p.score) if p.score > 1 else 0.0)
     assert isinstance(d, Discovery) and data == d.to_dict()
+
+
+def test_excess_ranks_a_frequent_habit_above_a_rare_word_with_a_larger_ratio():
+    """A phrase of common words used often outranks a word English almost never writes, used a few
+    times: the ranking key is the uses the reference does not account for, not the ratio."""
+    model, _ = corpus(3, 200, {"you can use the": 0.15, "iterates": 0.012})
+    human, _ = corpus(4, 60, {})
+    d = discover(model, human, top=50)
+    by = {p.phrase.lower(): p for p in d.phrases}
+    habit, rare = by["you can use the"], by["iterates"]
+    assert rare.score > 10 * habit.score and habit.excess > rare.excess
+    assert d.phrases.index(habit) < d.phrases.index(rare)
+    assert excess([3, 30, 5], [1.0, 4.0, 0.5]).tolist() == [0.0, 22.5, 0.0]
 
 
 def test_a_small_human_text_gets_a_note():
