@@ -4,7 +4,6 @@ every scored gram recomputed from plain counts and the formula."""
 from __future__ import annotations
 
 import math
-from collections import Counter
 
 import numpy as np
 import pytest
