@@ -110,10 +110,26 @@ def linear_change(dW, U, Hh) -> np.ndarray:
     return np.einsum("kh,kh->k", np.asarray(U, np.float64) @ np.asarray(dW, np.float64), Hh)
 
 
-def _gram_solve(U, Hh, M, b, eps) -> tuple[np.ndarray, np.ndarray]:
-    """(lam [K] or [K, m], G [K, h]) of the Gram system for one right-hand side b [K] or several [K, m]."""
-    G = Hh @ M                                    # [K, h] rows (M hh_k)^T
-    A = (U @ U.T) * (G @ Hh.T)
+class Gram(NamedTuple):
+    """The parts of the Gram system that do not depend on the linearization U: computed once per
+    solve (they cost K h^2 and K^2 h, the rounds' U-dependent part K^2 n + K^3 / 3)."""
+
+    G: np.ndarray        # float64 [K, h] rows (M hh_k)^T
+    GH: np.ndarray       # float64 [K, K] G Hh^T
+
+
+def gram_parts(Hh, M) -> Gram:
+    """`Gram` of the conditions' hidden states Hh [K, h] under the metric M [h, h]."""
+    Hh = np.asarray(Hh, dtype=np.float64)
+    G = Hh @ np.asarray(M, dtype=np.float64)
+    return Gram(G, G @ Hh.T)
+
+
+def _gram_solve(U, Hh, M, b, eps, gram: Gram | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(lam [K] or [K, m], G [K, h]) of the Gram system for one right-hand side b [K] or several [K, m];
+    `gram`: gram_parts(Hh, M) when the caller has it (the same numbers, computed once)."""
+    gram = gram_parts(Hh, M) if gram is None else gram
+    A = (U @ U.T) * gram.GH
     scale = float(np.mean(np.diag(A))) if A.size else 0.0
     if not scale > 0:
         raise WfldError("wfld", "conditions", "every condition's vector is zero (no edit can move them)")
@@ -122,13 +138,14 @@ def _gram_solve(U, Hh, M, b, eps) -> tuple[np.ndarray, np.ndarray]:
         lam = sla.cho_solve(sla.cho_factor(A), b)
     except np.linalg.LinAlgError:
         lam = np.linalg.lstsq(A, b, rcond=None)[0]
-    return lam, G
+    return lam, gram.G
 
 
-def solve_min_norm(U, Hh, M, b, eps) -> MinNorm:
-    """The Gram solve of the module docstring; U [K, n], Hh [K, h], M [h, h], b [K], eps [K]."""
+def solve_min_norm(U, Hh, M, b, eps, gram: Gram | None = None) -> MinNorm:
+    """The Gram solve of the module docstring; U [K, n], Hh [K, h], M [h, h], b [K], eps [K];
+    `gram` as in `_gram_solve`."""
     U, Hh, b = (np.asarray(x, dtype=np.float64) for x in (U, Hh, b))
-    lam, G = _gram_solve(U, Hh, M, b, eps)
+    lam, G = _gram_solve(U, Hh, M, b, eps, gram)
     dW = (U * lam[:, None]).T @ G
     return MinNorm(dW, lam, linear_change(dW, U, Hh), b)
 
@@ -206,10 +223,12 @@ def gauss_newton(w0, cond: Conditions, Hh, M, evaluate: Callable[[np.ndarray], E
     sol = None
     U_used = ev.U
     best = None                          # (rms exact error, the round's state): the round returned
+    gram = None                          # the same for every round (only U is relinearized): the first computes it
     for it in range(iters):
         t1 = time.perf_counter()
+        gram = gram_parts(Hh, M) if gram is None else gram
         b = cond.target - (cur - base) + linear_change(dW_ship, ev.U, Hh)
-        sol = solve_min_norm(ev.U, Hh, M, b, cond.eps)
+        sol = solve_min_norm(ev.U, Hh, M, b, cond.eps, gram)
         U_used = ev.U
         t2 = time.perf_counter()
         raw, w_new = ship(w0 + sol.dW)

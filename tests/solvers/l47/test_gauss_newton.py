@@ -45,6 +45,20 @@ def test_gram_solve_equals_dense_least_squares(seed, null):
         assert np.abs(sol.dW @ B).max() < 1e-12 * np.abs(sol.dW).max()
 
 
+def test_the_gram_parts_computed_once_give_the_same_solve_bit_for_bit():
+    """gauss_newton computes Hh M and its Gram with Hh once per solve (only U changes per round):
+    the solve with them handed in is the solve without, to the bit, for several U."""
+    rng = np.random.default_rng(5)
+    n, h, K = 6, 9, 8
+    Hh, b, eps = rng.standard_normal((K, h)), rng.standard_normal(K), np.full(K, 1e-6)
+    M = wfld.background_metric(rng.standard_normal((30, h)), ridge=0.1)
+    gram = wfld.gram_parts(Hh, M)
+    for _ in range(3):
+        U = rng.standard_normal((K, n))
+        a, c = wfld.solve_min_norm(U, Hh, M, b, eps), wfld.solve_min_norm(U, Hh, M, b, eps, gram)
+        assert np.array_equal(a.dW, c.dW) and np.array_equal(a.lam, c.lam)
+
+
 def test_null_rows_are_held_exactly_and_truncation_keeps_top_directions():
     rng = np.random.default_rng(0)
     h = 12
