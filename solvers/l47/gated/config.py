@@ -32,7 +32,7 @@ class GateConfig:
     """The gate's fit: scores s = g.x (+ b when affine) with s >= +margin on positives and
     s <= -margin on negatives, as a class-balanced squared hinge, plus lam * mean(x^2) * |g|^2
     (mean(x^2) the mean square entry: scale-free, x scaled by c gives g / c and the same scores);
-    L-BFGS from g = 0."""
+    the finite Newton method from g = 0 (gate.py); `maxiter` caps its steps, `gtol` its |gradient|."""
 
     margin: float = 1.0
     lam: float = 1e-3

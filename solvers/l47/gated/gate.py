@@ -7,9 +7,15 @@ held, anchors) on the other.
     L(w) = mean_pos max(0, m - s_t)^2 + mean_neg max(0, m + s_t)^2 + lam * q * |g|^2,
     s_t = g.x_t (+ b),  q = mean_{t,i} x_ti^2 (the mean square entry),
 
-a class-balanced squared hinge (C^1, so L-BFGS with the analytic gradient `gate_loss` runs cleanly;
-from g = 0, deterministic): scores >= +m on positives and <= -m on negatives, and of the g that
-reach them the shortest (an SVM's hard margin as lam -> 0). q makes lam scale-free (x scaled by c
+a class-balanced squared hinge: scores >= +m on positives and <= -m on negatives, and of the g that
+reach them the shortest (an SVM's hard margin as lam -> 0). L is strictly convex and piecewise
+quadratic (one quadratic per set of rows inside their margin), so its minimizer is unique and a
+finite Newton method reaches it (Keerthi & DeCoste's L2-SVM-MFN, `_newton`): from w = 0, the Newton
+step of the current piece (only the rows inside their margin enter the Hessian), then the exact
+minimum of L along it (L restricted to a line is piecewise quadratic: its derivative's root among
+the rows' breakpoints, `_line_min`), until the gradient is zero to `gtol`; deterministic. On Qwen's
+30-phrase run L-BFGS needed up to its 5,000 iterations per phrase (about 2.5 min each on 17,000 rows
+of 1,536); Newton ends in tens. `gate_loss` is L and its analytic gradient (the test's reference). q makes lam scale-free (x scaled by c
 gives g / c and the same scores) and, on isotropic rows, the ridge lam * m^2 whatever the width n
 (a direction of std sigma needs |g| ~ m / sigma); the bias is not penalized. Only a gate through
 the origin can be built into a unit (the FFN has no bias); the affine fit is the yardstick: how much
@@ -25,7 +31,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import minimize
 from scipy.stats import rankdata
 
 from exactedit.solvers.l47.gated.config import GateConfig, GatedError, as_labels, as_rows
@@ -146,13 +151,83 @@ def fit_gate(x, y, config: GateConfig = GateConfig(), *, affine: bool = False) -
         raise GatedError("x", "values", "every row is zero: no gate through the origin can separate them")
     c = np.sqrt(q * x.shape[1])             # the constant column: the rows' RMS norm
     xa = np.hstack([x, np.full((x.shape[0], 1), c)]) if affine else x
-    fun = lambda w: gate_loss(w, xa, pos, margin=config.margin, ridge=config.lam * q, bias=affine)  # noqa: E731
-    res = minimize(fun, np.zeros(xa.shape[1]), jac=True, method="L-BFGS-B",
-                   options={"maxiter": config.maxiter, "gtol": config.gtol, "ftol": 0.0, "maxcor": 20})
-    w = np.asarray(res.x, dtype=np.float64)
+    ridge = np.full(xa.shape[1], config.lam * q)
+    if affine:
+        ridge[-1] = 0.0                       # the bias goes unpenalized
+    w, loss, n_iter, converged, message = _newton(xa, pos, config.margin, ridge, config.maxiter, config.gtol)
     g, b = (w[:-1].copy(), float(w[-1] * c)) if affine else (w, 0.0)
-    return Gate(g, b, affine, config, separation(x @ g + b, pos), float(res.fun), int(res.nit),
-                bool(res.success), str(res.message))
+    return Gate(g, b, affine, config, separation(x @ g + b, pos), loss, n_iter, converged, message)
+
+
+def _newton(x, pos, margin: float, ridge: np.ndarray, maxiter: int, gtol: float):
+    """(w, L(w), iterations, converged, message): L of the module doc (ridge per entry of w) minimized
+    by the finite Newton method from w = 0. Each step solves the Hessian of the current piece,
+    2 (X_A^T diag(weight_A) X_A + diag(ridge)), X_A the rows inside their margin, and moves to the
+    exact minimum of L along the step."""
+    import scipy.linalg as sla
+
+    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
+    weight = np.where(pos, 1.0 / n_pos, 1.0 / n_neg)
+    sign = np.where(pos, -1.0, 1.0)               # d(hinge argument)/d(score)
+    w = np.zeros(x.shape[1])
+    s = np.zeros(x.shape[0])
+    loss = grad_max = np.inf
+    for it in range(1, maxiter + 1):
+        r = margin + sign * s                     # the hinge argument: > 0 inside the margin
+        act = r > 0
+        xa, wr = x[act], weight[act] * r[act] * sign[act]
+        grad = 2.0 * (xa.T @ wr + ridge * w)
+        loss = float(np.sum(weight[act] * r[act] ** 2) + ridge @ (w * w))
+        grad_max = float(np.max(np.abs(grad)))
+        if grad_max <= gtol:
+            return w, loss, it - 1, True, f"Newton: |gradient| {grad_max:.3g} <= gtol"
+        hess = (xa.T * weight[act]) @ xa
+        hess[np.diag_indices_from(hess)] += ridge
+        try:
+            d = -sla.cho_solve(sla.cho_factor(hess), grad / 2.0)
+        except np.linalg.LinAlgError:
+            d = -np.linalg.lstsq(hess, grad / 2.0, rcond=None)[0]
+        xd = x @ d
+        t = _line_min(r, sign * xd, weight, float(ridge @ (w * d)), float(ridge @ (d * d)))
+        if not t > 0:
+            return w, loss, it - 1, False, f"Newton: no descent along the step (|gradient| {grad_max:.3g})"
+        w_new, s_new = w + t * d, s + t * xd
+        if np.array_equal(w_new, w):              # the step is below float64's resolution of w: at the minimum
+            return w, loss, it, True, f"Newton: the step vanished at |gradient| {grad_max:.3g}"
+        w, s = w_new, s_new
+    r = margin + sign * s
+    act = r > 0
+    loss = float(np.sum(weight[act] * r[act] ** 2) + ridge @ (w * w))
+    return w, loss, maxiter, False, f"Newton: {maxiter} iterations"
+
+
+def _line_min(r, c, weight, wd: float, dd: float) -> float:
+    """The t > 0 minimizing phi(t) = sum_i weight_i max(0, r_i + t c_i)^2 + (ridge-weighted) |w + t d|^2,
+    given r (the hinge arguments at t = 0), c (their rate along the step), wd = w.diag(ridge).d and
+    dd = d.diag(ridge).d. phi' / 2 = A + t B on each interval between the rows' breakpoints
+    -r_i / c_i (A = sum over the active rows of weight r c, plus wd; B = their weight c^2, plus dd), so
+    the root is found by walking the sorted breakpoints with running sums (phi' increases)."""
+    on = (r > 0) | ((r == 0) & (c > 0))         # active just after t = 0
+    A0 = float(np.sum(weight[on] * r[on] * c[on])) + wd
+    B0 = float(np.sum(weight[on] * c[on] ** 2)) + dd
+    nz = c != 0
+    bp = np.full(r.shape, -np.inf)
+    bp[nz] = -r[nz] / c[nz]
+    ev = nz & (bp > 0)                            # rows switching on (c > 0) or off (c < 0) at t > 0
+    order = np.argsort(bp[ev], kind="stable")
+    tb, re, ce, we = bp[ev][order], r[ev][order], c[ev][order], weight[ev][order]
+    sgn = np.where(ce > 0, 1.0, -1.0)             # a row with c > 0 joins at its breakpoint, c < 0 leaves
+    A = np.concatenate([[A0], A0 + np.cumsum(sgn * we * re * ce)])
+    B = np.concatenate([[B0], B0 + np.cumsum(sgn * we * ce * ce)])
+    lo = np.concatenate([[0.0], tb])
+    hi = np.concatenate([tb, [np.inf]])
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        root = np.where(B > 0, -A / B, np.where(A < 0, np.inf, lo))
+    inside = (root >= lo) & (root <= hi)
+    if not inside.any():
+        return 0.0
+    k = int(np.argmax(inside))
+    return float(root[k]) if np.isfinite(root[k]) else 0.0
 
 
 def group_folds(groups, y, folds: int) -> np.ndarray:

@@ -5,6 +5,8 @@ without it only the affine one does; a set with no signal gives a negative margi
 (whole documents, positives spread), the AUC against a pairwise count, and the errors."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -113,3 +115,65 @@ def test_errors_name_the_field():
         GateConfig(margin=0.0)
     with pytest.raises(GatedError, match="x: values"):
         fit_gate(np.zeros((4, 3)), np.array([1, 0, 0, 0]))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(20, 120), st.integers(2, 12), st.booleans(), st.floats(0.3, 3.0), st.floats(1e-4, 1e-1),
+       st.integers(0, 2**32 - 1))
+def test_newton_reaches_the_minimizer_lbfgs_approaches(t, n, affine, margin, lam, seed):
+    """The finite Newton fit against scipy's L-BFGS-B on the same strictly convex L (gate_loss, run
+    to its own tolerance): the same minimizer, a loss no larger, and a zero gradient there."""
+    from scipy.optimize import minimize
+
+    from exactedit.solvers.l47.gated.gate import _newton
+
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(t, n)) * rng.uniform(0.2, 4.0)
+    y = rng.random(t) < 0.3
+    y[:2] = [True, False]
+    x[y] += rng.normal(size=n)                                      # some signal, rarely separable
+    if affine:
+        x = np.hstack([x, np.full((t, 1), 2.0)])
+    ridge = np.full(x.shape[1], lam)
+    if affine:
+        ridge[-1] = 0.0
+    w, loss, _, converged, msg = _newton(x, y, margin, ridge, 500, 1e-12)
+    assert converged, msg
+    ref = minimize(lambda v: gate_loss(v, x, y, margin=margin, ridge=lam, bias=affine), np.zeros(x.shape[1]),
+                   jac=True, method="L-BFGS-B", options={"maxiter": 20000, "gtol": 1e-13, "ftol": 0.0})
+    f, g = gate_loss(w, x, y, margin=margin, ridge=lam, bias=affine)
+    assert math.isclose(f, loss, rel_tol=1e-12, abs_tol=1e-15)
+    assert np.max(np.abs(g)) <= 1e-9 * (1.0 + np.max(np.abs(x)))
+    assert f <= ref.fun + 1e-12 * (1.0 + abs(ref.fun))
+    # strictly convex (ridge on g; with the bias, both classes present): one minimizer
+    np.testing.assert_allclose(w, ref.x, rtol=0, atol=1e-5 * (1.0 + np.max(np.abs(w))))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 60), st.floats(0.0, 2.0), st.integers(0, 2**32 - 1))
+def test_line_minimum_against_a_dense_scan(t, dd, seed):
+    """`_line_min`'s t against phi evaluated on a fine grid and refined by a bounded scalar search."""
+    from scipy.optimize import minimize_scalar
+
+    from exactedit.solvers.l47.gated.gate import _line_min
+
+    rng = np.random.default_rng(seed)
+    r, c = rng.normal(size=t), rng.normal(size=t)
+    c[rng.random(t) < 0.1] = 0.0
+    r[rng.random(t) < 0.1] = 0.0
+    weight = rng.uniform(0.1, 1.0, size=t)
+    wd = float(rng.normal()) - 1.0
+    phi = lambda s: float(np.sum(weight * np.maximum(0.0, r + s * c) ** 2) + 2 * s * wd + s * s * dd)  # noqa: E731
+    slope0 = 2 * (np.sum(weight * np.maximum(0.0, r) * c) + wd)
+    tstar = _line_min(r, c, weight, wd, dd)
+    if slope0 >= 0:                       # no descent at t = 0: nothing to gain for t > 0
+        assert tstar == 0.0 or phi(tstar) <= phi(0.0) + 1e-12
+        return
+    grid = np.linspace(0.0, 50.0, 20001)
+    k = int(np.argmin([phi(s) for s in grid]))
+    best = minimize_scalar(phi, bounds=(grid[max(k - 1, 0)], grid[min(k + 1, grid.size - 1)]), method="bounded",
+                           options={"xatol": 1e-12})
+    if grid[k] >= 49.9:                   # phi unbounded below or its minimum past the scan: only check descent
+        assert phi(tstar) <= phi(0.0)
+        return
+    assert phi(tstar) <= best.fun + 1e-9 * (1.0 + abs(best.fun))
