@@ -163,7 +163,9 @@ def _newton(x, pos, margin: float, ridge: np.ndarray, maxiter: int, gtol: float)
     """(w, L(w), iterations, converged, message): L of the module doc (ridge per entry of w) minimized
     by the finite Newton method from w = 0. Each step solves the Hessian of the current piece,
     2 (X_A^T diag(weight_A) X_A + diag(ridge)), X_A the rows inside their margin, and moves to the
-    exact minimum of L along the step."""
+    exact minimum of L along the step. X_A^T W X_A is updated by the rows that entered or left the
+    margin since the last step when they are fewer than half the active ones (the gradient is always
+    computed afresh, so the update's rounding only changes a step, not where it stops)."""
     import scipy.linalg as sla
 
     n_pos, n_neg = int(pos.sum()), int((~pos).sum())
@@ -172,6 +174,7 @@ def _newton(x, pos, margin: float, ridge: np.ndarray, maxiter: int, gtol: float)
     w = np.zeros(x.shape[1])
     s = np.zeros(x.shape[0])
     loss = grad_max = np.inf
+    prev, base = None, None                       # the last step's active rows and their X^T W X
     for it in range(1, maxiter + 1):
         r = margin + sign * s                     # the hinge argument: > 0 inside the margin
         act = r > 0
@@ -181,7 +184,14 @@ def _newton(x, pos, margin: float, ridge: np.ndarray, maxiter: int, gtol: float)
         grad_max = float(np.max(np.abs(grad)))
         if grad_max <= gtol:
             return w, loss, it - 1, True, f"Newton: |gradient| {grad_max:.3g} <= gtol"
-        hess = (xa.T * weight[act]) @ xa
+        changed = act != prev if prev is not None else None
+        if changed is None or 2 * int(changed.sum()) >= int(act.sum()):
+            base = (xa.T * weight[act]) @ xa          # X_A^T diag(weight) X_A afresh
+        else:                                     # the rows that entered or left the margin only
+            xc = x[changed]
+            base = base + (xc.T * (weight[changed] * np.where(act[changed], 1.0, -1.0))) @ xc
+        prev = act
+        hess = base.copy()
         hess[np.diag_indices_from(hess)] += ridge
         try:
             d = -sla.cho_solve(sla.cho_factor(hess), grad / 2.0)
