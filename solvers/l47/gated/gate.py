@@ -231,13 +231,16 @@ def _line_min(r, c, weight, wd: float, dd: float) -> float:
     B = np.concatenate([[B0], B0 + np.cumsum(sgn * we * ce * ce)])
     lo = np.concatenate([[0.0], tb])
     hi = np.concatenate([tb, [np.inf]])
+    # the minimizer is the first t >= 0 where phi' >= 0: an interval's lower end where phi' already is,
+    # else the root inside the interval
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        root = np.where(B > 0, -A / B, np.where(A < 0, np.inf, lo))
-    inside = (root >= lo) & (root <= hi)
-    if not inside.any():
+        at_lo = A + lo * B >= 0
+        root = np.where(B > 0, -A / B, np.inf)
+    cand = np.where(at_lo, lo, np.where(np.isfinite(root) & (root <= hi), root, np.nan))
+    found = np.flatnonzero(~np.isnan(cand))
+    if found.size == 0:                           # phi' < 0 everywhere: no finite minimum (no ridge along d)
         return 0.0
-    k = int(np.argmax(inside))
-    return float(root[k]) if np.isfinite(root[k]) else 0.0
+    return float(cand[found[0]])
 
 
 def group_folds(groups, y, folds: int) -> np.ndarray:
