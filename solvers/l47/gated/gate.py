@@ -14,10 +14,11 @@ finite Newton method reaches it (Keerthi & DeCoste's L2-SVM-MFN, `_newton`): fro
 step of the current piece (only the rows inside their margin enter the Hessian), then the exact
 minimum of L along it (L restricted to a line is piecewise quadratic: its derivative's root among
 the rows' breakpoints, `_line_min`), until the gradient is zero to `gtol`; deterministic. On Qwen's
-30-phrase run L-BFGS needed up to its 5,000 iterations per phrase (about 2.5 min each on 17,000 rows
-of 1,536); Newton ends in tens. `gate_loss` is L and its analytic gradient (the test's reference). q makes lam scale-free (x scaled by c
-gives g / c and the same scores) and, on isotropic rows, the ridge lam * m^2 whatever the width n
-(a direction of std sigma needs |g| ~ m / sigma); the bias is not penalized. Only a gate through
+21-phrase run L-BFGS needed up to its 5,000 iterations per phrase (about 2.5 min each on 13,600 to
+17,000 rows of 1,536); Newton ends in tens of steps. `gate_loss` is L and its analytic gradient (the
+tests' reference). q makes lam scale-free (x scaled by c gives g / c and the same scores) and, on
+isotropic rows, the ridge lam * m^2 whatever the width n (a direction of std sigma needs
+|g| ~ m / sigma); the bias is not penalized. Only a gate through
 the origin can be built into a unit (the FFN has no bias); the affine fit is the yardstick: how much
 separation the missing bias costs. Scores are in margin units (m = config.margin): compare gates
 fitted with the same config.
