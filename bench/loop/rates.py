@@ -9,8 +9,8 @@ beside the engine's own ceiling measured in the same run on the same machine, as
   engine, the model hashed, one context for all windows, `LlamaEngine.sequences`, the tail's rows
   copied off the graph, the dump written), `evaluate` (the same windows through
   `LlamaEngine.evaluate` on an open engine with the capture: a fresh context per window, as
-  capture_dump ran them before it opened one context for all), and `corpus` (the corpus stage end to end, `build_corpus`:
-  the bundled English tokenized, the windows planned, captured and written) against llama.cpp
+  capture_dump ran them before it opened one context for all), and `corpus` (the corpus stage end to
+  end, `build_corpus`: the bundled English tokenized, the windows planned, captured and written) against llama.cpp
   prefilling the same windows in one context at the same n_batch (`plain_prefill`).
 - `vocab pass` (the solve's exact full-vocabulary pass): `exactedit bench head` at the model's head
   shape (its width rounded up to a Q6_K block), the streaming pass against numpy sgemm.

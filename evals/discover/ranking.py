@@ -238,8 +238,8 @@ def discover(model_texts: Sequence[Text | str], human_texts: Sequence[Text | str
     function = function_like(stream.keys, freqs)
     words_seen: dict = {}
     uses = {k: usage(groups, stream, where[k[0]][k[1]], k[0], function, words_seen) for k in kept}
-    rank = {k: (float(excess(levels[k[0] - 1].model[k[1]], scores[k[0] - 1].score(k[1]))),
-                float(scores[k[0] - 1].score(k[1]))) for k in kept}
+    score = {k: float(scores[k[0] - 1].score(k[1])) for k in kept}
+    rank = {k: (float(excess(levels[k[0] - 1].model[k[1]], score[k])), score[k]) for k in kept}
     order = sorted(kept, key=lambda k: (KINDS.index(uses[k].kind), -rank[k][0], -rank[k][1], k))
     phrases = tuple(_phrase(stream, levels, scores, n, g, where[n][g], uses[(n, g)], model, words, cfg)
                     for n, g in order[:cfg.top])
@@ -375,10 +375,11 @@ def _phrase(stream: Stream, levels, scores, n: int, g: int, pos, use, model: lis
     user, lang = bool(sc.user[g]), bool(sc.language[g])
     rate = int(lv.model[g]) / max(words[0], 1)
     has_lang = not math.isnan(sc.lang[g])
+    score = float(sc.score(g))
     return Phrase(
         phrase=written_form(stream, n, pos), n=n, kind=use.kind,
         evidence="both" if user and lang else "user" if user else "language",
-        score=float(sc.score(g)), excess=float(excess(lv.model[g], sc.score(g))), z=float(sc.z[g]), log_odds=float(sc.delta[g]),
+        score=score, excess=float(excess(lv.model[g], score)), z=float(sc.z[g]), log_odds=float(sc.delta[g]),
         user_ratio_low=float(sc.user_low[g]),
         lang_per_1k=1000.0 * float(sc.lang[g]) if has_lang else None,
         lang_ratio=_opt(rate / sc.lang[g]) if has_lang else None,

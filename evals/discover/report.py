@@ -52,13 +52,14 @@ def render_discovery(d: Discovery) -> str:
             out.append(f"  listed with: {' and '.join(d.closest['changes'])}")
         return "\n".join(out)
     counts = ", ".join(f"{d.listed.get(kind, 0)} {kind}" for kind in ("style", "mixed", "topic"))
-    out.append(f"kinds: {counts} passed (style first, then mixed, then topic, each by excess uses; the first {c.top} shown); topic "
-               "phrases are the prompts' subject and stay out of `--phrases F.json` lists unless --kind asks")
-    head = ["#", "phrase", "kind", "evidence", "excess", "score", "z", "log-odds", f"x{c.lang}>=", "model", "/1k", "human",
-            "/1k", "prompts", "D", "func", "sources"]
-    rows = [[str(i), repr(_cut(p.phrase, 40)), p.kind if p.kind != "topic" else "TOPIC", p.evidence, f"{p.excess:.1f}", _num(p.score),
-             f"{p.z:.1f}", f"{p.log_odds:.2f}", _num(p.lang_ratio_low), str(p.model_count), f"{p.model_per_1k:.2f}",
-             str(p.human_count), f"{p.human_per_1k:.2f}", f"{p.prompts}/{d.prompts}",
+    out.append(f"kinds: {counts} passed (style first, then mixed, then topic, each by excess uses; the first "
+               f"{c.top} shown); topic phrases are the prompts' subject and stay out of `--phrases F.json` lists "
+               "unless --kind asks")
+    head = ["#", "phrase", "kind", "evidence", "excess", "score", "z", "log-odds", f"x{c.lang}>=", "model", "/1k",
+            "human", "/1k", "prompts", "D", "func", "sources"]
+    rows = [[str(i), repr(_cut(p.phrase, 40)), p.kind if p.kind != "topic" else "TOPIC", p.evidence, f"{p.excess:.1f}",
+             _num(p.score), f"{p.z:.1f}", f"{p.log_odds:.2f}", _num(p.lang_ratio_low), str(p.model_count),
+             f"{p.model_per_1k:.2f}", str(p.human_count), f"{p.human_per_1k:.2f}", f"{p.prompts}/{d.prompts}",
              "-" if p.dispersion is None else f"{p.dispersion:.2f}", f"{p.function_share:.2f}", _sources(p.sources)]
             for i, p in enumerate(d.phrases, 1)]
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]

@@ -41,8 +41,8 @@ def test_table_json_file_and_png(inputs, tmp_path):
     lines = res.stdout.splitlines()
     assert lines[0].startswith("model text: 240 texts") and "human text: 120 texts" in lines[0]
     head = next(i for i, line in enumerate(lines) if line.lstrip().startswith("#"))
-    assert lines[head].split() == ["#", "phrase", "kind", "evidence", "excess", "score", "z", "log-odds", "xen>=", "model", "/1k",
-                                   "human", "/1k", "prompts", "D", "func", "sources"]
+    assert lines[head].split() == ["#", "phrase", "kind", "evidence", "excess", "score", "z", "log-odds", "xen>=",
+                                   "model", "/1k", "human", "/1k", "prompts", "D", "func", "sources"]
     cells = {line[3:].split("  ")[0].strip() for line in lines[head + 1:]}
     assert {"'delve into'", "\"it's worth noting that\""} <= cells
     assert f"wrote {out} and {png}" in res.stdout

@@ -124,7 +124,8 @@ def test_json_shape_and_sources(planted):
     data = json.loads(d.to_json())
     assert set(data) == {"phrases", "model", "human", "settings", "listed", "prompts", "closest", "skipped", "notes"}
     assert set(data["phrases"][0]) == {
-        "phrase", "n", "kind", "evidence", "score", "excess", "z", "log_odds", "user_ratio_low", "lang_per_1k", "lang_ratio",
+        "phrase", "n", "kind", "evidence", "score", "excess", "z", "log_odds", "user_ratio_low", "lang_per_1k",
+        "lang_ratio",
         "lang_ratio_low", "cohesion", "model_count", "human_count", "model_per_1k", "human_per_1k", "model_docs",
         "human_docs", "prompts", "prompt_share", "dispersion", "spread", "echo", "word_spread", "word_echo", "unrelated_per_1k",
         "function_share",
