@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -42,8 +42,9 @@ from exactedit.solvers.l47.jacobian import gather_rows
 from exactedit.solvers.l47.mining import Mining
 from exactedit.solvers.l47.problem import WfldProblem
 
-__all__ = ["BarD", "FrontierRows", "Point", "choose", "choose_strength", "condition_phrase", "frontier", "frontier_rows",
-           "grid_points", "phrase_parts", "points", "scaled", "search_strengths"]
+__all__ = ["BarD", "FrontierBase", "FrontierRows", "Point", "choose", "choose_strength", "condition_phrase",
+           "edited_logp", "frontier", "frontier_base", "frontier_rows", "grid_points", "phrase_parts", "points",
+           "scaled", "search_strengths"]
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class Point:
     low: dict                    # word index -> share of uses below `low`
     uses: dict                   # word index -> uses
     kl: dict | None = None       # rows -> mean KL there, where the caller measures it (the gated edit)
+    scored: int | None = None    # rows scored through the full head (the others provably unmoved)
 
     def passes(self, min_mean: float, max_low_share: float, ignore=(), max_kl: dict | None = None) -> bool:
         """Every word's uses pass (d), the words in `ignore` (not measured) left out; and, where
@@ -115,18 +117,53 @@ class Point:
                               for w in self.mean}}
         if self.kl is not None:
             out["kl"] = self.kl
+        if self.scored is not None:
+            out["rows_scored"] = self.scored
         return out
 
 
-def _logp(tail, fr: FrontierRows, dW, tile_rows: int) -> np.ndarray:
-    mix = tail.mix(tail.residual(fr.rows, None, dW))
-    vp = vocab_pass(mix, tail.head, token_sets=fr.token[:, None], softcap=tail.softcap, tile_rows=tile_rows)
+def _logp(tail, rows, token: np.ndarray, dW, tile_rows: int) -> np.ndarray:
+    mix = tail.mix(tail.residual(rows, None, dW))
+    vp = vocab_pass(mix, tail.head, token_sets=token[:, None], softcap=tail.softcap, tile_rows=tile_rows)
     return np.asarray(vp.selected[:, 0], np.float64) - vp.lse
 
 
-def base_logp(tail, fr: FrontierRows, tile_rows: int = 8192) -> np.ndarray:
-    """The unedited log-probs of `fr`'s followed tokens (what `points` scores against)."""
-    return _logp(tail, fr, None, tile_rows)
+class FrontierBase(NamedTuple):
+    """The unedited side of a frontier's rows: the log-probs of the followed tokens and the
+    residual [T, n] (what `moved_rows` bounds an edit's effect against)."""
+
+    logp: np.ndarray
+    y: np.ndarray
+
+
+def frontier_base(tail, fr: FrontierRows, tile_rows: int = 8192) -> FrontierBase:
+    """`fr`'s unedited log-probs and residual (what `points` scores against)."""
+    y = tail.residual(fr.rows)
+    vp = vocab_pass(tail.mix(y), tail.head, token_sets=fr.token[:, None], softcap=tail.softcap, tile_rows=tile_rows)
+    return FrontierBase(np.asarray(vp.selected[:, 0], np.float64) - vp.lse, np.asarray(y))
+
+
+def _take(rows, mask):
+    """The RowSet of `rows` (a RowSet) at `mask`."""
+    return type(rows)(*(None if x is None else np.asarray(x)[mask] for x in rows))
+
+
+def edited_logp(tail, fr: FrontierRows, base: FrontierBase, dW, tile_rows: int = 8192) -> tuple[np.ndarray, int]:
+    """(the log-probs of `fr`'s followed tokens under the edit dW, the rows scored through the full
+    head): a row the edit provably cannot move by more than `moved.MOVE_TOL` nats
+    (`solvers.tail.moved`: an edit of a few down columns whose units are ~0 there) keeps its base
+    log-prob, every other row is scored exactly over the full vocabulary."""
+    from exactedit.solvers.tail.moved import moved_rows
+
+    if dW is None:
+        return base.logp.copy(), 0
+    move = moved_rows(tail, fr.rows, dW, y=base.y, tile_rows=tile_rows)
+    if move.all():
+        return _logp(tail, fr.rows, fr.token, dW, tile_rows), int(move.size)
+    lp = base.logp.copy()
+    if move.any():
+        lp[move] = _logp(tail, _take(fr.rows, move), fr.token[move], dW, tile_rows)
+    return lp, int(move.sum())
 
 
 def frontier(tail, parts: Sequence[np.ndarray], fr: FrontierRows, strengths: Sequence[Sequence[float]], *,
@@ -141,24 +178,26 @@ def frontier(tail, parts: Sequence[np.ndarray], fr: FrontierRows, strengths: Seq
                   low=low, tile_rows=tile_rows, base=base)
 
 
-def points(tail, fr: FrontierRows, edits, *, low: float = -0.10, tile_rows: int = 8192, base=None) -> list[Point]:
+def points(tail, fr: FrontierRows, edits, *, low: float = -0.10, tile_rows: int = 8192,
+           base: FrontierBase | None = None) -> list[Point]:
     """A Point per (strength vector, dW [n, h]) of `edits`, each scored exactly on `fr`'s rows
-    against the unedited tail (the gated edit hands in one shipped column per strength); `base`
-    the unedited log-probs of `fr`'s tokens when already computed (`base_logp`)."""
-    base = base_logp(tail, fr, tile_rows) if base is None else base
+    against the unedited tail (the gated edit hands in one shipped column per strength; a row it
+    provably cannot move by more than `moved.MOVE_TOL` keeps its base value, `edited_logp`);
+    `base` the unedited side when already computed (`frontier_base`)."""
+    base = frontier_base(tail, fr, tile_rows) if base is None else base
     out = []
     P = fr.slop
     for sv, dW in edits:
-        lp = _logp(tail, fr, dW, tile_rows)
-        p0, p1 = np.exp(base[:P]), np.exp(lp[:P])
+        lp, scored = edited_logp(tail, fr, base, dW, tile_rows)
+        p0, p1 = np.exp(base.logp[:P]), np.exp(lp[:P])
         cut = {int(ph): float(1.0 - p1[fr.phrase == ph].mean() / p0[fr.phrase == ph].mean())
                for ph in np.unique(fr.phrase)}
-        d = (lp - base)[P:]
+        d = (lp - base.logp)[P:]
         words = np.unique(fr.word)
         out.append(Point(tuple(float(x) for x in sv), cut, float(1.0 - p1.mean() / p0.mean()) if P else None,
                          {int(w): float(d[fr.word == w].mean()) for w in words},
                          {int(w): float(np.mean(d[fr.word == w] < low)) for w in words},
-                         {int(w): int(np.sum(fr.word == w)) for w in words}))
+                         {int(w): int(np.sum(fr.word == w)) for w in words}, scored=scored))
     return out
 
 
@@ -253,7 +292,9 @@ def choose_strength(cfg, tail, problem, mining: Mining, dev: Sequence[tuple[str,
     bases: dict = {}
 
     def score(rows, combos):
-        base = bases.setdefault(id(rows), base_logp(tail, rows, cfg.tile_rows))
+        if id(rows) not in bases:
+            bases[id(rows)] = frontier_base(tail, rows, cfg.tile_rows)
+        base = bases[id(rows)]
         if edits is None:
             return frontier(tail, parts, rows, combos, low=bar_d.low, tile_rows=cfg.tile_rows, base=base)
         return [dataclasses.replace(p, strength=c) for p, c in zip(points(
@@ -321,4 +362,4 @@ def phrase_parts(problem: WfldProblem, phrases: int) -> list[np.ndarray]:
     `frontier` scores every combination exactly)."""
     ph = condition_phrase(problem)
     bs = np.stack([np.where(ph == p, problem.cond.target, 0.0) for p in range(phrases)], axis=1)
-    return wfld.min_norm_parts(problem.base.U, problem.hh, problem.M, bs, problem.cond.eps)
+    return wfld.min_norm_parts(problem.base.U, problem.hh, problem.M, bs, problem.cond.eps, problem.gram())

@@ -150,11 +150,12 @@ def solve_min_norm(U, Hh, M, b, eps, gram: Gram | None = None) -> MinNorm:
     return MinNorm(dW, lam, linear_change(dW, U, Hh), b)
 
 
-def min_norm_parts(U, Hh, M, bs, eps) -> list[np.ndarray]:
+def min_norm_parts(U, Hh, M, bs, eps, gram: Gram | None = None) -> list[np.ndarray]:
     """The Gram solve for each column of bs [K, m] (one factorization): m edits dW [n, h], whose
-    sum is `solve_min_norm` of bs.sum(axis=1) (the solve is linear in its right-hand side)."""
+    sum is `solve_min_norm` of bs.sum(axis=1) (the solve is linear in its right-hand side);
+    `gram` as in `_gram_solve`."""
     U, Hh, bs = (np.asarray(x, dtype=np.float64) for x in (U, Hh, bs))
-    lam, G = _gram_solve(U, Hh, M, bs, eps)
+    lam, G = _gram_solve(U, Hh, M, bs, eps, gram)
     return [(U * lam[:, j][:, None]).T @ G for j in range(bs.shape[1])]
 
 
@@ -198,14 +199,15 @@ def _by_kind(values, kind, fn) -> dict:
 
 def gauss_newton(w0, cond: Conditions, Hh, M, evaluate: Callable[[np.ndarray], Evaluation],
                  ship: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]], *, iters: int, tol: float,
-                 base: Evaluation | None = None,
+                 base: Evaluation | None = None, gram: Gram | None = None,
                  progress: Callable[[int, int], None] | None = None) -> GaussNewton:
     """`evaluate(w)` gives exact logits and vectors at weights w [n, h]; `ship(w)` gives (raw bytes,
     runtime view) of w after the tensor's quantization. Conditions ask for total changes from the
     base logits (`base`, else evaluate(w0)); each round solves the linearization at the shipped
     point. Stops after `iters` rounds, once no exact logit moved by `tol` in a round, or once a
     round's rms exact error is over twice the best round's and `tol` above it (diverging); returns the round of the
-    least rms exact error (every round stays in `iterations`)."""
+    least rms exact error (every round stays in `iterations`). `gram`: gram_parts(Hh, M) when the
+    caller has it (else the first round computes it)."""
     w0 = np.asarray(w0, dtype=np.float64)
     Hh = np.asarray(Hh, dtype=np.float64)
     t0 = time.perf_counter()
@@ -223,7 +225,7 @@ def gauss_newton(w0, cond: Conditions, Hh, M, evaluate: Callable[[np.ndarray], E
     sol = None
     U_used = ev.U
     best = None                          # (rms exact error, the round's state): the round returned
-    gram = None                          # the same for every round (only U is relinearized): the first computes it
+    # the same for every round (only U is relinearized): the caller's, else the first round computes it
     for it in range(iters):
         t1 = time.perf_counter()
         gram = gram_parts(Hh, M) if gram is None else gram

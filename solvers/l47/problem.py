@@ -12,6 +12,8 @@ split: the caller hands it the dumps by role and the held-out mask.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
@@ -177,13 +179,24 @@ class WfldProblem:
     key: key_mod.Key             # the edit's input side (dW Q_perp = 0)
     B: np.ndarray                # [h, r] the null basis (dW B = 0)
     hh_bg: np.ndarray            # the background rows
-    C: np.ndarray                # [h, h] background metric
-    M: np.ndarray                # [h, h] C restricted to dW B = 0
+    C: np.ndarray | None         # [h, h] background metric (None: built without, `build_problem`)
+    M: np.ndarray | None         # [h, h] C restricted to dW B = 0
     raw0: np.ndarray             # uint8 the tensor's original bytes
     type_name: str
     cols: int
     view: Callable               # (raw, type, cols) -> the runtime view
     shipper: wfld.Shipper
+    cache: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)  # shared by `replace`
+
+    def gram(self) -> wfld.Gram:
+        """gram_parts(hh, M), computed once for this problem and every problem made from it by
+        dataclasses.replace with the same rows and metric (`frontier.scaled` changes the targets
+        only): the strength's per-phrase parts and the Gauss-Newton rounds share it (K h^2)."""
+        hit = self.cache.get("gram")
+        if hit is None or hit[0] is not self.rows or hit[1] is not self.slot or hit[2] is not self.M:
+            hit = (self.rows, self.slot, self.M, wfld.gram_parts(self.hh, self.M))
+            self.cache["gram"] = hit
+        return hit[3]
 
     @property
     def k(self) -> int:
@@ -201,14 +214,18 @@ class WfldProblem:
 
 def build_problem(cfg: WfldConfig, tail, ftpo: FtpoRows, mining: Mining, *, specials: Sequence[int],
                   phrases: Sequence[str], anchors: Named, held_from: Named, background_from: Named,
-                  raw0: np.ndarray, type_name: str, cols: int, device_head=None, key=None,
+                  raw0: np.ndarray, type_name: str, cols: int, device_head=None, key=None, metric: bool = True,
                   mark: Callable[[str], None] | None = None) -> WfldProblem:
     """The problem of `ftpo` (cfg's alternatives, margins, holds and metric). `anchors`: the anchor
     dumps (the special-token holds); `held_from`: the dumps whose legitimate uses of the words form
     the null space; `background_from`: the dumps of the background metric (less their slop
     contexts); `raw0`, `type_name`, `cols`: the edited tensor's bytes as stored. `device_head`
     (solvers.tail.passes.device_pass.to_device) runs the target pass on a device; `key` a fixed key
-    space (the gated edit's one unit), else cfg's kind is built. `mark(stage)` is
+    space (the gated edit's one unit), else cfg's kind is built. `metric` False: no background
+    metric, null basis or shipping metric (C and M None, B empty, the plain shipper): the gated
+    edit solves its columns through the exact tail and ships them itself, and reads the problem
+    only for its conditions and their exact logits (on Qwen at 21 phrases the metric's products
+    were 147 s of the solve). `mark(stage)` is
     called once the conditions ("targets") and once the metric ("metric") are built."""
     mark = mark or (lambda stage: None)
     w0 = editable_weight(tail)
@@ -269,12 +286,16 @@ def build_problem(cfg: WfldConfig, tail, ftpo: FtpoRows, mining: Mining, *, spec
 
     groups = uses_by_word(held_from, mining)
     hh_bg = np.concatenate([background_rows(n, d, mining) for n, d in background_from])
-    C = wfld.background_metric(hh_bg, cfg.ridge)
     key = key if key is not None else problem_key(cfg, tail, ftpo, mining, plaus)
-    M, B = key_mod.key_metric(key, C, groups, null_rank=cfg.null_rank if key.Q is None else cfg.key_null_rank,
-                              null_tol=cfg.null_tol)
+    if metric:
+        C = wfld.background_metric(hh_bg, cfg.ridge)
+        M, B = key_mod.key_metric(key, C, groups, null_rank=cfg.null_rank if key.Q is None else cfg.key_null_rank,
+                                  null_tol=cfg.null_tol)
+    else:
+        C = M = None
+        B = np.zeros((w0.shape[1], 0))
     view = quant.runtime_view if tail.kind == "hc4" else quant.dequantize
-    if ship_mod.uses_feedback(cfg.ship, type_name):
+    if metric and ship_mod.uses_feedback(cfg.ship, type_name):
         kept = np.concatenate(groups + [np.asarray(rs.hh, np.float64)], axis=0)
         metric = ship_mod.shipping_metric(hh_bg, cfg.ridge, kept, w0, cfg.ship_hold_weight)
         shipper = ship_mod.FeedbackShipper(raw0, type_name, cols, view, metric, cfg.ship_sweeps)

@@ -77,7 +77,8 @@ def solve(problem: WfldProblem, cfg: WfldConfig, progress: Callable[[int, int], 
           ) -> wfld.GaussNewton:
     """`cfg.gn_iters` Gauss-Newton rounds from the base, each shipped by the problem's shipper."""
     return wfld.gauss_newton(problem.w0, problem.cond, problem.hh, problem.M, problem.evaluate, problem.shipper,
-                             iters=cfg.gn_iters, tol=cfg.gn_tol, base=problem.base, progress=progress)
+                             iters=cfg.gn_iters, tol=cfg.gn_tol, base=problem.base, gram=problem.gram(),
+                             progress=progress)
 
 
 def null_summary(groups, B, w0, gn: wfld.GaussNewton) -> dict:

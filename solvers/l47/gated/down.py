@@ -10,14 +10,14 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
 from exactedit.solvers.l47.gated.column import ColumnConfig, solve_column
 from exactedit.solvers.l47.gated.config import GatedError
 
-__all__ = ["ACTIVE", "Contexts", "active_rows", "bound_of", "context_rejected", "mean_kl", "set_column", "solve_down",
+__all__ = ["BarRows", "Contexts", "bar_rows", "bound_of", "context_rejected", "mean_kl", "set_column", "solve_down",
            "zero_column"]
 
 
@@ -125,10 +125,6 @@ def _record(problem, raw, w_new, d_cont, units, seconds):
                               problem.base.U)
 
 
-#: a dev row is one of a unit's where its activation is above this share of its contexts' median
-ACTIVE = 1e-2
-
-
 def _chat_rows(d) -> np.ndarray:
     """bool [T]: the rows of the dump's chat documents (tagged "chat", or holding reply rows), as
     bar (g) counts them (evals.scoring.bars.chat_docs)."""
@@ -142,41 +138,56 @@ def _chat_rows(d) -> np.ndarray:
     return out
 
 
-def active_rows(traces, contexts: Sequence[Contexts], mining, *, chat_non_slop: bool):
-    """(RowSet of the rows of `traces` where some unit is active (ACTIVE) or None, the number of
-    rows counted): with `chat_non_slop`, of the chat documents' rows that are not slop positions
-    (bar (g)'s rows: at a slop position the KL is the cut itself), else every row (bar (e)'s)."""
+class BarRows(NamedTuple):
+    """The rows a KL bar counts (a RowSet, or None when there are none) and their base residual
+    y [T, n] (what `moved_rows` bounds an edit's effect against)."""
+
+    rows: object
+    y: np.ndarray | None
+
+    @property
+    def total(self) -> int:
+        return 0 if self.rows is None else self.rows.rows
+
+
+def bar_rows(tail, traces, mining, *, chat_non_slop: bool) -> BarRows:
+    """The rows of `traces` a KL bar counts: with `chat_non_slop`, the chat documents' rows that
+    are not slop positions (bar (g)'s rows: at a slop position the KL is the cut itself), else
+    every row (bar (e)'s)."""
     from exactedit.solvers.l47.jacobian import gather_rows
 
-    cut = {c.unit: ACTIVE * float(np.median(np.abs(c.a))) for c in contexts}
-    blocks, total = [], 0
+    blocks = []
     for name, d in traces:
-        hh = np.asarray(d.hh)
-        keep = np.ones(hh.shape[0], bool)
+        keep = np.ones(d.rows, bool)
         if chat_non_slop:
             keep[np.asarray(mining.trace(name).rows, np.int64)] = False
             keep &= _chat_rows(d)
-        on = np.zeros(hh.shape[0], bool)
-        for j, t in cut.items():
-            on |= np.abs(hh[:, j]) > t
-        on &= keep
-        total += int(keep.sum())
-        if on.any():
-            blocks.append((d, np.flatnonzero(on)))
-    return (gather_rows(blocks) if blocks else None), total
+        if keep.any():
+            blocks.append((d, np.flatnonzero(keep)))
+    if not blocks:
+        return BarRows(None, None)
+    rows = gather_rows(blocks)
+    return BarRows(rows, np.asarray(tail.residual(rows)))
 
 
-def mean_kl(tail, rows, total: int, dW, tile_rows: int) -> float:
-    """The mean KL over `total` rows of the edit dW, counted on `rows` (where a unit fires: on the
-    others the units' write is below ACTIVE of theirs), exact over the full vocabulary."""
+def mean_kl(tail, bar: BarRows, dW, tile_rows: int) -> tuple[float, int]:
+    """(the mean KL of the edit dW over the bar's rows, exact over the full vocabulary, the rows
+    scored): a row the edit provably cannot move by more than `moved.MOVE_TOL` nats (where the
+    rewritten units are ~0) has a KL below that and counts as 0; every other row is scored."""
+    from exactedit.solvers.l47.frontier import _take
+    from exactedit.solvers.tail.moved import moved_rows
     from exactedit.solvers.tail.passes.kl_pass_numba import kl_rows_numba
 
-    if rows is None or total == 0:
-        return 0.0
-    mix_b = tail.mix(tail.residual(rows))
+    if bar.rows is None:
+        return 0.0, 0
+    move = moved_rows(tail, bar.rows, dW, y=bar.y, tile_rows=tile_rows)
+    if not move.any():
+        return 0.0, 0
+    rows = _take(bar.rows, move)
+    mix_b = tail.mix(bar.y[move])
     mix_e = tail.mix(tail.residual(rows, None, dW))
     kl = np.maximum(kl_rows_numba(mix_b, mix_e, tail.head, softcap=tail.softcap, tile_rows=tile_rows).kl, 0.0)
-    return float(kl.sum()) / total
+    return float(kl.sum()) / bar.total, int(move.sum())
 
 
 def solve_down(cfg, tail_removed, problem, contexts: Sequence[Contexts], mining, dev, collateral, bar_d, *,
@@ -194,6 +205,7 @@ def solve_down(cfg, tail_removed, problem, contexts: Sequence[Contexts], mining,
     from exactedit import quant
     from exactedit.quant.rounding.grid import grid_of
     from exactedit.solvers.l47.frontier import choose_strength
+    from exactedit.solvers.tail.moved import MOVE_TOL
 
     column = column or ColumnConfig(margin=float(cfg.margin))
     margins = {c.phrase: cfg.margin_for(mining.phrases[c.phrase]) for c in contexts}
@@ -235,20 +247,28 @@ def solve_down(cfg, tail_removed, problem, contexts: Sequence[Contexts], mining,
 
     tile = getattr(cfg, "tile_rows", 8192)
     kl_of = limits = None
+    scored: dict = {}                     # per bar: rows scored through the full head, per point
     if max_kl is not None:
-        sets = [("dev chat", active_rows(dev, contexts, mining, chat_non_slop=True))]
+        sets = [("dev chat", bar_rows(tail_removed, dev, mining, chat_non_slop=True))]
         sets += [(n if n.startswith("anchors:") else f"anchors:{n}",      # trace names carry their role
-                  active_rows([(n, d)], contexts, mining, chat_non_slop=False)) for n, d in anchors]
+                  bar_rows(tail_removed, [(n, d)], mining, chat_non_slop=False)) for n, d in anchors]
 
         def measured(combo):
             dW = dW_of(combo)
-            return {k: mean_kl(tail_removed, rows, total, dW, tile) for k, (rows, total) in sets}
+            out = {}
+            for k, bar in sets:
+                out[k], rows = mean_kl(tail_removed, bar, dW, tile)
+                scored.setdefault(k, {"rows": bar.total, "scored": []})["scored"].append(rows)
+            return out
         kl_of = measured
         limits = {k: max_kl["anchors" if k.startswith("anchors:") else k] for k, _ in sets}
     if cfg.strength_grid:
         _, strength = choose_strength(cfg, tail_removed, problem, mining, dev, collateral, bar_d, edits=edits,
                                       kl_of=kl_of, max_kl=limits)
         chosen = [strength["chosen"][ph] for ph in mining.phrases]
+        strength["kl_rows"] = {k: {"rows": v["rows"], "scored_max": max(v["scored"]),
+                                   "scored_mean": float(np.mean(v["scored"])), "tol_nats": MOVE_TOL}
+                               for k, v in scored.items()}
     else:
         strength, chosen = None, [cfg.strength] * len(mining.phrases)
     raw = np.array(raw_removed)

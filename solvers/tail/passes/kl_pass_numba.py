@@ -20,7 +20,7 @@ from exactedit.solvers.tail.forward.head_ref import apply_softcap
 from exactedit.solvers.tail.passes.kl_pass import KlRows
 from exactedit.solvers.tail.passes.vocab_pass import tile_size
 
-__all__ = ["kl_rows_numba"]
+__all__ = ["kl_rows_numba", "kl_rows_rank1"]
 
 Progress = Callable[[int, int], None]
 
@@ -97,3 +97,38 @@ def kl_rows_numba(mix_base, mix_edited, head, *, next_ids=None, softcap: float |
         lse_e = m + np.log(S + Cc)
         kl = A / S + np.log1p(Cc / S)
     return KlRows(kl, arg_b, arg_e, lse_b, lse_e, sel_b - lse_b, sel_e - lse_e)
+
+
+def kl_rows_rank1(mix_base, head, a, b, V_dirs, *, softcap: float | None = None, tile_rows: int = 8192
+                  ) -> np.ndarray:
+    """KL(base || edited_c) [T, C] for C edits whose pre-softcap logits are an affine function of
+    the base's: z_c = a[:, c] * (H mix_base) + b[:, c] * (H V_dirs[:, c]) (an rmsnorm tail's
+    residual moved along one direction per edit: the norm rescales the row by a, the direction
+    adds b times its own logits). One head tile read per step, one sgemm for the base logits and
+    one for the C directions; each edit folded as `kl_rows_numba` folds one."""
+    mb = np.ascontiguousarray(mix_base, dtype=np.float32)
+    dirs = np.ascontiguousarray(V_dirs, dtype=np.float32)
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    T, C, V = mb.shape[0], dirs.shape[1], head.rows
+    nxt = np.full(T, -1, np.int64)
+    state = [(np.full(T, -np.inf), np.zeros(T), np.zeros(T), np.zeros(T), np.zeros(T, np.int64),
+              np.full(T, -np.inf, np.float32), np.zeros(T, np.int64), np.full(T, -np.inf, np.float32),
+              np.full(T, np.nan, np.float32), np.full(T, np.nan, np.float32)) for _ in range(C)]
+    step = tile_size(2 * T, tile_rows)
+    for start in range(0, V, step):
+        stop = min(start + step, V)
+        w = head.read(start, stop).T
+        lb_raw = (mb @ w).astype(np.float64)
+        vt = (dirs.T @ w).astype(np.float64)
+        lb = lb_raw if softcap is None else apply_softcap(lb_raw, softcap)
+        lb32 = np.ascontiguousarray(lb, dtype=np.float32)
+        for c in range(C):
+            le = a[:, c:c + 1] * lb_raw + b[:, c:c + 1] * vt[c][None, :]
+            le = np.ascontiguousarray(le if softcap is None else apply_softcap(le, softcap), dtype=np.float32)
+            m, S, A, Cc, arg_b, best_b, arg_e, best_e, sel_b, sel_e = state[c]
+            _fold_tile(lb32, le, start, nxt, m, S, A, Cc, arg_b, best_b, arg_e, best_e, sel_b, sel_e)
+    out = np.zeros((T, C))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for c, (m, S, A, Cc, *_) in enumerate(state):
+            out[:, c] = A / S + np.log1p(Cc / S)
+    return out

@@ -274,3 +274,23 @@ def test_word_holds_keep_the_words_logit_at_its_likeliest_plausible_rows(world):
         eps=np.where(sel, 1e6, problem.cond.eps))), cfg)       # the same rows, holds released
     moved = lambda r: np.abs(r.logits - r.base_logits)[sel].max()   # noqa: E731
     assert moved(free) > 10 * moved(res)
+
+
+def test_the_strengths_parts_and_the_solve_share_one_gram(world, monkeypatch):  # noqa: F811
+    """phrase_parts and the Gauss-Newton rounds of a problem `scaled` from it compute gram_parts
+    (K h^2) once between them, and the solve is bit for bit the one with a fresh Gram."""
+    import dataclasses
+
+    from exactedit.solvers.l47 import frontier as fr_mod
+
+    w = world
+    problem = dataclasses.replace(w["problem"], cache={})
+    calls = []
+    real = gn.gram_parts
+    monkeypatch.setattr(gn, "gram_parts", lambda *a: calls.append(1) or real(*a))
+    parts = fr_mod.phrase_parts(problem, len(w["mining"].phrases))
+    shared = solve(fr_mod.scaled(problem, 0.5), CFG)
+    assert len(calls) == 1 and len(parts) == len(w["mining"].phrases)
+    fresh = solve(fr_mod.scaled(dataclasses.replace(w["problem"], cache={}), 0.5), CFG)
+    assert len(calls) == 2
+    np.testing.assert_array_equal(shared.dW, fresh.dW)

@@ -1,0 +1,90 @@
+"""How far an edit of the last FFN's down projection can move a row's logits, bounded without the
+vocabulary pass: the rows an edit cannot move are scored at their base values, exactly within a
+stated tolerance, and only the others go through the full head.
+
+For an rmsnorm tail the residual is y = R + W hh (W the down projection [n, h], hh the FFN's hidden
+state); the edit dW moves it by delta = dW hh. The final norm f(y) = y / sqrt(|y|^2 / n + eps) has a
+Jacobian of spectral norm at most 1 / sqrt(|y|^2 / n + eps) <= sqrt(n) / |y|, so along the segment
+from y to y + delta (where every point has norm >= |y| - |delta|)
+    |f(y + delta) - f(y)| <= sqrt(n) |delta| / (|y| - |delta|)      (|delta| < |y|).
+The logits are z_v = (H_v * w) . f(y) (w the norm's weight, H_v the head's row v), so
+    max_v |dz_v| <= max_v |H_v * w| . |df| =: B,
+and a softcap c tanh(z / c) is 1-Lipschitz, so B holds after it. Every token's log-prob then moves
+by at most 2B (its logit and the log-sum-exp each by at most B), and KL(p || p') <= 2B.
+With a post-FFN norm (Gemma 3: y = R + w_post * g(F), F = W hh, g the same norm) the FFN's output
+moves by |dF| = |dW hh| and the residual by at most max|w_post| sqrt(n) |dF| / (|F| - |dF|), which
+then goes through the final norm as above.
+
+`logit_bound` returns B per row (inf where the segment argument does not hold, or for the hc4 tail,
+whose mix is not bounded here); `head_norm(tail)` is max_v |H_v * w|, one streamed pass over the
+head, kept per head.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["MOVE_TOL", "head_norm", "logit_bound", "moved_rows"]
+
+#: a row whose log-probs the edit provably moves by at most this many nats is taken at its base
+#: values: a float32 logit of magnitude 8 to 16 is itself rounded to 1e-6 to 2e-6, so the full
+#: pass cannot resolve a smaller change either
+MOVE_TOL = 1e-6
+
+_HEAD_NORMS: dict = {}
+
+
+def head_norm(tail, tile_rows: int = 8192) -> float:
+    """max over the head's rows v of |H_v * w| (w: the final norm's weight), float64, one streamed
+    pass over the head (kept per head and weight)."""
+    w = np.asarray(tail.mix_params.w_norm, np.float64).reshape(-1)
+    key = (id(tail.head), id(tail.mix_params.w_norm))
+    hit = _HEAD_NORMS.get(key)
+    if hit is not None and hit[0] is tail.head:
+        return hit[1]
+    best = 0.0
+    V = int(tail.head.rows)
+    for start in range(0, V, tile_rows):
+        t = np.asarray(tail.head.read(start, min(V, start + tile_rows)), np.float64) * w
+        best = max(best, float(np.sqrt(np.max(np.einsum("vn,vn->v", t, t)))))
+    _HEAD_NORMS[key] = (tail.head, best)
+    return best
+
+
+def _through_norm(base_norm, shift, n: int) -> np.ndarray:
+    """The bound on |g(x + dx) - g(x)| from |x| and |dx| (module doc): inf where |dx| >= |x|."""
+    base_norm, shift = np.asarray(base_norm, np.float64), np.asarray(shift, np.float64)
+    room = base_norm - shift
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(room > 0, np.sqrt(n) * shift / np.where(room > 0, room, 1.0), np.inf)
+    return np.where(shift == 0, 0.0, out)
+
+
+def logit_bound(tail, rows, dW, *, y=None, tile_rows: int = 8192) -> np.ndarray:
+    """float64 [T]: per row of `rows` (R and hh, a dump or a RowSet), a bound on how far the edit
+    dW [n, h] of the down projection moves any of its logits (module doc). `y`: the rows' base
+    residual [T, n] when the caller has it (else computed). inf for an hc4 tail."""
+    T = int(np.asarray(rows.hh).shape[0])
+    if getattr(tail, "kind", None) != "rmsnorm":
+        return np.full(T, np.inf)
+    dW = np.asarray(dW, np.float64)
+    cols = np.flatnonzero(np.any(dW != 0, axis=0))
+    if cols.size == 0:
+        return np.zeros(T)
+    hh = np.asarray(rows.hh, np.float64)[:, cols]
+    shift = np.linalg.norm(hh @ dW[:, cols].T, axis=1)
+    n = dW.shape[0]
+    if y is None:
+        y = tail.residual(rows)
+    y_norm = np.linalg.norm(np.asarray(y, np.float64), axis=1)
+    w_post = getattr(tail.l47, "w_post", None)
+    if w_post is not None:
+        F = np.asarray(rows.hh, np.float64) @ np.asarray(tail.l47.w_down, np.float64).T
+        shift = float(np.max(np.abs(np.asarray(w_post, np.float64)))) * _through_norm(
+            np.linalg.norm(F, axis=1), shift, n)
+    return head_norm(tail, tile_rows) * _through_norm(y_norm, shift, n)
+
+
+def moved_rows(tail, rows, dW, *, y=None, tol: float = MOVE_TOL, tile_rows: int = 8192) -> np.ndarray:
+    """bool [T]: the rows whose log-probs the edit may move by more than `tol` nats (2B > tol);
+    every other row's log-probs and KL are within `tol` of the base's."""
+    return 2.0 * logit_bound(tail, rows, dW, y=y, tile_rows=tile_rows) > tol
