@@ -14,7 +14,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from exactedit.solvers.l47.gated.column import ColumnConfig, solve_column
+from exactedit.solvers.l47.gated.column import ColumnConfig, solve_column, top_tokens
 from exactedit.solvers.l47.gated.config import GatedError
 
 __all__ = ["BarRows", "Contexts", "bar_rows", "bound_of", "context_rejected", "mean_kl", "set_column", "solve_down",
@@ -214,6 +214,7 @@ def solve_down(cfg, tail_removed, problem, contexts: Sequence[Contexts], mining,
     bounds = {u: _bound(g) for u, g in cols_of.items()}
     col0 = {c.unit: np.asarray(problem.w0[:, c.unit], np.float64) for c in contexts}   # the removal's column
     solved: dict = {}                     # (unit, strength) -> (ColumnSolve, shipped column values)
+    tops: dict = {}                       # unit -> its contexts' top_tokens
     t_solve = [0.0]
     total = len(contexts) * max(1, len(set(cfg.strength_grid)))
 
@@ -223,8 +224,11 @@ def solve_down(cfg, tail_removed, problem, contexts: Sequence[Contexts], mining,
             t = time.perf_counter()
             near = [v[0].d for (u, x), v in sorted(solved.items(), key=lambda kv: abs(kv[0][1] - s)) if u == c.unit]
             cc = dataclasses.replace(column, margin=margins[c.phrase])
+            tile = getattr(cfg, "tile_rows", 8192)
+            if c.unit not in tops:          # the contexts' base top tokens: the same at every strength
+                tops[c.unit] = top_tokens(tail_removed, c.y0, cc.top, tile_rows=tile, f0=c.f0)
             sol = solve_column(tail_removed, c.y0, c.a, c.rej, specials, float(s), cc, bound=bounds[c.unit],
-                               d0=near[0] if near else None, tile_rows=getattr(cfg, "tile_rows", 8192), f0=c.f0)
+                               d0=near[0] if near else None, tile_rows=tile, f0=c.f0, top_ids=tops[c.unit])
             solved[key] = (sol, _shipped(cols_of[c.unit], sol.d))
             t_solve[0] += time.perf_counter() - t
             if progress is not None:

@@ -78,6 +78,28 @@ def test_gradient_by_finite_differences(seed, softcap, ridge, strength, post):
     assert fd == pytest.approx(float(g @ v), rel=1e-5, abs=1e-8)
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31), st.sampled_from([None, 5.0]), st.floats(0.0, 1e-1), st.floats(0.1, 3.0),
+       st.floats(-3, 0))
+def test_the_fast_path_is_the_reference(seed, softcap, ridge, strength, log_scale):
+    """Without a post-FFN norm the loss and gradient through the supports' union (no Hs) equal the
+    reference through Hs [T, K, n]: the same float64 math reassociated, 1e-9 relative."""
+    tail = _tail(seed, softcap=softcap)
+    y0, a = _contexts(seed)
+    rej = [[3], [3, 7], [7], [3], [11]]
+    p = column_problem(tail, y0, a, rej, [0], top=20, tile_rows=16, reference=True)
+    assert p.HU is not None and p.Hs is not None
+    q = target_distribution(p.z0, p.rej, p.spec, p.tok >= 0, strength, 1.0)
+    d = np.random.default_rng(seed + 3).normal(size=12) * 10.0 ** log_scale
+    f, g = column_loss(p, q, d, ridge)
+    fr, gr = column_loss(p, q, d, ridge, reference=True)
+    assert f == pytest.approx(fr, rel=1e-9, abs=1e-12)
+    np.testing.assert_allclose(g, gr, rtol=1e-7, atol=1e-9 * np.abs(gr).max())
+    lean = column_problem(tail, y0, a, rej, [0], top=20, tile_rows=16)
+    assert lean.Hs is None and np.array_equal(lean.tok, p.tok)
+    np.testing.assert_allclose(lean.z0, p.z0, rtol=1e-12)
+
+
 @pytest.mark.parametrize("post", [False, True])
 def test_the_support_logits_are_the_heads(post):
     tail = _tail(3, post=post)
