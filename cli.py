@@ -545,6 +545,10 @@ def _read_bounded_text(path, flag: str) -> str:
 @click.option("--watch-kl/--no-watch-kl", "watch_kl", default=None,
               help="The stopping rule also stops where the dev KL off the style's decision rows passes the bar "
                    "(default off).")
+@click.option("--edit", type=click.Choice(["head", "gated"]), default=None,
+              help="head: a rank-r edit of the output rows (default); gated: one rewritten unit of the last FFN "
+                   "that fires at the style's decision rows only, its strength chosen on dev within the KL bar "
+                   "off those rows (docs/solve-head.md).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "gpu"]), default=None, help="Where the solve's passes run.")
 @JSON_FLAG
 def persona_cmd(model, out, as_json, **given) -> None:

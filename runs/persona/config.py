@@ -20,7 +20,8 @@ DEVICES = ("auto", "cpu", "gpu")
 _UNTYPABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")   # controls but tab and newlines; surrogates
 # the settings `exactedit persona` has a flag for; the others come from persona.toml or the class
 FLAGS = frozenset({"system", "style", "prompts", "rate_prompts", "texts", "chat_template", "samples", "rate_samples",
-                   "max_new", "seed", "edit_count", "rank", "lr", "max_steps", "device", "hold", "watch_kl"})
+                   "max_new", "seed", "edit_count", "rank", "lr", "max_steps", "device", "hold", "watch_kl", "edit"})
+EDITS = ("head", "gated")       # the rank-r head edit, or a gated unit of the last FFN (solvers/l47/gated/style.py)
 
 __all__ = ["PERSONA_FILE", "PersonaConfig", "PersonaError", "RATE_SEED", "persona_defaults"]
 
@@ -36,7 +37,10 @@ class PersonaConfig:
     section 7): keep the last step with dev/train >= `min_ratio` on the style positions; with
     `watch_kl`, only before the first checkpoint whose mean dev KL off the style's decision rows
     passes the registered bar (`bars.persona_max_kl_off`). `hold` is the head solve's (rows of the
-    anchors held in its KL term: "none", or "paragraph", the paragraph starts after a blank line)."""
+    anchors held in its KL term: "none", or "paragraph", the paragraph starts after a blank line).
+    `edit` "gated": instead of the head edit, one rewritten unit of the last FFN that fires at the
+    style's decision rows only (solvers/l47/gated/style.py), its strength chosen on dev within the
+    same bar off the decision rows; `gated_grid` the strengths tried."""
 
     model: str = "qwen"
     system: str | None = None
@@ -59,6 +63,8 @@ class PersonaConfig:
     min_ratio: float = 0.75             # the seeds' rule: a margin over the 0.70 bar
     watch_kl: bool = False              # the rule also stops where the dev KL off the decision rows passes the bar
     hold: str = "none"                  # anchors' rows held in the solve's KL term (HeadSolveConfig.hold)
+    edit: str = "head"                  # "head" (solve head) or "gated" (a unit of the last FFN)
+    gated_grid: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)   # the gated unit's strengths, chosen on dev
     verify_tokens: int = 192
     n_boot: int = 1000
     device: str = "auto"
@@ -101,6 +107,13 @@ class PersonaConfig:
                                     "the rate replies": (RATE_SEED, self.rate_samples)}, FLAGS)
         if self.device not in DEVICES:
             out.append(f"{st.flag('device', FLAGS)}: expected one of {DEVICES}, got {self.device!r}")
+        if self.edit not in EDITS:
+            out.append(f"{st.flag('edit', FLAGS)}: expected one of {EDITS}, got {self.edit!r}")
+        grid = self.gated_grid
+        if not (isinstance(grid, (tuple, list)) and grid and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and 0 < x <= 16
+                for x in grid)):
+            out.append(f"gated_grid: expected strengths in (0, 16], got {grid!r}")
         if not isinstance(self.watch_kl, bool):
             out.append(f"{st.flag('watch_kl', FLAGS)}: expected true or false, got {self.watch_kl!r}")
         if self.system is not None and (not isinstance(self.system, str) or not self.system.strip()

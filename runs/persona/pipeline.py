@@ -105,7 +105,7 @@ def run_persona(cfg: PersonaConfig, out, *, progress: Progress | None = None, co
     with r:                     # the run holds DIR until it returns or raises
         rec = {"preflight": r.preflight.to_dict(), "replies": _replies(r)}
         rec["data"] = _data(r, rec)
-        rec["solve"] = _solve(r, rec)
+        rec["solve"] = _solve_gated(r, rec) if cfg.edit == "gated" else _solve(r, rec)
         shipped = bool(rec["solve"]["shipped_edit"])
         bundle = rec["solve"]["bundle"]
         rec["apply"] = r.apply_stage(bundle) if shipped else r.stages.skip("apply")
@@ -258,6 +258,75 @@ def _data(r: _Run, rec: dict) -> dict:
     return r.run("data", {"replies": r.stages.outputs("replies"), "texts": r.sha["texts"], "edit_count": c.edit_count,
                           "style": r.style_key},
                  ["data"], build)
+
+
+def _solve_gated(r: _Run, rec: dict) -> dict:
+    """`--edit gated`: one unit of the last FFN rewritten to fire at the style's decision rows
+    (solvers/l47/gated/style.py), its strength chosen on dev within the protocol's bar off those
+    rows, written as a bundle of three tensor edits (the unit's gate and up rows, ffn_down) ->
+    DIR/gated/. No strength within the bar: no edit ships (as the head solve's rule)."""
+    import numpy as np
+
+    from exactedit.dumps import read_dump
+    from exactedit.dumps.format import ROLE_NAMES
+    from exactedit.evals.protocol.protocol import Bars
+    from exactedit.files import file_sha256
+    from exactedit.quant import gguf
+    from exactedit.quant.model.specials import model_specials
+    from exactedit.runs.solve.wfld import _ffn_name, gated_engine
+    from exactedit.solvers.bundle import InputRef, TensorEdit, write_bundle
+    from exactedit.solvers.l47.gated.config import DesignConfig
+    from exactedit.solvers.l47.gated.style import StyleInputs, solve_style_unit
+    from exactedit.solvers.tail.model import load_tail
+
+    c, out = r.cfg, r.out
+    sets = rec["data"]["sets"]
+    missing = [s for s in ("train", "dev", "test") if s not in sets]
+    if missing:
+        raise PersonaError(f"{out / 'data'}: no {', '.join(missing)} documents (give more prompts)")
+    bars = Bars(persona_decision=r.style.decision)
+    edit = tuple(int(t) for t in rec["data"]["edit_set"])
+
+    def solve():
+        tick = r.tick("solve gated") or (lambda done, total: None)
+        with gguf.open(r.model) as g:
+            ms = model_specials(g, r.template)
+            tail = load_tail(g)
+            x_of, quantize_row, activation, act = gated_engine(g, tail)
+            down = g.tensor(tail.spec.names["ffn_down"])
+            dumps = {s: read_dump(sets[s]["dump"]) for s in ("train", "dev", "anchors") if s in sets}
+            named = {role: [(role, dumps[role])] for role in dumps}
+            inputs = StyleInputs(tail, named, ROLE_NAMES[r.style.decision], edit, tuple(ms.guards),
+                                 np.asarray(g.read_raw(down.name)), down.type_name, int(down.cols), x_of,
+                                 quantize_row, activation, grid=tuple(c.gated_grid),
+                                 max_kl_off=bars.persona_max_kl_off, design=DesignConfig(act=act))
+            steps = 3 + len(set(c.gated_grid))
+            done = [0]
+
+            def said(stage):
+                done[0] += 1
+                tick(min(done[0], steps), steps)
+            res = solve_style_unit(inputs, progress=said)
+            edits = [TensorEdit(down.name, "tensor", down.type_name, (int(down.rows), int(down.cols)), res.down_raw)]
+            for part, raw in (("ffn_gate", res.gate_raw), ("ffn_up", res.up_raw)):
+                ti = g.tensor(_ffn_name(tail, part))
+                edits.append(TensorEdit(ti.name, "rows", ti.type_name, (int(ti.rows), int(ti.cols)), raw,
+                                        np.array([res.unit], np.int64)))
+            refs = [InputRef("model", str(r.model), g.sha256())]
+        refs += [InputRef(f"dump:{s}", str(sets[s]["dump"]), d.sha256()) for s, d in dumps.items()]
+        summary = {**res.summary, "strength": res.strength}
+        if res.passed:
+            write_bundle(out / "gated", solver="persona-gated", inputs=refs,
+                         config={"grid": list(c.gated_grid), "max_kl_off": bars.persona_max_kl_off,
+                                 "decision": bars.persona_decision, "edit_set": list(edit)}, edits=edits,
+                         files={"report.json": json.dumps(summary, indent=1, allow_nan=False).encode("utf-8")},
+                         overwrite=True)
+        return {"edit": "gated", "shipped_edit": bool(res.passed), "bundle": str(out / "gated"), "bars": [],
+                "edit_tokens": list(edit), "decision": bars.persona_decision, "gated": summary,
+                "bundle_sha256": file_sha256(out / "gated" / "manifest.json") if res.passed else None}
+
+    return r.run("solve", {"data": r.stages.outputs("data"), "edit": "gated", "grid": list(c.gated_grid),
+                           "bars": dataclasses.asdict(bars)}, ["gated"], solve)
 
 
 def _solve(r: _Run, rec: dict) -> dict:

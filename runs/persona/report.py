@@ -42,6 +42,11 @@ def persona_targets(rec: dict) -> list[dict]:
     solve, rates = rec["solve"], rec["rates"]
     out = [{"target": "an edit ships (the protocol's stopping rule)", "value": solve["shipped_edit"],
             "passed": bool(solve["shipped_edit"])}]
+    if solve.get("edit") == "gated":
+        pick = [p for p in solve["gated"]["frontier"] if p["strength"] == solve["gated"]["chosen"]]
+        kl = pick[0]["kl_off"] if pick else {}
+        out.append({"target": f"gated unit: dev KL off the decision rows (dev, anchors) <= {solve['gated']['max_kl_off']:g}",
+                    "value": [kl.get("dev"), kl.get("anchors")], "passed": bool(solve["gated"]["passed"])})
     for b in solve["bars"]:
         gating = b.get("gating", True)          # a row reported beside the bars has no pass
         out.append({"target": b["label"], "value": b["number"], "threshold": f"{b['op']} {b['threshold']:g}",
@@ -94,22 +99,9 @@ def _png(rec: dict, path: Path) -> Path:
     return write_png(fig, path)
 
 
-def report_text(obj: dict) -> str:
-    rec = obj["records"]
-    m, d, s, rt = rec["replies"], rec["data"], rec["solve"], rec["rates"]
-    lines = [f"# exactedit persona: {Path(obj['model']).name}", "",
-             f"persona (system prompt): {obj['persona']['system']!r}", f"style: {obj['persona']['style']}", "",
-             "## measured on the data prompts (what picked the task)",
-             f"  with the persona prompt:    {_rate(m['sides']['persona'])}",
-             f"  without it (plain):         {_rate(m['sides']['plain'])}",
-             f"  difference (paired, 95% CI): {_f(m['gap']['change'])} [{_f(m['gap']['ci'][0])}, {_f(m['gap']['ci'][1])}]",
-             "", "## data",
-             "prompts: " + ", ".join(f"{k} {v}" for k, v in m["splits"].items()) + "; persona replies showing the "
-             "style: " + ", ".join(f"{k} {v}" for k, v in d["style_replies"].items()),
-             "initiation tokens (train): " + ", ".join(f"{t!r} {n}" for t, n in d["initiations"]["train"].items()),
-             f"edit set S (the train split's most frequent initiation tokens): {d['edit_tokens']}",
-             "dumps: " + ", ".join(f"{k} {v['docs']} docs / {v['rows']} rows" for k, v in d["sets"].items()),
-             "", f"## solve head (rank {obj['config']['rank']}): "
+def _head_text(obj: dict, s: dict) -> list[str]:
+    """The solve head section of report.md."""
+    lines = [f"## solve head (rank {obj['config']['rank']}): "
              + (f"chosen step {s['chosen_step']}, {s['rows_changed']} rows shipped, |dW|/|W_S| {s['edit_norm_ratio']:.3f}"
                 if s["shipped_edit"] else "the rule shipped no edit")]
     br = s.get("best_ratio")
@@ -137,6 +129,47 @@ def report_text(obj: dict) -> str:
     lines += ["", "bars:"] + [f"  {b['label']:<52} {_f(b['number'], '{:.4f}'):>9} {b['op']} {b['threshold']:g}  "
                               + ({True: 'pass', False: 'FAIL', None: 'n/a'}[b['passed']] if b.get("gating", True)
                                  else "reported") for b in s["bars"]]
+    return lines
+
+
+def _gated_text(s: dict) -> list[str]:
+    """The gated unit's section of report.md: the unit, its gate on the fit and on dev, the dev
+    frontier (the style's probability at dev's decision rows, the KL off them), the choice."""
+    gs = s["gated"]
+    fit, dev = gs["gate"]["fit"], gs.get("gate_dev") or {}
+    lines = [f"## gated unit of the last FFN: unit {gs['unit']}, "
+             + (f"strength {gs['chosen']:g} shipped" if s["shipped_edit"] else
+                f"no strength within the KL bar off the decision rows ({gs['max_kl_off']:g}) on dev: no edit ships"),
+             f"decision rows: {s.get('decision')}; gate through the origin: fit AUC {_f(fit.get('auc'), '{:.4f}')}, "
+             f"least decision row {_f(fit.get('pos_min'))} vs largest other {_f(fit.get('neg_max'))} (margin units); "
+             f"dev AUC {_f(dev.get('auc'), '{:.4f}')}, {_f(dev.get('pos_min'))} vs {_f(dev.get('neg_max'))}",
+             f"removal of the old unit: KL on the anchors {_f(gs['removal']['chosen']['kl_mean'], '{:.3g}')}",
+             f"dev: p(style) at the {gs['dev_decision_rows']} decision rows, base {_f(gs['dev_style_prob_base'], '{:.4f}')}",
+             "  strength   p(style) dev   KL off (dev)   KL off (anchors)   rows scored"]
+    for p in gs["frontier"]:
+        k, n = p["kl_off"], p["rows_scored"]
+        lines.append(f"  {p['strength']:>8g}   {_f(p['dev_style_prob'], '{:.4f}'):>12}   {_f(k.get('dev'), '{:.5f}'):>12}   "
+                     f"{_f(k.get('anchors'), '{:.5f}'):>16}   {n.get('dev')}/{n.get('anchors')}")
+    return lines
+
+
+def report_text(obj: dict) -> str:
+    rec = obj["records"]
+    m, d, s, rt = rec["replies"], rec["data"], rec["solve"], rec["rates"]
+    lines = [f"# exactedit persona: {Path(obj['model']).name}", "",
+             f"persona (system prompt): {obj['persona']['system']!r}", f"style: {obj['persona']['style']}", "",
+             "## measured on the data prompts (what picked the task)",
+             f"  with the persona prompt:    {_rate(m['sides']['persona'])}",
+             f"  without it (plain):         {_rate(m['sides']['plain'])}",
+             f"  difference (paired, 95% CI): {_f(m['gap']['change'])} [{_f(m['gap']['ci'][0])}, {_f(m['gap']['ci'][1])}]",
+             "", "## data",
+             "prompts: " + ", ".join(f"{k} {v}" for k, v in m["splits"].items()) + "; persona replies showing the "
+             "style: " + ", ".join(f"{k} {v}" for k, v in d["style_replies"].items()),
+             "initiation tokens (train): " + ", ".join(f"{t!r} {n}" for t, n in d["initiations"]["train"].items()),
+             f"edit set S (the train split's most frequent initiation tokens): {d['edit_tokens']}",
+             "dumps: " + ", ".join(f"{k} {v['docs']} docs / {v['rows']} rows" for k, v in d["sets"].items()),
+             ""]
+    lines += _gated_text(s) if s.get("edit") == "gated" else _head_text(obj, s)
     if rec.get("verify"):
         v = rec["verify"]
         lines += ["", f"## verify live: {'PASS' if v.get('passed') else 'FAIL'} (bitwise: {_bitwise(v)}, "

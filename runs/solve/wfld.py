@@ -304,16 +304,14 @@ def _ffn_name(tail, part: str) -> str:
     return tail.spec.names["ffn_down"].replace("ffn_down", part)
 
 
-def _solve_gated(cfg: WfldConfig, g, tail, mining: Mining, named: dict, held: dict, specials, phrases, bg_roles,
-                 bar_d, dhead, st, *, max_kl: dict | None = None):
-    """The gated edit (solvers.l47.gated.edit) with the engine's own arithmetic for the rewritten
-    unit: x = ffn_norm(R) as ggml computes it, the gate and up rows quantized to their tensors'
-    type and multiplied as llama.cpp does, the fused swiglu (geglu for Gemma: the architecture's
-    activation, solvers.tail.forward.ffn_hidden.activation_of)."""
+def gated_engine(g, tail):
+    """(x_of, quantize_row, activation, act) of an rmsnorm tail's last FFN, as the engine computes
+    them: x = ffn_norm(R) as ggml computes it, a row quantized to the gate / up tensors' type, a
+    unit's activation from the dump's R with given gate and up rows (the rows' products in the
+    kernel each micro-batch takes, the fused swiglu, or geglu for Gemma: the architecture's
+    activation, solvers.tail.forward.ffn_hidden.activation_of), the activation's name."""
     from exactedit import quant
     from exactedit.errors import QuantError
-    from exactedit.solvers.l47.gated.config import DesignConfig
-    from exactedit.solvers.l47.gated.edit import GatedInputs, solve_gated
     from exactedit.solvers.tail.forward.ffn_hidden import activation_of, ffn_hidden_engine
     from exactedit.solvers.tail.forward.ffn_ops import ffn_norm_engine
 
@@ -323,8 +321,6 @@ def _solve_gated(cfg: WfldConfig, g, tail, mining: Mining, named: dict, held: di
         act = activation_of(tail.spec.architecture)
     except QuantError as exc:
         raise WfldError("model", "general.architecture", str(exc)) from None
-    down = tail.spec.names["ffn_down"]
-    info = g.tensor(down)
     norm_w = quant.dequantize(np.asarray(g.read_raw(_ffn_name(tail, "ffn_norm"))), "F32",
                               int(g.tensor(_ffn_name(tail, "ffn_norm")).cols)).reshape(-1)
     gate_info = g.tensor(_ffn_name(tail, "ffn_gate"))
@@ -345,13 +341,24 @@ def _solve_gated(cfg: WfldConfig, g, tail, mining: Mining, named: dict, held: di
                                      ubatch_sizes=sizes, act=act)[:, 0]
         finally:
             gate_raw[j], up_raw[j] = old
+
+    return (lambda d: ffn_norm_engine(np.asarray(d.R, np.float32), norm_w, eps),
+            lambda row: quant.quantize(row[None, :], qtype)[0], activation, act)
+
+
+def _solve_gated(cfg: WfldConfig, g, tail, mining: Mining, named: dict, held: dict, specials, phrases, bg_roles,
+                 bar_d, dhead, st, *, max_kl: dict | None = None):
+    """The gated edit (solvers.l47.gated.edit) with the engine's own arithmetic for the rewritten
+    unit (`gated_engine`)."""
+    from exactedit.solvers.l47.gated.config import DesignConfig
+    from exactedit.solvers.l47.gated.edit import GatedInputs, solve_gated
+
+    x_of, quantize_row, activation, act = gated_engine(g, tail)
+    info = g.tensor(tail.spec.names["ffn_down"])
     inputs = GatedInputs(
-        tail, mining, named, held, tuple(specials), phrases, tuple(bg_roles), g.read_raw(down), info.type_name,
-        int(info.cols), bar_d,
-        x_of=lambda d: ffn_norm_engine(np.asarray(d.R, np.float32), norm_w, eps),
-        quantize_row=lambda row: quant.quantize(row[None, :], qtype)[0],
-        activation=activation, headroom=cfg.gated_headroom, max_kl=max_kl,
-        device_head=dhead, design=DesignConfig(act=act))
+        tail, mining, named, held, tuple(specials), phrases, tuple(bg_roles), g.read_raw(info.name), info.type_name,
+        int(info.cols), bar_d, x_of=x_of, quantize_row=quantize_row, activation=activation,
+        headroom=cfg.gated_headroom, max_kl=max_kl, device_head=dhead, design=DesignConfig(act=act))
     return solve_gated(inputs, cfg, mark=st.mark, progress=lambda i, n: st.mark("gauss_newton", 1))
 
 

@@ -23,12 +23,16 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["MOVE_TOL", "head_norm", "logit_bound", "moved_rows"]
+__all__ = ["MAX_COLUMNS", "MOVE_TOL", "head_norm", "logit_bound", "moved_rows"]
 
 #: a row whose log-probs the edit provably moves by at most this many nats is taken at its base
 #: values: a float32 logit of magnitude 8 to 16 is itself rounded to 1e-6 to 2e-6, so the full
 #: pass cannot resolve a smaller change either
 MOVE_TOL = 1e-6
+
+#: an edit of more down columns than this is not bounded (every row taken as moved): a dense edit
+#: moves every row, and its bound would cost another residual product per point for nothing
+MAX_COLUMNS = 256
 
 _HEAD_NORMS: dict = {}
 
@@ -62,14 +66,18 @@ def _through_norm(base_norm, shift, n: int) -> np.ndarray:
 def logit_bound(tail, rows, dW, *, y=None, tile_rows: int = 8192) -> np.ndarray:
     """float64 [T]: per row of `rows` (R and hh, a dump or a RowSet), a bound on how far the edit
     dW [n, h] of the down projection moves any of its logits (module doc). `y`: the rows' base
-    residual [T, n] when the caller has it (else computed). inf for an hc4 tail."""
+    residual [T, n] when the caller has it (else computed). inf for an hc4 tail and for an edit of
+    more than `MAX_COLUMNS` columns."""
     T = int(np.asarray(rows.hh).shape[0])
     if getattr(tail, "kind", None) != "rmsnorm":
         return np.full(T, np.inf)
-    dW = np.asarray(dW, np.float64)
+    dW = np.asarray(dW)
     cols = np.flatnonzero(np.any(dW != 0, axis=0))
     if cols.size == 0:
         return np.zeros(T)
+    if cols.size > MAX_COLUMNS:
+        return np.full(T, np.inf)
+    dW = dW.astype(np.float64)
     hh = np.asarray(rows.hh, np.float64)[:, cols]
     shift = np.linalg.norm(hh @ dW[:, cols].T, axis=1)
     n = dW.shape[0]

@@ -122,3 +122,37 @@ def test_a_tied_head_is_refused_before_any_generation(tmp_path):
     assert res.exit_code != 0
     assert "token_embd.weight" in res.output and "tied" in res.output
     assert not (tmp_path / "out" / "replies.json").exists()
+
+
+def test_the_gated_unit_resumes_the_data_and_ships_verified(run):
+    """`--edit gated` on a copy of the run: the replies and data stages resumed, the solve a rewritten
+    unit of the last FFN whose strength the dev KL bar off the decision rows chose; when it ships,
+    three tensors change (the unit's gate and up rows, ffn_down), verify live is bitwise and the
+    report shows the unit's frontier."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from exactedit.cli import main
+    from exactedit.solvers.bundle import read_bundle
+
+    d, _, _ = run
+    shutil.copytree(d / "out", d / "gated", ignore=shutil.ignore_patterns("edited.gguf*"))
+    res = CliRunner().invoke(main, _args(d, d / "gated", "--edit", "gated"), catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    report = json.loads((d / "gated" / "report.json").read_text())
+    assert {"replies", "data"} <= set(report["stages"]["resumed"]) and "solve" in report["stages"]["ran"]
+    s = report["records"]["solve"]
+    assert s["edit"] == "gated" and [p["strength"] for p in s["gated"]["frontier"]] == [0.5, 1.0, 2.0, 4.0]
+    assert s["gated"]["gate"]["fit"]["auc"] > 0.99
+    text = (d / "gated" / "report.md").read_text()
+    assert "gated unit of the last FFN" in text
+    if s["shipped_edit"]:
+        edits = {e.tensor: e for e in read_bundle(s["bundle"]).edits}
+        assert set(edits) == {"blk.27.ffn_down.weight", "blk.27.ffn_gate.weight", "blk.27.ffn_up.weight"}
+        assert edits["blk.27.ffn_gate.weight"].row_ids.tolist() == [s["gated"]["unit"]]
+        v = report["records"]["verify"]
+        assert v["passed"] and all(c["stats"]["bitwise"] for c in v["checks"])
+        assert "edited" in report["records"]["rates"]["sides"]
+    else:
+        assert "no edit ships" in text and not (d / "gated" / "edited.gguf").exists()

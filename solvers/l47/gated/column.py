@@ -138,10 +138,13 @@ def _logits(p: ColumnProblem, d):
     return z, raw, y, m, s, post
 
 
-def target_distribution(z0, rej, spec, valid, strength: float, margin: float) -> np.ndarray:
+def target_distribution(z0, rej, spec, valid, strength: float, margin: float, *, lower: bool = True) -> np.ndarray:
     """q [T, K] (module doc): the base softmax of z0 over `valid`, the `rej` tokens lowered by
     strength * max(gap + margin, margin), their freed mass to the other non-special tokens in
-    proportion, the specials unchanged."""
+    proportion, the specials unchanged. With `lower` False the `rej` tokens (a style's tokens) are
+    raised instead: the non-special tokens' share is softmax(z0 + delta [rej]) with delta =
+    strength * max(margin - gap, margin) (at strength 1 their best logit ends `margin` above the
+    best other's), the specials unchanged."""
     z0 = np.where(valid, z0, -np.inf)
     lse = np.logaddexp.reduce(z0, axis=1, keepdims=True)
     p0 = np.where(valid, np.exp(z0 - lse), 0.0)
@@ -149,6 +152,15 @@ def target_distribution(z0, rej, spec, valid, strength: float, margin: float) ->
     best_rej = np.max(np.where(rej, z0, -np.inf), axis=1)
     best_other = np.max(np.where(other, z0, -np.inf), axis=1)
     gap = np.where(np.isfinite(best_rej) & np.isfinite(best_other), best_rej - best_other, -np.inf)
+    if not lower:
+        delta = np.where(np.isfinite(best_rej), float(strength) * np.maximum(float(margin) - np.where(
+            np.isfinite(gap), gap, 0.0), float(margin)), 0.0)
+        moved = valid & ~spec
+        zz = np.where(moved, z0 + np.where(rej, delta[:, None], 0.0), -np.inf)
+        share = np.exp(zz - np.logaddexp.reduce(zz, axis=1, keepdims=True))
+        mass = np.sum(np.where(moved, p0, 0.0), axis=1, keepdims=True)
+        q = np.where(moved, share * mass, p0)
+        return q / q.sum(axis=1, keepdims=True)
     delta = np.where(np.isfinite(gap), float(strength) * np.maximum(gap + float(margin), float(margin)), 0.0)
     q = p0.copy()
     q[rej] = (p0 * np.exp(-delta)[:, None])[rej]
@@ -371,12 +383,13 @@ def _outside(tail, p: ColumnProblem, d, floor: float, tile_rows: int) -> list[li
 
 
 def solve_column(tail, y0, a, rej_ids, specials, strength: float, cfg: ColumnConfig, *, bound=None,
-                 d0=None, tile_rows: int = 8192, f0=None, top_ids=None) -> ColumnSolve:
+                 d0=None, tile_rows: int = 8192, f0=None, top_ids=None, lower: bool = True) -> ColumnSolve:
     """The column of the module doc at `strength`: `y0` [T, n] and `a` [T] at the unit's contexts,
     `rej_ids[r]` the phrase's final tokens there; `bound` [n] the largest |d_i| the stored codes
     can hold (None: unbounded); `d0` a start (a neighbouring strength's column); `f0` with a
     post-FFN norm (column_problem); `top_ids` the contexts' `top_tokens` when the caller has them
-    (the same for every strength)."""
+    (the same for every strength); `lower` False: the `rej_ids` tokens are raised
+    (`target_distribution`: a style's tokens at its decision rows)."""
     y0 = np.asarray(y0, np.float64)
     if y0.ndim != 2 or y0.shape[0] == 0:
         raise GatedError("column", "contexts", f"expected residual rows [T >= 1, n], got {list(y0.shape)}")
@@ -391,7 +404,7 @@ def solve_column(tail, y0, a, rej_ids, specials, strength: float, cfg: ColumnCon
     for _ in range(cfg.rounds):
         p = column_problem(tail, y0, a, rej_ids, specials, cfg.top, extra=extra, tile_rows=tile_rows, f0=f0,
                            top_ids=top_ids)
-        q = target_distribution(p.z0, p.rej, p.spec, p.tok >= 0, strength, cfg.margin)
+        q = target_distribution(p.z0, p.rej, p.spec, p.tok >= 0, strength, cfg.margin, lower=lower)
         res = sopt.minimize(lambda x: column_loss(p, q, x, cfg.ridge), d, jac=True, method="L-BFGS-B", bounds=bounds,
                             options={"maxiter": cfg.maxiter, "gtol": cfg.gtol, "ftol": 1e-13})
         d, n_iter, msg, loss = np.asarray(res.x, np.float64), n_iter + int(res.nit), str(res.message), float(res.fun)

@@ -109,3 +109,13 @@ def test_the_kl_bar_counts_unmoved_rows_as_zero_and_matches_the_full_pass():
     full = kl_rows_numba(tail.mix(bar.y), tail.mix(tail.residual(rows, None, dW)), tail.head, tile_rows=64).kl
     assert scored == int((np.asarray(rows.hh)[:, 3] > 1.0).sum())
     assert kl == pytest.approx(float(np.maximum(full, 0).mean()), abs=MOVE_TOL + 1e-7) and kl > 1e-4
+
+
+def test_a_dense_edit_is_not_bounded():
+    from exactedit.solvers.tail import moved
+
+    tail, rows = _case(2, h=moved.MAX_COLUMNS + 1)
+    dW = np.full(tail.l47.w_down.shape, 1e-12)
+    assert np.all(np.isinf(logit_bound(tail, rows, dW)))
+    dW[:, 1:] = 0.0
+    assert np.all(np.isfinite(logit_bound(tail, rows, dW)))

@@ -219,3 +219,34 @@ def test_the_column_ships_within_the_block_scales(qtype):
     assert np.array_equal(_shipped(_one_column(grid_of(raw, qtype, 512), j), want), v1[:, j].astype(np.float64))
     z = zero_column(raw, qtype, 512, j)
     assert np.all(quant.dequantize(z, qtype, 512)[:, j] == 0)
+
+
+@given(st.integers(0, 2**31), st.floats(0.0, 4.0), st.floats(0.0, 2.0))
+@settings(max_examples=40, deadline=None)
+def test_target_distribution_raising_a_style(seed, strength, margin):
+    """lower=False: the style's tokens raised by strength * max(margin - gap, margin) in logit,
+    the specials kept, every other non-special token scaled alike."""
+    rng = np.random.default_rng(seed)
+    z0 = rng.normal(size=(4, 9)) * 3
+    valid = np.ones_like(z0, bool)
+    valid[:, -1] = False
+    rej = np.zeros_like(valid)
+    rej[:, [2, 5]] = True
+    spec = np.zeros_like(valid)
+    spec[:, 0] = True
+    q = target_distribution(z0, rej, spec, valid, strength, margin, lower=False)
+    p0 = np.where(valid, np.exp(z0 - np.logaddexp.reduce(np.where(valid, z0, -np.inf), axis=1, keepdims=True)), 0)
+    np.testing.assert_allclose(q.sum(axis=1), 1.0, rtol=1e-12)
+    assert np.all(q[:, -1] == 0)
+    np.testing.assert_allclose(q[:, 0], p0[:, 0], rtol=1e-10)                 # the specials stay
+    other = valid & ~rej & ~spec
+    gap = np.max(np.where(rej, z0, -np.inf), axis=1) - np.max(np.where(other, z0, -np.inf), axis=1)
+    delta = strength * np.maximum(margin - gap, margin)
+    lr = np.log(q[:, 2] / q[:, 1]) - np.log(p0[:, 2] / p0[:, 1])               # a style token against another
+    np.testing.assert_allclose(lr, delta, rtol=1e-9, atol=1e-9)
+    ratio = np.where(other & (p0 > 0), q / np.where(p0 > 0, p0, 1.0), np.nan)
+    np.testing.assert_allclose(np.nanmax(ratio, axis=1), np.nanmin(ratio, axis=1), rtol=1e-10)
+    if strength == 1.0:
+        best_other = np.max(np.where(other, np.log(np.maximum(q, 1e-300)), -np.inf), axis=1)
+        best_rej = np.max(np.where(rej, np.log(np.maximum(q, 1e-300)), -np.inf), axis=1)
+        np.testing.assert_allclose(best_rej - best_other, np.maximum(gap + margin, margin), rtol=1e-9)
