@@ -129,18 +129,23 @@ def _logp(tail, rows, token: np.ndarray, dW, tile_rows: int) -> np.ndarray:
 
 
 class FrontierBase(NamedTuple):
-    """The unedited side of a frontier's rows: the log-probs of the followed tokens and the
-    residual [T, n] (what `moved_rows` bounds an edit's effect against)."""
+    """The unedited side of a frontier's rows: the log-probs of the followed tokens, the residual
+    [T, n] (what `moved_rows` bounds an edit's effect against) and the scored points' per-row
+    log-probs (`moved.RowMemo`)."""
 
     logp: np.ndarray
     y: np.ndarray
+    memo: object = None
 
 
 def frontier_base(tail, fr: FrontierRows, tile_rows: int = 8192) -> FrontierBase:
     """`fr`'s unedited log-probs and residual (what `points` scores against)."""
+    from exactedit.solvers.tail.moved import RowMemo
+
     y = tail.residual(fr.rows)
     vp = vocab_pass(tail.mix(y), tail.head, token_sets=fr.token[:, None], softcap=tail.softcap, tile_rows=tile_rows)
-    return FrontierBase(np.asarray(vp.selected[:, 0], np.float64) - vp.lse, np.asarray(y))
+    logp = np.asarray(vp.selected[:, 0], np.float64) - vp.lse
+    return FrontierBase(logp, np.asarray(y), RowMemo(tail, fr.rows, y, logp, tile_rows=tile_rows))
 
 
 def _take(rows, mask):
@@ -150,20 +155,20 @@ def _take(rows, mask):
 
 def edited_logp(tail, fr: FrontierRows, base: FrontierBase, dW, tile_rows: int = 8192) -> tuple[np.ndarray, int]:
     """(the log-probs of `fr`'s followed tokens under the edit dW, the rows scored through the full
-    head): a row the edit provably cannot move by more than `moved.MOVE_TOL` nats
-    (`solvers.tail.moved`: an edit of a few down columns whose units are ~0 there) keeps its base
-    log-prob, every other row is scored exactly over the full vocabulary."""
-    from exactedit.solvers.tail.moved import moved_rows
+    head): a row the edit provably cannot move by more than `moved.MOVE_TOL` nats from the base, or
+    from a point already scored (`moved.RowMemo`: an edit of a few down columns whose units are ~0
+    there), keeps that value; every other row is scored exactly over the full vocabulary."""
+    from exactedit.solvers.tail.moved import RowMemo
 
     if dW is None:
         return base.logp.copy(), 0
-    move = moved_rows(tail, fr.rows, dW, y=base.y, tile_rows=tile_rows)
-    if move.all():
-        return _logp(tail, fr.rows, fr.token, dW, tile_rows), int(move.size)
-    lp = base.logp.copy()
-    if move.any():
-        lp[move] = _logp(tail, _take(fr.rows, move), fr.token[move], dW, tile_rows)
-    return lp, int(move.sum())
+    memo = base.memo if base.memo is not None else RowMemo(tail, fr.rows, base.y, base.logp, tile_rows=tile_rows)
+
+    def compute(move):
+        if move.all():
+            return _logp(tail, fr.rows, fr.token, dW, tile_rows)
+        return _logp(tail, _take(fr.rows, move), fr.token[move], dW, tile_rows)
+    return memo.score(dW, compute)
 
 
 def frontier(tail, parts: Sequence[np.ndarray], fr: FrontierRows, strengths: Sequence[Sequence[float]], *,

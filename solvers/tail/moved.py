@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["MAX_COLUMNS", "MOVE_TOL", "head_norm", "logit_bound", "moved_rows"]
+__all__ = ["MAX_COLUMNS", "MOVE_TOL", "RowMemo", "head_norm", "logit_bound", "moved_rows"]
 
 #: a row whose log-probs the edit provably moves by at most this many nats is taken at its base
 #: values: a float32 logit of magnitude 8 to 16 is itself rounded to 1e-6 to 2e-6, so the full
@@ -96,3 +96,53 @@ def moved_rows(tail, rows, dW, *, y=None, tol: float = MOVE_TOL, tile_rows: int 
     """bool [T]: the rows whose log-probs the edit may move by more than `tol` nats (2B > tol);
     every other row's log-probs and KL are within `tol` of the base's."""
     return 2.0 * logit_bound(tail, rows, dW, y=y, tile_rows=tile_rows) > tol
+
+
+class RowMemo:
+    """Per-row values of scored edits (log-probs, KLs) on fixed rows, reused for a new edit: from
+    the scored edit whose columns differ from it least (the unedited model counts as one, its
+    values given), a row keeps that edit's value when the difference provably moves it by less
+    than what `tol` leaves (`logit_bound` around that edit's residual), and is computed otherwise.
+    Each row carries the bound on how far its value may be from the exact one (0 where computed,
+    the sum of the bounds it was carried over), never above `tol`: a strength search that changes
+    one phrase's column at a time recomputes only the rows that phrase's unit moves. Values are
+    log-probs or KLs: each moves by at most 2B for a logit move of B (module doc)."""
+
+    def __init__(self, tail, rows, y, base_values, *, keep: int = 4, tol: float = MOVE_TOL,
+                 tile_rows: int = 8192):
+        self.tail, self.rows, self.tol, self.keep, self.tile_rows = tail, rows, float(tol), int(keep), tile_rows
+        self.y = np.asarray(y, np.float64)
+        base = np.asarray(base_values, np.float64)
+        self.base = (None, base, np.zeros(base.shape[0]))
+        self.recent: list = []
+
+    def _near(self, dW):
+        best, cost = self.base, int(np.count_nonzero(np.any(dW != 0, axis=0)))
+        if getattr(self.tail.l47, "w_post", None) is not None:
+            return best                 # the bound around an edited point reads the base FFN output
+
+        for entry in self.recent:
+            c = int(np.count_nonzero(np.any(dW != entry[0], axis=0)))
+            if c < cost:
+                best, cost = entry, c
+        return best
+
+    def score(self, dW, compute) -> tuple[np.ndarray, int]:
+        """(the values under dW [n, h], the rows computed): `compute(mask)` gives the values of the
+        rows in `mask` under dW exactly."""
+        dW = np.asarray(dW)
+        ref, vals, err = self._near(dW)
+        y = self.y
+        diff = dW if ref is None else dW - ref
+        if ref is not None:
+            cols = np.flatnonzero(np.any(ref != 0, axis=0))
+            if cols.size:
+                y = y + np.asarray(self.rows.hh, np.float64)[:, cols] @ np.asarray(ref, np.float64)[:, cols].T
+        err = err + 2.0 * logit_bound(self.tail, self.rows, diff, y=y, tile_rows=self.tile_rows)
+        move = ~(err <= self.tol)
+        vals = vals.copy()
+        if move.any():
+            vals[move] = compute(move)
+            err = np.where(move, 0.0, err)
+        self.recent = (self.recent + [(dW.copy(), vals, err)])[-self.keep:]
+        return vals, int(move.sum())

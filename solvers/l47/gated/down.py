@@ -18,7 +18,7 @@ from exactedit.solvers.l47.gated.column import ColumnConfig, solve_column, top_t
 from exactedit.solvers.l47.gated.config import GatedError
 
 __all__ = ["BarRows", "Contexts", "bar_rows", "bound_of", "context_rejected", "mean_kl", "set_column", "solve_down",
-           "zero_column"]
+           "with_memo", "zero_column"]
 
 
 def set_column(raw: np.ndarray, type_name: str, cols: int, j: int, values) -> np.ndarray:
@@ -139,11 +139,13 @@ def _chat_rows(d) -> np.ndarray:
 
 
 class BarRows(NamedTuple):
-    """The rows a KL bar counts (a RowSet, or None when there are none) and their base residual
-    y [T, n] (what `moved_rows` bounds an edit's effect against)."""
+    """The rows a KL bar counts (a RowSet, or None when there are none), their base residual
+    y [T, n] (what `moved_rows` bounds an edit's effect against) and the scored points' per-row
+    KLs (`moved.RowMemo`)."""
 
     rows: object
     y: np.ndarray | None
+    memo: object = None
 
     @property
     def total(self) -> int:
@@ -166,28 +168,38 @@ def bar_rows(tail, traces, mining, *, chat_non_slop: bool) -> BarRows:
             blocks.append((d, np.flatnonzero(keep)))
     if not blocks:
         return BarRows(None, None)
-    rows = gather_rows(blocks)
-    return BarRows(rows, np.asarray(tail.residual(rows)))
+    return with_memo(tail, gather_rows(blocks))
+
+
+def with_memo(tail, rows, tile_rows: int = 8192) -> BarRows:
+    """BarRows of `rows` (a RowSet) with their base residual and a memo of per-row KLs (0 at the base)."""
+    from exactedit.solvers.tail.moved import RowMemo
+
+    y = np.asarray(tail.residual(rows))
+    return BarRows(rows, y, RowMemo(tail, rows, y, np.zeros(rows.rows), tile_rows=tile_rows))
 
 
 def mean_kl(tail, bar: BarRows, dW, tile_rows: int) -> tuple[float, int]:
     """(the mean KL of the edit dW over the bar's rows, exact over the full vocabulary, the rows
-    scored): a row the edit provably cannot move by more than `moved.MOVE_TOL` nats (where the
-    rewritten units are ~0) has a KL below that and counts as 0; every other row is scored."""
+    scored): a row the edit provably cannot move by more than `moved.MOVE_TOL` nats from the base
+    or from a point already scored (`moved.RowMemo`; where the rewritten units are ~0) keeps that
+    KL (0 at the base); every other row is scored."""
     from exactedit.solvers.l47.frontier import _take
-    from exactedit.solvers.tail.moved import moved_rows
+    from exactedit.solvers.tail.moved import RowMemo
     from exactedit.solvers.tail.passes.kl_pass_numba import kl_rows_numba
 
     if bar.rows is None:
         return 0.0, 0
-    move = moved_rows(tail, bar.rows, dW, y=bar.y, tile_rows=tile_rows)
-    if not move.any():
-        return 0.0, 0
-    rows = _take(bar.rows, move)
-    mix_b = tail.mix(bar.y[move])
-    mix_e = tail.mix(tail.residual(rows, None, dW))
-    kl = np.maximum(kl_rows_numba(mix_b, mix_e, tail.head, softcap=tail.softcap, tile_rows=tile_rows).kl, 0.0)
-    return float(kl.sum()) / bar.total, int(move.sum())
+    memo = bar.memo if bar.memo is not None else RowMemo(tail, bar.rows, bar.y, np.zeros(bar.total),
+                                                         tile_rows=tile_rows)
+
+    def compute(move):
+        rows = _take(bar.rows, move)
+        mix_b = tail.mix(bar.y[move])
+        mix_e = tail.mix(tail.residual(rows, None, dW))
+        return np.maximum(kl_rows_numba(mix_b, mix_e, tail.head, softcap=tail.softcap, tile_rows=tile_rows).kl, 0.0)
+    kl, scored = memo.score(dW, compute)
+    return float(kl.sum()) / bar.total, scored
 
 
 def solve_down(cfg, tail_removed, problem, contexts: Sequence[Contexts], mining, dev, collateral, bar_d, *,

@@ -111,7 +111,7 @@ def solve_style_unit(i: StyleInputs, *, progress: Callable[[str], None] | None =
     from exactedit import quant
     from exactedit.solvers.l47.gated.column import ColumnConfig, solve_column, top_tokens
     from exactedit.solvers.l47.gated.design import activation_ratio, design_unit
-    from exactedit.solvers.l47.gated.down import BarRows, bound_of, mean_kl, set_column
+    from exactedit.solvers.l47.gated.down import BarRows, bound_of, mean_kl, set_column, with_memo
     from exactedit.solvers.l47.gated.edit import GatedDump, removal_kl, zero_column
     from exactedit.solvers.l47.gated.gate import fit_gate, separation
     from exactedit.solvers.l47.gated.removal import col_norms, removal_candidates
@@ -168,7 +168,7 @@ def solve_style_unit(i: StyleInputs, *, progress: Callable[[str], None] | None =
     bars = {}
     for key, traces in (("dev", dev), ("anchors", rewritten.get("anchors", []))):
         rows = _rows(traces, lambda d: ~decision_rows(d, i.decision))
-        bars[key] = BarRows(rows, None if rows is None else np.asarray(tail_removed.residual(rows)))
+        bars[key] = BarRows(None, None) if rows is None else with_memo(tail_removed, rows, i.tile_rows)
     points, cols, prev = [], {}, None
     for s in sorted(set(float(x) for x in i.grid)):
         sol = solve_column(tail_removed, y0, a, rej, i.specials, s, ccfg, bound=bound, d0=prev,

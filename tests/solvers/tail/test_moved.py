@@ -119,3 +119,32 @@ def test_a_dense_edit_is_not_bounded():
     assert np.all(np.isinf(logit_bound(tail, rows, dW)))
     dW[:, 1:] = 0.0
     assert np.all(np.isfinite(logit_bound(tail, rows, dW)))
+
+
+def test_the_memo_reuses_a_scored_point_and_stays_within_its_tolerance():
+    """Two units, each firing on its own rows: scoring (unit a at s, unit b at t) and then (a at s,
+    b at t') recomputes only b's rows, and every value stays within MOVE_TOL of the full pass."""
+    from exactedit.solvers.l47 import frontier as fr_mod
+
+    tail, rows = _case(8, T=70, V=300)
+    hh = np.array(rows.hh)
+    hh[:, [3, 4]] = 0.0
+    hh[::7, 3] = 2.0
+    hh[3::7, 4] = 2.0
+    rows = RowSet(rows.R, hh)
+    rng = np.random.default_rng(1)
+    col_a, col_b = rng.standard_normal((2, tail.l47.w_down.shape[0])) * 0.5
+
+    def edit(s, t):
+        dW = np.zeros(tail.l47.w_down.shape)
+        dW[:, 3], dW[:, 4] = s * col_a, t * col_b
+        return dW
+    T = hh.shape[0]
+    fr = fr_mod.FrontierRows(rows, np.arange(T, dtype=np.int64) % 300, 0, np.zeros(0, np.int64), np.zeros(T, np.int64))
+    base = fr_mod.frontier_base(tail, fr, tile_rows=64)
+    first, n1 = fr_mod.edited_logp(tail, fr, base, edit(1.0, 1.0), tile_rows=64)
+    second, n2 = fr_mod.edited_logp(tail, fr, base, edit(1.0, 2.0), tile_rows=64)
+    assert n1 == int(((hh[:, 3] > 0) | (hh[:, 4] > 0)).sum()) and n2 == int((hh[:, 4] > 0).sum())
+    for got, dW in ((first, edit(1.0, 1.0)), (second, edit(1.0, 2.0))):
+        np.testing.assert_allclose(got, fr_mod._logp(tail, fr.rows, fr.token, dW, 64), atol=MOVE_TOL + 1e-5)
+    np.testing.assert_array_equal(second[hh[:, 3] > 0], first[hh[:, 3] > 0])     # a's rows carried over
