@@ -214,7 +214,8 @@ def write_reports(out: Path, model: str, rec: dict, seconds: dict, *, ran: Seque
            "records": rec, "targets": persona_targets(rec), "seconds": seconds,
            "stages": {"ran": list(ran), "resumed": list(resumed)}}
     if rec["solve"]["shipped_edit"]:
-        obj["shipped"] = {"edited.gguf": rec["apply"]["sha256"], "head": str(Path(rec["solve"]["bundle"]))}
+        obj["shipped"] = {"edited.gguf": rec["apply"]["sha256"],
+                          rec["solve"].get("edit", "head"): str(Path(rec["solve"]["bundle"]))}
     text = report_text(obj)
     files = {"png": _png({**obj, "rates": rec["rates"]}, out / "style-rates.png")}
     atomic_write_text(out / "report.md", text)

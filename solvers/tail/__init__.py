@@ -7,7 +7,9 @@ the device configuration. `passes/`: the streaming full-vocabulary pass (`vocab_
 `device_pass`) and the KL pass (`kl_pass` reference, `kl_pass_numba`, `kl_pass_jax`). Here: the
 partition function under a head-row edit (`partition`), the engine-faithful path (`engine_math`), the
 tail's weights from a GGUF (`model`), the per-row scores every bar is a function of (`scores`), the
-rows a style is decided on and the paragraph starts (`decision`) and `exactedit logits` (`logits`).
+rows a style is decided on and the paragraph starts (`decision`), the bound on how far an edit of a
+few down columns moves a row's logits and the per-row memo of scored edits (`moved`) and
+`exactedit logits` (`logits`).
 Imports only quant/ and dumps/.
 
 The names below are imported on first use (their modules pull in numba / JAX).

@@ -116,33 +116,50 @@ class RowMemo:
         self.base = (None, base, np.zeros(base.shape[0]))
         self.recent: list = []
 
-    def _near(self, dW):
-        best, cost = self.base, int(np.count_nonzero(np.any(dW != 0, axis=0)))
-        if getattr(self.tail.l47, "w_post", None) is not None:
-            return best                 # the bound around an edited point reads the base FFN output
+    @staticmethod
+    def _sparse(dW) -> dict:
+        """{column: float64 values} of dW's nonzero columns (an edit of a few units: a few columns)."""
+        cols = np.flatnonzero(np.any(dW != 0, axis=0))
+        return {int(c): np.asarray(dW[:, c], np.float64) for c in cols}
 
-        for entry in self.recent:
-            c = int(np.count_nonzero(np.any(dW != entry[0], axis=0)))
-            if c < cost:
-                best, cost = entry, c
-        return best
+    @staticmethod
+    def _differ(a: dict, b: dict) -> list[int]:
+        """The columns where two sparse edits differ."""
+        out = []
+        for c in sorted(set(a) | set(b)):
+            x, y = a.get(c), b.get(c)
+            if x is None or y is None or not np.array_equal(x, y):
+                out.append(c)
+        return out
 
     def score(self, dW, compute) -> tuple[np.ndarray, int]:
         """(the values under dW [n, h], the rows computed): `compute(mask)` gives the values of the
         rows in `mask` under dW exactly."""
         dW = np.asarray(dW)
-        ref, vals, err = self._near(dW)
+        new = self._sparse(dW) if dW.shape[1] and np.count_nonzero(np.any(dW != 0, axis=0)) <= MAX_COLUMNS else None
+        ref, vals, err = self.base
+        if new is not None and getattr(self.tail.l47, "w_post", None) is None:
+            cost = len(new)
+            for entry in self.recent:     # the bound around an edited point reads the base FFN output: no post norm
+                c = len(self._differ(new, entry[0]))
+                if c < cost:
+                    (ref, vals, err), cost = entry, c
         y = self.y
-        diff = dW if ref is None else dW - ref
-        if ref is not None:
-            cols = np.flatnonzero(np.any(ref != 0, axis=0))
-            if cols.size:
-                y = y + np.asarray(self.rows.hh, np.float64)[:, cols] @ np.asarray(ref, np.float64)[:, cols].T
+        if ref is None:
+            diff = dW
+        else:
+            diff = np.zeros(dW.shape)
+            for c in self._differ(new, ref):
+                diff[:, c] = new.get(c, 0.0) - ref.get(c, 0.0)
+            if ref:
+                cols = sorted(ref)
+                y = y + np.asarray(self.rows.hh, np.float64)[:, cols] @ np.stack([ref[c] for c in cols], axis=1).T
         err = err + 2.0 * logit_bound(self.tail, self.rows, diff, y=y, tile_rows=self.tile_rows)
         move = ~(err <= self.tol)
         vals = vals.copy()
         if move.any():
             vals[move] = compute(move)
             err = np.where(move, 0.0, err)
-        self.recent = (self.recent + [(dW.copy(), vals, err)])[-self.keep:]
+        if new is not None:
+            self.recent = (self.recent + [(new, vals, err)])[-self.keep:]
         return vals, int(move.sum())

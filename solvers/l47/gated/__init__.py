@@ -13,6 +13,10 @@ only there (the dense edit of ffn_down is linear in hh and cannot threshold).
     config   `GatedError`, `GateConfig`, `DesignConfig`
     edit     the entry: `solve_gated(GatedInputs, WfldConfig) -> GatedResult` (gate, unit choice,
              removal, the rewritten traces, the down column's solve on the one unit's key)
+    column   the down column through the exact final norm and head (lowering a phrase's word,
+             or raising a style's tokens)
+    down     the columns per strength, shipped within ffn_down's block scales, chosen on dev
+    style    a persona's style raised at its decision rows only: `solve_style_unit(StyleInputs)`
 
 Pure numpy/scipy; the names below are imported on first use.
 """
@@ -28,6 +32,9 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "GatedResult": "edit",
     "solve_gated": "edit",
     "GatedUnit": "design",
+    "StyleInputs": "style",
+    "StyleResult": "style",
+    "solve_style_unit": "style",
     "OofMargins": "gate",
     "RemovalCandidates": "removal",
     "Separation": "gate",
