@@ -10,7 +10,8 @@ from y to y + delta (where every point has norm >= |y| - |delta|)
 The logits are z_v = (H_v * w) . f(y) (w the norm's weight, H_v the head's row v), so
     max_v |dz_v| <= max_v |H_v * w| . |df| =: B,
 and a softcap c tanh(z / c) is 1-Lipschitz, so B holds after it. Every token's log-prob then moves
-by at most 2B (its logit and the log-sum-exp each by at most B), and KL(p || p') <= 2B.
+by at most 2B (its logit and the log-sum-exp each by at most B), and KL(p || p') <= B^2 / 2: with
+d = z' - z in [-B, B], KL(p || p') = -E_p[d] + log E_p[e^d] <= (2B)^2 / 8 by Hoeffding's lemma.
 With a post-FFN norm (Gemma 3: y = R + w_post * g(F), F = W hh, g the same norm) the FFN's output
 moves by |dF| = |dW hh| and the residual by at most max|w_post| sqrt(n) |dF| / (|F| - |dF|), which
 then goes through the final norm as above.
@@ -106,11 +107,14 @@ class RowMemo:
     Each row carries the bound on how far its value may be from the exact one (0 where computed,
     the sum of the bounds it was carried over), never above `tol`: a strength search that changes
     one phrase's column at a time recomputes only the rows that phrase's unit moves. Values are
-    log-probs or KLs: each moves by at most 2B for a logit move of B (module doc)."""
+    log-probs or KLs: each moves by at most 2B for a logit move of B, and a KL from the base
+    (`kl`: the values are KL(base || edited), 0 at the base) is at most B^2 / 2 (module doc): rows an
+    edit moves by up to sqrt(2 tol) nats are not scored for the KL bars."""
 
     def __init__(self, tail, rows, y, base_values, *, keep: int = 4, tol: float = MOVE_TOL,
-                 tile_rows: int = 8192):
+                 tile_rows: int = 8192, kl: bool = False):
         self.tail, self.rows, self.tol, self.keep, self.tile_rows = tail, rows, float(tol), int(keep), tile_rows
+        self.kl = bool(kl)              # values are KL(base || edited): from the base a row moves by B^2 / 2
         self.y = np.asarray(y, np.float64)
         base = np.asarray(base_values, np.float64)
         self.base = (None, base, np.zeros(base.shape[0]))
@@ -154,7 +158,8 @@ class RowMemo:
             if ref:
                 cols = sorted(ref)
                 y = y + np.asarray(self.rows.hh, np.float64)[:, cols] @ np.stack([ref[c] for c in cols], axis=1).T
-        err = err + 2.0 * logit_bound(self.tail, self.rows, diff, y=y, tile_rows=self.tile_rows)
+        B = logit_bound(self.tail, self.rows, diff, y=y, tile_rows=self.tile_rows)
+        err = err + (0.5 * B * B if (self.kl and ref is None) else 2.0 * B)
         move = ~(err <= self.tol)
         vals = vals.copy()
         if move.any():

@@ -176,14 +176,14 @@ def with_memo(tail, rows, tile_rows: int = 8192) -> BarRows:
     from exactedit.solvers.tail.moved import RowMemo
 
     y = np.asarray(tail.residual(rows))
-    return BarRows(rows, y, RowMemo(tail, rows, y, np.zeros(rows.rows), tile_rows=tile_rows))
+    return BarRows(rows, y, RowMemo(tail, rows, y, np.zeros(rows.rows), tile_rows=tile_rows, kl=True))
 
 
 def mean_kl(tail, bar: BarRows, dW, tile_rows: int) -> tuple[float, int]:
     """(the mean KL of the edit dW over the bar's rows, exact over the full vocabulary, the rows
-    scored): a row the edit provably cannot move by more than `moved.MOVE_TOL` nats from the base
-    or from a point already scored (`moved.RowMemo`; where the rewritten units are ~0) keeps that
-    KL (0 at the base); every other row is scored."""
+    scored): a row whose KL the edit provably keeps within `moved.MOVE_TOL` of the base's 0 (its
+    logits moved by at most sqrt(2 MOVE_TOL): KL <= B^2 / 2) or of a point already scored
+    (`moved.RowMemo`; where the rewritten units are ~0) keeps that KL; every other row is scored."""
     from exactedit.solvers.l47.frontier import _take
     from exactedit.solvers.tail.moved import RowMemo
     from exactedit.solvers.tail.passes.kl_pass_numba import kl_rows_numba
@@ -191,7 +191,7 @@ def mean_kl(tail, bar: BarRows, dW, tile_rows: int) -> tuple[float, int]:
     if bar.rows is None:
         return 0.0, 0
     memo = bar.memo if bar.memo is not None else RowMemo(tail, bar.rows, bar.y, np.zeros(bar.total),
-                                                         tile_rows=tile_rows)
+                                                         tile_rows=tile_rows, kl=True)
 
     def compute(move):
         rows = _take(bar.rows, move)

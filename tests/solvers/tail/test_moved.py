@@ -148,3 +148,35 @@ def test_the_memo_reuses_a_scored_point_and_stays_within_its_tolerance():
     for got, dW in ((first, edit(1.0, 1.0)), (second, edit(1.0, 2.0))):
         np.testing.assert_allclose(got, fr_mod._logp(tail, fr.rows, fr.token, dW, 64), atol=MOVE_TOL + 1e-5)
     np.testing.assert_array_equal(second[hh[:, 3] > 0], first[hh[:, 3] > 0])     # a's rows carried over
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.sampled_from([None, 4.0]), st.floats(-5, -1))
+def test_the_kl_from_the_base_is_within_half_the_squared_bound(seed, softcap, log_scale):
+    """KL(p || p') <= B^2 / 2 (Hoeffding's lemma on the logit change d in [-B, B], a range of 2B)
+    against the float64 forward, edits from 1e-5 to 0.1 of the weights' scale."""
+    tail, rows = _case(seed, softcap=softcap)
+    dW = np.zeros(tail.l47.w_down.shape)
+    dW[:, 2] = np.random.default_rng(seed).standard_normal(dW.shape[0]) * 0.1 * 10.0 ** log_scale
+    B = logit_bound(tail, rows, dW)
+    z0, z1 = _logits64(tail, rows), _logits64(tail, rows, dW)
+    lp0 = z0 - np.logaddexp.reduce(z0, axis=1, keepdims=True)
+    lp1 = z1 - np.logaddexp.reduce(z1, axis=1, keepdims=True)
+    kl = np.sum(np.exp(lp0) * (lp0 - lp1), axis=1)
+    assert np.all(kl <= 0.5 * B * B * (1 + 1e-9) + 1e-15), (kl / (0.5 * B * B)).max()
+
+
+def test_the_kl_bar_skips_rows_moved_below_the_square_root_of_the_tolerance():
+    from exactedit.solvers.l47.gated.down import mean_kl, with_memo
+    from exactedit.solvers.tail.passes.kl_pass_numba import kl_rows_numba
+
+    tail, rows, dW = _gated_world()
+    hh = np.array(rows.hh)
+    hh[1::7, 3] = 1e-6                  # leaks whose logit move is ~1e-5: KL ~1e-10, not scored
+    rows = RowSet(rows.R, hh)
+    bar = with_memo(tail, rows, 64)
+    kl, scored = mean_kl(tail, bar, dW, 64)
+    B = logit_bound(tail, rows, dW)
+    assert np.all(B[1::7] > MOVE_TOL) and scored == int((hh[:, 3] > 1.0).sum())
+    full = kl_rows_numba(tail.mix(bar.y), tail.mix(tail.residual(rows, None, dW)), tail.head, tile_rows=64).kl
+    assert kl == pytest.approx(float(np.maximum(full, 0).mean()), abs=MOVE_TOL + 1e-7)
