@@ -554,7 +554,8 @@ def _read_bounded_text(path, flag: str) -> str:
 def persona_cmd(model, out, as_json, **given) -> None:
     """A persona's style distilled into the output head: the model's own replies with the persona's
     system prompt (chosen) and without it (reference), split by prompt; the style's initiation
-    token as the edit set; solve head --rank 1 under a registered protocol (test once); apply, verify
+    token as the edit set; solve head --rank 1 under a registered protocol (test once), or with
+    --edit gated one unit of the last FFN that fires at the reply start only; apply, verify
     live; the style rate in free generation WITHOUT the persona prompt on held-out prompts, base vs
     edited; the cost on ordinary text. OUT/report.md, report.json, style-rates.png
     (docs/solve-head.md)."""
