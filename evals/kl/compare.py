@@ -204,6 +204,35 @@ def _check_same_tail(base: _Side, edited: _Side) -> None:
                              f"{base.tail.softcap}")
 
 
+def rewritten_units(base: _Side, edited: _Side, dump):
+    """The dump as the edited model sees it: where the edited file's last-FFN gate or up rows
+    differ from the base's (a gated edit: solvers/l47/gated), those units' hidden values
+    recomputed from the dump's R as the engine computes them (solvers/tail/forward/ffn_hidden.py);
+    the dump itself when none differ. A dump's hh is the base model's: without this the edited
+    side would read the old unit's activation through the new down column."""
+    from exactedit.solvers.l47.gated.edit import GatedDump
+    from exactedit.solvers.tail.forward.ffn_hidden import activation_of, ffn_hidden_engine
+    from exactedit.quant import dequantize
+
+    tail = edited.tail
+    if base is None or tail.kind != "rmsnorm":
+        return dump
+    down = tail.spec.names["ffn_down"]
+    gate, up, norm = (down.replace("ffn_down", part) for part in ("ffn_gate", "ffn_up", "ffn_norm"))
+    g_b, g_e = np.asarray(base.g.read_raw(gate)), np.asarray(edited.g.read_raw(gate))
+    u_b, u_e = np.asarray(base.g.read_raw(up)), np.asarray(edited.g.read_raw(up))
+    units = np.flatnonzero(np.any(g_b != g_e, axis=1) | np.any(u_b != u_e, axis=1))
+    if not units.size:
+        return dump
+    info = edited.g.tensor(norm)
+    norm_w = dequantize(np.asarray(edited.g.read_raw(norm)), info.type_name, int(info.cols)).reshape(-1)
+    meta = dump.manifest.meta if isinstance(getattr(dump.manifest, "meta", None), dict) else {}
+    A = ffn_hidden_engine(np.asarray(dump.R, np.float32), norm_w, float(tail.spec.rms_eps), g_e, u_e,
+                          edited.g.tensor(gate).type_name, units.tolist(), ubatch_sizes=meta.get("ubatch_sizes"),
+                          act=activation_of(tail.spec.architecture))
+    return GatedDump(dump, units.tolist(), A)
+
+
 def _mix(side: _Side, dump, span: Span, match_engine: str | None):
     """(mix [rows, n], matmul for them): exact (None = the default sgemm) or engine-faithful."""
     from exactedit.solvers.tail.engine_math import engine_logits_setup
@@ -260,6 +289,7 @@ def compare(cfg: KldConfig, *, base: BaseSource | None = None, base_sink: Callab
     refs = tuple(DumpRef(p, d.sha256(), tuple((s.doc, s.start, s.stop) for s in spans if s.dump == i))
                  for i, (p, d) in enumerate(zip(cfg.dumps, dumps)))
     nexts = [np.asarray(dumps[s.dump].next[s.start:s.stop], np.int64) for s in spans]
+    edited_dumps = [rewritten_units(b_side, e_side, d) for d in dumps] if e_side is not None else dumps
     meta = dict(stats=cfg.stats, match_engine=cfg.match_engine,
                 model=None if b_side is None else b_side.path, model_sha256=None if b_side is None else b_side.g.sha256(),
                 edited=None if e_side is None else e_side.path,
@@ -268,7 +298,7 @@ def compare(cfg: KldConfig, *, base: BaseSource | None = None, base_sink: Callab
         parts = []
         for s, nxt in zip(spans, nexts):
             mb, mm = _mix(b_side, dumps[s.dump], s, cfg.match_engine)
-            me, _ = _mix(e_side, dumps[s.dump], s, cfg.match_engine)
+            me, _ = _mix(e_side, edited_dumps[s.dump], s, cfg.match_engine)
             parts.append(kl_rows(mb, b_side.tail.head, me, e_side.tail.head, next_ids=nxt,
                                  softcap=b_side.tail.softcap, tile_rows=cfg.tile_rows,
                                  matmul=mm if mm is not None else matmul))
@@ -294,7 +324,7 @@ def compare(cfg: KldConfig, *, base: BaseSource | None = None, base_sink: Callab
     parts, nll_base, done = [], [], 0
     for s, nxt in zip(spans, nexts):
         mb, mmb = (None, None) if base is not None else _mix(b_side, dumps[s.dump], s, cfg.match_engine)
-        me, mme = (None, None) if e_side is None else _mix(e_side, dumps[s.dump], s, cfg.match_engine)
+        me, mme = (None, None) if e_side is None else _mix(e_side, edited_dumps[s.dump], s, cfg.match_engine)
         for a in range(0, s.stop - s.start, cfg.block_rows):
             b = min(a + cfg.block_rows, s.stop - s.start)
             if base is not None:

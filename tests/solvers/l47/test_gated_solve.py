@@ -139,3 +139,34 @@ def test_the_report_text_shows_each_column(solved):
     assert "down columns (solved at the contexts" in text
     for c in res.report["gated"]["columns"]:
         assert f"    {c['unit']} | {c['strength']:.3g} | {c['rejected_logp'][0]:.3f} -> " in text
+
+
+def test_kld_of_a_gated_gguf_recomputes_the_rewritten_units(solved, tmp_path):
+    """`exactedit kld` (evals/kl/compare.py) on the applied gated edit: the edited side's hidden
+    values of the rewritten units are recomputed from R (a dump holds the base's), so at the held-out
+    contexts where the units fire the KL is the edit's (the phrase's token lowered), and reading the
+    dump's own hh there (the old units' values through the new columns) would miss it."""
+    from exactedit.dumps import read_dump
+    from exactedit.evals.kl.compare import KldConfig, _open, compare, rewritten_units
+    from exactedit.solvers.l47.gated.edit import GatedDump
+    from exactedit.solvers.tail.logits import tail_mix
+    from exactedit.solvers.tail.passes.kl_pass import kl_rows
+
+    w, inputs, res, _ = solved
+    out = tmp_path / "edited.gguf"
+    apply_bundle(res.bundle, w["model"], out)
+    units = sorted(res.report["gated"]["units"])
+    b, e = _open(w["model"]), _open(out)
+    d = read_dump(w["heldout"])
+    gd = rewritten_units(b, e, d)
+    assert isinstance(gd, GatedDump) and list(gd.units) == units
+    keep = np.ones(d.hh.shape[1], bool)
+    keep[units] = False
+    assert np.array_equal(np.asarray(gd.hh)[:, keep], np.asarray(d.hh)[:, keep])
+    fires = np.any(np.asarray(gd.hh)[:, units] > 1.0, axis=1)
+    assert fires.any() and (~fires).any()
+    c = compare(KldConfig(dumps=(str(w["heldout"]),), model=str(w["model"]), edited=str(out), tile_rows=64))
+    kl = np.asarray(c.exact_rows.kl)
+    assert kl[fires].mean() > 1e-3 and kl[fires].mean() > 10 * kl[~fires].mean(), (kl[fires], kl[~fires].mean())
+    stale = kl_rows(tail_mix(b.tail, d), b.tail.head, tail_mix(e.tail, d), e.tail.head, tile_rows=64).kl
+    assert np.asarray(stale)[fires].mean() < 0.2 * kl[fires].mean()
