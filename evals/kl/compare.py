@@ -204,40 +204,44 @@ def _check_same_tail(base: _Side, edited: _Side) -> None:
                              f"{base.tail.softcap}")
 
 
-def rewritten_units(base: _Side, edited: _Side, dump):
-    """The dump as the edited model sees it: where the edited file's last-FFN gate or up rows
-    differ from the base's (a gated edit: solvers/l47/gated), those units' hidden values
-    recomputed from the dump's R as the engine computes them (solvers/tail/forward/ffn_hidden.py);
-    the dump itself when none differ. A dump's hh is the base model's: without this the edited
-    side would read the old unit's activation through the new down column."""
-    from exactedit.solvers.l47.gated.edit import GatedDump
-    from exactedit.solvers.tail.forward.ffn_hidden import activation_of, ffn_hidden_engine
+def rewritten_units(base: _Side, edited: _Side):
+    """A function dump -> the dump as the edited model sees it: where the edited file's last-FFN
+    gate or up rows differ from the base's (a gated edit: solvers/l47/gated), those units' hidden
+    values recomputed from the dump's R as the engine computes them
+    (solvers/tail/forward/ffn_hidden.py); the dump itself when none differ. A dump's hh is the base
+    model's: without this the edited side would read the old unit's activation through the new
+    down column. The changed units are found once per comparison."""
+    from exactedit.errors import GGUFFormatError
     from exactedit.quant import dequantize
+    from exactedit.solvers.l47.gated.edit import GatedDump
+    from exactedit.solvers.tail.forward.ffn_hidden import activation_of, changed_units, ffn_hidden_engine
 
+    same = lambda dump: dump  # noqa: E731
     tail = edited.tail
     if base is None or tail.kind != "rmsnorm":
-        return dump
-    from exactedit.errors import GGUFFormatError
-
+        return same
     down = tail.spec.names["ffn_down"]
     gate, up, norm = (down.replace("ffn_down", part) for part in ("ffn_gate", "ffn_up", "ffn_norm"))
     try:
         g_b, g_e = np.asarray(base.g.read_raw(gate)), np.asarray(edited.g.read_raw(gate))
         u_b, u_e = np.asarray(base.g.read_raw(up)), np.asarray(edited.g.read_raw(up))
     except GGUFFormatError:             # a file without the last FFN's gate / up (a tail-only fixture)
-        return dump
+        return same
     if g_b.shape != g_e.shape or u_b.shape != u_e.shape:
-        return dump
-    units = np.flatnonzero(np.any(g_b != g_e, axis=1) | np.any(u_b != u_e, axis=1))
+        return same
+    units = changed_units(g_b, u_b, g_e, u_e)
     if not units.size:
-        return dump
+        return same
     info = edited.g.tensor(norm)
     norm_w = dequantize(np.asarray(edited.g.read_raw(norm)), info.type_name, int(info.cols)).reshape(-1)
-    meta = dump.manifest.meta if isinstance(getattr(dump.manifest, "meta", None), dict) else {}
-    A = ffn_hidden_engine(np.asarray(dump.R, np.float32), norm_w, float(tail.spec.rms_eps), g_e, u_e,
-                          edited.g.tensor(gate).type_name, units.tolist(), ubatch_sizes=meta.get("ubatch_sizes"),
-                          act=activation_of(tail.spec.architecture))
-    return GatedDump(dump, units.tolist(), A)
+    qtype, act, eps = edited.g.tensor(gate).type_name, activation_of(tail.spec.architecture), float(tail.spec.rms_eps)
+
+    def rewrite(dump):
+        meta = dump.manifest.meta if isinstance(getattr(dump.manifest, "meta", None), dict) else {}
+        A = ffn_hidden_engine(np.asarray(dump.R, np.float32), norm_w, eps, g_e, u_e, qtype, units.tolist(),
+                              ubatch_sizes=meta.get("ubatch_sizes"), act=act)
+        return GatedDump(dump, units.tolist(), A)
+    return rewrite
 
 
 def _mix(side: _Side, dump, span: Span, match_engine: str | None):
@@ -296,7 +300,7 @@ def compare(cfg: KldConfig, *, base: BaseSource | None = None, base_sink: Callab
     refs = tuple(DumpRef(p, d.sha256(), tuple((s.doc, s.start, s.stop) for s in spans if s.dump == i))
                  for i, (p, d) in enumerate(zip(cfg.dumps, dumps)))
     nexts = [np.asarray(dumps[s.dump].next[s.start:s.stop], np.int64) for s in spans]
-    edited_dumps = [rewritten_units(b_side, e_side, d) for d in dumps] if e_side is not None else dumps
+    edited_dumps = list(map(rewritten_units(b_side, e_side), dumps)) if e_side is not None else dumps
     meta = dict(stats=cfg.stats, match_engine=cfg.match_engine,
                 model=None if b_side is None else b_side.path, model_sha256=None if b_side is None else b_side.g.sha256(),
                 edited=None if e_side is None else e_side.path,

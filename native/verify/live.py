@@ -195,7 +195,7 @@ def _rewritten_units(g, tail, R, hh, raw, match) -> np.ndarray:
     engine computes them (solvers/tail/forward/ffn_hidden.py: ffn_norm, the rows' products in the
     kernel each micro-batch takes, the fused swiglu, or geglu: the architecture's activation)."""
     from exactedit.errors import QuantError
-    from exactedit.solvers.tail.forward.ffn_hidden import activation_of, ffn_hidden_engine
+    from exactedit.solvers.tail.forward.ffn_hidden import activation_of, changed_units, ffn_hidden_engine
 
     down = tail.tensor("ffn_down").name
     gate, up = (down.replace("ffn_down", part) for part in ("ffn_gate", "ffn_up"))
@@ -204,7 +204,7 @@ def _rewritten_units(g, tail, R, hh, raw, match) -> np.ndarray:
         raise EngineError(g.path, "edits", f"{gate} and {up} differ in type")
     g_raw = raw[gate] if gate in raw else np.asarray(g.read_raw(gate))
     u_raw = raw[up] if up in raw else np.asarray(g.read_raw(up))
-    changed = np.flatnonzero((g_raw != g.read_raw(gate)).any(1) | (u_raw != g.read_raw(up)).any(1))
+    changed = changed_units(g.read_raw(gate), g.read_raw(up), g_raw, u_raw)
     if not changed.size:
         return hh
     norm = np.asarray(g.read_rows(down.replace("ffn_down", "ffn_norm")), np.float32).reshape(-1)

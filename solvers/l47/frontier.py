@@ -130,7 +130,7 @@ def _logp(tail, rows, token: np.ndarray, dW, tile_rows: int) -> np.ndarray:
 
 class FrontierBase(NamedTuple):
     """The unedited side of a frontier's rows: the log-probs of the followed tokens, the residual
-    [T, n] (what `moved_rows` bounds an edit's effect against) and the scored points' per-row
+    [T, n] (what `moved.logit_bound` bounds an edit's effect against) and the scored points' per-row
     log-probs (`moved.RowMemo`)."""
 
     logp: np.ndarray
@@ -148,11 +148,6 @@ def frontier_base(tail, fr: FrontierRows, tile_rows: int = 8192) -> FrontierBase
     return FrontierBase(logp, np.asarray(y), RowMemo(tail, fr.rows, y, logp, tile_rows=tile_rows))
 
 
-def _take(rows, mask):
-    """The RowSet of `rows` (a RowSet) at `mask`."""
-    return type(rows)(*(None if x is None else np.asarray(x)[mask] for x in rows))
-
-
 def edited_logp(tail, fr: FrontierRows, base: FrontierBase, dW, tile_rows: int = 8192) -> tuple[np.ndarray, int]:
     """(the log-probs of `fr`'s followed tokens under the edit dW, the rows scored through the full
     head): a row the edit provably cannot move by more than `moved.MOVE_TOL` nats from the base, or
@@ -167,7 +162,7 @@ def edited_logp(tail, fr: FrontierRows, base: FrontierBase, dW, tile_rows: int =
     def compute(move):
         if move.all():
             return _logp(tail, fr.rows, fr.token, dW, tile_rows)
-        return _logp(tail, _take(fr.rows, move), fr.token[move], dW, tile_rows)
+        return _logp(tail, fr.rows.take(move), fr.token[move], dW, tile_rows)
     return memo.score(dW, compute)
 
 

@@ -51,6 +51,10 @@ class RowSet(NamedTuple):
     def rows(self) -> int:
         return int(self.hh.shape[0])
 
+    def take(self, mask) -> "RowSet":
+        """The rows at `mask` (bool or indices)."""
+        return RowSet(*(None if x is None else np.asarray(x)[mask] for x in self))
+
 
 def gather_rows(blocks: Sequence[tuple[object, np.ndarray]]) -> RowSet:
     """RowSet of the rows `ids` of each (dump, ids) block, in order."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["MAX_COLUMNS", "MOVE_TOL", "RowMemo", "head_norm", "logit_bound", "moved_rows"]
+__all__ = ["MAX_COLUMNS", "MOVE_TOL", "RowMemo", "head_norm", "logit_bound"]
 
 #: a row whose log-probs the edit provably moves by at most this many nats is taken at its base
 #: values: a float32 logit of magnitude 8 to 16 is itself rounded to 1e-6 to 2e-6, so the full
@@ -93,12 +93,6 @@ def logit_bound(tail, rows, dW, *, y=None, tile_rows: int = 8192) -> np.ndarray:
     return head_norm(tail, tile_rows) * _through_norm(y_norm, shift, n)
 
 
-def moved_rows(tail, rows, dW, *, y=None, tol: float = MOVE_TOL, tile_rows: int = 8192) -> np.ndarray:
-    """bool [T]: the rows whose log-probs the edit may move by more than `tol` nats (2B > tol);
-    every other row's log-probs and KL are within `tol` of the base's."""
-    return 2.0 * logit_bound(tail, rows, dW, y=y, tile_rows=tile_rows) > tol
-
-
 class RowMemo:
     """Per-row values of scored edits (log-probs, KLs) on fixed rows, reused for a new edit: from
     the scored edit whose columns differ from it least (the unedited model counts as one, its
@@ -120,11 +114,6 @@ class RowMemo:
         self.base = (None, base, np.zeros(base.shape[0]))
         self.recent: list = []
 
-    @staticmethod
-    def _sparse(dW) -> dict:
-        """{column: float64 values} of dW's nonzero columns (an edit of a few units: a few columns)."""
-        cols = np.flatnonzero(np.any(dW != 0, axis=0))
-        return {int(c): np.asarray(dW[:, c], np.float64) for c in cols}
 
     @staticmethod
     def _differ(a: dict, b: dict) -> list[int]:
@@ -140,7 +129,8 @@ class RowMemo:
         """(the values under dW [n, h], the rows computed): `compute(mask)` gives the values of the
         rows in `mask` under dW exactly."""
         dW = np.asarray(dW)
-        new = self._sparse(dW) if dW.shape[1] and np.count_nonzero(np.any(dW != 0, axis=0)) <= MAX_COLUMNS else None
+        cols = np.flatnonzero(np.any(dW != 0, axis=0))   # an edit of a few units: a few columns, kept sparse
+        new = {int(c): np.asarray(dW[:, c], np.float64) for c in cols} if cols.size <= MAX_COLUMNS else None
         ref, vals, err = self.base
         if new is not None and getattr(self.tail.l47, "w_post", None) is None:
             cost = len(new)

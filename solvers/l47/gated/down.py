@@ -140,7 +140,7 @@ def _chat_rows(d) -> np.ndarray:
 
 class BarRows(NamedTuple):
     """The rows a KL bar counts (a RowSet, or None when there are none), their base residual
-    y [T, n] (what `moved_rows` bounds an edit's effect against) and the scored points' per-row
+    y [T, n] (what `moved.logit_bound` bounds an edit's effect against) and the scored points' per-row
     KLs (`moved.RowMemo`)."""
 
     rows: object
@@ -184,7 +184,6 @@ def mean_kl(tail, bar: BarRows, dW, tile_rows: int) -> tuple[float, int]:
     scored): a row whose KL the edit provably keeps within `moved.MOVE_TOL` of the base's 0 (its
     logits moved by at most sqrt(2 MOVE_TOL): KL <= B^2 / 2) or of a point already scored
     (`moved.RowMemo`; where the rewritten units are ~0) keeps that KL; every other row is scored."""
-    from exactedit.solvers.l47.frontier import _take
     from exactedit.solvers.tail.moved import RowMemo
     from exactedit.solvers.tail.passes.kl_pass_numba import kl_rows_numba
 
@@ -194,7 +193,7 @@ def mean_kl(tail, bar: BarRows, dW, tile_rows: int) -> tuple[float, int]:
                                                          tile_rows=tile_rows, kl=True)
 
     def compute(move):
-        rows = _take(bar.rows, move)
+        rows = bar.rows.take(move)
         mix_b = tail.mix(bar.y[move])
         mix_e = tail.mix(tail.residual(rows, None, dW))
         return np.maximum(kl_rows_numba(mix_b, mix_e, tail.head, softcap=tail.softcap, tile_rows=tile_rows).kl, 0.0)

@@ -110,6 +110,14 @@ def _engine_matmul(raw: np.ndarray, type_name: str, cols: int, x: np.ndarray, si
                      f"(supported: {list(ENGINE_TYPES)})")
 
 
+def changed_units(gate0, up0, gate1, up1) -> np.ndarray:
+    """int64: the units whose gate or up row differs between two versions of the last FFN's
+    gate and up tensors (uint8 [h, row_bytes] each): the rewritten units of a gated edit, whose
+    hidden values a dump (the base's) does not hold."""
+    return np.flatnonzero((np.asarray(gate0) != np.asarray(gate1)).any(1)
+                          | (np.asarray(up0) != np.asarray(up1)).any(1)).astype(np.int64)
+
+
 def ffn_hidden_engine(R: np.ndarray, norm_weight: np.ndarray, eps: float, gate_raw: np.ndarray,
                       up_raw: np.ndarray, type_name: str, units=None, *,
                       ubatch_sizes: Sequence[int] | None = None, q4_k_repacked: bool | None = None,

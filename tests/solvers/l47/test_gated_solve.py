@@ -158,7 +158,7 @@ def test_kld_of_a_gated_gguf_recomputes_the_rewritten_units(solved, tmp_path):
     units = sorted(res.report["gated"]["units"])
     b, e = _open(w["model"]), _open(out)
     d = read_dump(w["heldout"])
-    gd = rewritten_units(b, e, d)
+    gd = rewritten_units(b, e)(d)
     assert isinstance(gd, GatedDump) and list(gd.units) == units
     keep = np.ones(d.hh.shape[1], bool)
     keep[units] = False
