@@ -41,7 +41,7 @@ from numba import prange
 
 from exactedit import quant
 from exactedit.errors import QuantError
-from exactedit.quant.rounding.grid import Grid, grid_of, nearest, pack, values
+from exactedit.quant.rounding.grid import GRID_TYPES, Grid, grid_of, nearest, pack, values
 
 POLISH_SWEEPS = 1
 BLOCK = 128         # columns per block: across blocks the feedback is matrix products (BLAS)
@@ -379,6 +379,8 @@ def ship_rows(target, qtype: str, metric: Metric, sources: Mapping[str, np.ndarr
     Candidates: ggml's quantizer of float32(target) and the feedback (+ polish) codes within its
     scales; per source its nearest-code and its feedback (+ polish) codes. f is computed from the
     dequantized values in float64; ties keep the earlier candidate (ggml's first)."""
+    if qtype not in GRID_TYPES:
+        raise QuantError(f"qtype {qtype!r}: feedback shipping works on the symmetric grids {GRID_TYPES}")
     target = np.ascontiguousarray(target, dtype=np.float64)
     if target.ndim != 2 or target.shape[1] != metric.h:
         raise QuantError(f"target: expected [rows, {metric.h}] (the metric's size), got {target.shape}")

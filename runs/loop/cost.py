@@ -21,14 +21,27 @@ MATTR_WINDOW = 500
 __all__ = ["MATTR_WINDOW", "edit_cost"]
 
 
-def _split(per_row, parts: Mapping) -> dict:
-    """Rows, mean and max KL over each named row set (bool masks of the dump's rows)."""
+def _ppl(logp, m):
+    """exp(-mean log p(next)) over the rows of mask m that have a next token (None: no such row)."""
+    import numpy as np
+
+    v = np.asarray(logp, np.float64)[m]
+    v = v[np.isfinite(v)]
+    return float(np.exp(-v.mean())) if v.size else None
+
+
+def _split(comparison, parts: Mapping) -> dict:
+    """Rows, mean and max KL over each named row set (bool masks of the dump's rows), and each
+    side's perplexity over it (where the exact statistics kept the per-row log probabilities)."""
+    per_row, rows = comparison.per_row_kld, comparison.exact_rows
     out = {}
     for label, m in parts.items():
         if len(m) != len(per_row):
             return {}
         out[label] = {"rows": int(m.sum()), "mean": float(per_row[m].mean()) if m.any() else None,
                       "max": float(per_row[m].max()) if m.any() else None}
+        if rows is not None:
+            out[label].update(ppl_base=_ppl(rows.logp_next_base, m), ppl_edited=_ppl(rows.logp_next_edited, m))
     return out
 
 
@@ -36,8 +49,9 @@ def edit_cost(model, edited, dumps: Mapping[str, Path], replies, out, *,
               progress: Callable[[int, int], None] | None = None,
               split: Callable[[Path], Mapping] | None = None) -> dict:
     """KL and perplexity per labelled dump, MATTR per arm; written to `out` (JSON) and returned.
-    `split(dump)` names row sets of a dump (label -> bool mask of its rows): the KL also over each
-    (e.g. a persona's decision rows, where the edit is meant to act, and the rows off them)."""
+    `split(dump)` names row sets of a dump (label -> bool mask of its rows): the KL and the
+    perplexities also over each (e.g. a persona's decision rows, where the edit is meant to act, and
+    the rows off them)."""
     from exactedit.evals.kl.compare import KldConfig, compare
     from exactedit.evals.rates.diversity import diversity
 
@@ -48,7 +62,7 @@ def edit_cost(model, edited, dumps: Mapping[str, Path], replies, out, *,
         kl[label] = {"dump": str(dump), "rows": s["rows"], "kld": s["kld"], "same_top": s["same_top"],
                      "ppl_base": s["ppl_base"], "ppl_edited": s["ppl_edited"]}
         if split is not None:
-            kl[label]["split"] = _split(c.per_row_kld, split(Path(dump)))
+            kl[label]["split"] = _split(c, split(Path(dump)))
         if progress is not None:
             progress(i + 1, len(dumps) + 1)
     records = json.loads(Path(replies).read_text(encoding="utf-8"))

@@ -40,7 +40,9 @@ class PersonaConfig:
     anchors held in its KL term: "none", or "paragraph", the paragraph starts after a blank line).
     `edit` "gated": instead of the head edit, one rewritten unit of the last FFN that fires at the
     style's decision rows only (solvers/l47/gated/style.py), its strength chosen on dev within the
-    same bar off the decision rows; `gated_grid` the strengths tried."""
+    same bar off the decision rows; `gated_grid` the strengths tried, at each of `gated_headrooms`
+    (the unit's activation at the decision rows in multiples of the model's 99.9th percentile:
+    the way past ffn_down's block scales)."""
 
     model: str = "qwen"
     system: str | None = None
@@ -65,6 +67,7 @@ class PersonaConfig:
     hold: str = "none"                  # anchors' rows held in the solve's KL term (HeadSolveConfig.hold)
     edit: str = "head"                  # "head" (solve head) or "gated" (a unit of the last FFN)
     gated_grid: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)   # the gated unit's strengths, chosen on dev
+    gated_headrooms: tuple[float, ...] = (4.0, 16.0)       # its activation scales, chosen on dev with them
     verify_tokens: int = 192
     n_boot: int = 1000
     device: str = "auto"
@@ -114,6 +117,11 @@ class PersonaConfig:
                 isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and 0 < x <= 16
                 for x in grid)):
             out.append(f"gated_grid: expected strengths in (0, 16], got {grid!r}")
+        rooms = self.gated_headrooms
+        if not (isinstance(rooms, (tuple, list)) and rooms and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and 0 < x <= 64
+                for x in rooms)):
+            out.append(f"gated_headrooms: expected activation scales in (0, 64], got {rooms!r}")
         if not isinstance(self.watch_kl, bool):
             out.append(f"{st.flag('watch_kl', FLAGS)}: expected true or false, got {self.watch_kl!r}")
         if self.system is not None and (not isinstance(self.system, str) or not self.system.strip()

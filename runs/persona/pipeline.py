@@ -299,8 +299,9 @@ def _solve_gated(r: _Run, rec: dict) -> dict:
             inputs = StyleInputs(tail, named, ROLE_NAMES[r.style.decision], edit, tuple(ms.guards),
                                  np.asarray(g.read_raw(down.name)), down.type_name, int(down.cols), x_of,
                                  quantize_row, activation, grid=tuple(c.gated_grid),
+                                 headrooms=tuple(c.gated_headrooms),
                                  max_kl_off=bars.persona_max_kl_off, design=DesignConfig(act=act))
-            steps = 3 + len(set(c.gated_grid))
+            steps = 2 + len(set(c.gated_headrooms)) * (1 + len(set(c.gated_grid)))
             done = [0]
 
             def said(stage):
@@ -314,10 +315,11 @@ def _solve_gated(r: _Run, rec: dict) -> dict:
                                         np.array([res.unit], np.int64)))
             refs = [InputRef("model", str(r.model), g.sha256())]
         refs += [InputRef(f"dump:{s}", str(sets[s]["dump"]), d.sha256()) for s, d in dumps.items()]
-        summary = {**res.summary, "strength": res.strength}
+        summary = {**res.summary, "strength": res.strength, "headroom": res.headroom}
         if res.passed:
             write_bundle(out / "gated", solver="persona-gated", inputs=refs,
-                         config={"grid": list(c.gated_grid), "max_kl_off": bars.persona_max_kl_off,
+                         config={"grid": list(c.gated_grid), "headrooms": list(c.gated_headrooms),
+                                 "max_kl_off": bars.persona_max_kl_off,
                                  "decision": bars.persona_decision, "edit_set": list(edit)}, edits=edits,
                          files={"report.json": json.dumps(summary, indent=1, allow_nan=False).encode("utf-8")},
                          overwrite=True)
@@ -326,6 +328,7 @@ def _solve_gated(r: _Run, rec: dict) -> dict:
                 "bundle_sha256": file_sha256(out / "gated" / "manifest.json") if res.passed else None}
 
     return r.run("solve", {"data": r.stages.outputs("data"), "edit": "gated", "grid": list(c.gated_grid),
+                           "headrooms": list(c.gated_headrooms),
                            "bars": dataclasses.asdict(bars)}, ["gated"], solve)
 
 
@@ -457,4 +460,4 @@ def _cost(r: _Run, rec: dict) -> dict:
 
     return r.run("cost", {"edited": rec["apply"]["sha256"], "data": r.stages.outputs("data"),
                           "rates": r.stages.outputs("rates"), "parts": list(held),
-                          "split": ["decision", r.style.decision, list(style), "paragraph"]}, ["cost.json"], cost)
+                          "split": ["decision", r.style.decision, list(style), "paragraph", "perplexity"]}, ["cost.json"], cost)

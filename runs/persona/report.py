@@ -43,7 +43,9 @@ def persona_targets(rec: dict) -> list[dict]:
     out = [{"target": "an edit ships (the protocol's stopping rule)", "value": solve["shipped_edit"],
             "passed": bool(solve["shipped_edit"])}]
     if solve.get("edit") == "gated":
-        pick = [p for p in solve["gated"]["frontier"] if p["strength"] == solve["gated"]["chosen"]]
+        gs = solve["gated"]
+        pick = [p for p in gs["frontier"] if p["strength"] == gs["chosen"]
+                and p.get("headroom", 4.0) == gs.get("headroom", 4.0)]
         kl = pick[0]["kl_off"] if pick else {}
         out.append({"target": f"gated unit: dev KL off the decision rows (dev, anchors) <= {solve['gated']['max_kl_off']:g}",
                     "value": [kl.get("dev"), kl.get("anchors")], "passed": bool(solve["gated"]["passed"])})
@@ -70,9 +72,21 @@ def persona_targets(rec: dict) -> list[dict]:
                               "one's end)", "value": n, "passed": n == 0})
     for label, k in ((rec.get("cost") or {}).get("kl") or {}).items():
         if "never solved" in label:
+            # the decision rows are where the edit is meant to act (a plain reply there opens
+            # otherwise, so the style's raise is perplexity there by design): the bar is over the
+            # rows off them, the all-rows rise reported beside it, as the KL's (issue: the persona's
+            # bars off the decision rows)
             rise = k["ppl_edited"] / k["ppl_base"] - 1.0
-            out.append({"target": f"perplexity on text the solve never fitted within {100 * MAX_PPL_RISE:g}% of base",
-                        "value": rise, "passed": rise <= MAX_PPL_RISE})
+            off = next((v for part, v in (k.get("split") or {}).items() if part == "off the decision rows"), None)
+            if off is not None and off.get("ppl_base") and off.get("ppl_edited") is not None:
+                r_off = off["ppl_edited"] / off["ppl_base"] - 1.0
+                out.append({"target": f"perplexity off the decision rows on text the solve never fitted within "
+                                      f"{100 * MAX_PPL_RISE:g}% of base", "value": r_off, "passed": r_off <= MAX_PPL_RISE})
+                out.append({"target": "perplexity on every row of that text (the decision rows included), reported",
+                            "value": rise, "passed": None, "gating": False})
+            else:
+                out.append({"target": f"perplexity on text the solve never fitted within {100 * MAX_PPL_RISE:g}% of "
+                                      "base", "value": rise, "passed": rise <= MAX_PPL_RISE})
     return out
 
 
@@ -138,18 +152,19 @@ def _gated_text(s: dict) -> list[str]:
     gs = s["gated"]
     fit, dev = gs["gate"]["fit"], gs.get("gate_dev") or {}
     lines = [f"## gated unit of the last FFN: unit {gs['unit']}, "
-             + (f"strength {gs['chosen']:g} shipped" if s["shipped_edit"] else
+             + (f"strength {gs['chosen']:g} at headroom {gs.get('headroom', 4.0):g} shipped" if s["shipped_edit"] else
                 f"no strength within the KL bar off the decision rows ({gs['max_kl_off']:g}) on dev: no edit ships"),
              f"decision rows: {s.get('decision')}; gate through the origin: fit AUC {_f(fit.get('auc'), '{:.4f}')}, "
              f"least decision row {_f(fit.get('pos_min'))} vs largest other {_f(fit.get('neg_max'))} (margin units); "
              f"dev AUC {_f(dev.get('auc'), '{:.4f}')}, {_f(dev.get('pos_min'))} vs {_f(dev.get('neg_max'))}",
              f"removal of the old unit: KL on the anchors {_f(gs['removal']['chosen']['kl_mean'], '{:.3g}')}",
              f"dev: p(style) at the {gs['dev_decision_rows']} decision rows, base {_f(gs['dev_style_prob_base'], '{:.4f}')}",
-             "  strength   p(style) dev   KL off (dev)   KL off (anchors)   rows scored"]
+             "  headroom   strength   p(style) dev   KL off (dev)   KL off (anchors)   rows scored   column at bound"]
     for p in gs["frontier"]:
         k, n = p["kl_off"], p["rows_scored"]
-        lines.append(f"  {p['strength']:>8g}   {_f(p['dev_style_prob'], '{:.4f}'):>12}   {_f(k.get('dev'), '{:.5f}'):>12}   "
-                     f"{_f(k.get('anchors'), '{:.5f}'):>16}   {n.get('dev')}/{n.get('anchors')}")
+        lines.append(f"  {p.get('headroom', 4.0):>8g}   {p['strength']:>8g}   {_f(p['dev_style_prob'], '{:.4f}'):>12}   "
+                     f"{_f(k.get('dev'), '{:.5f}'):>12}   {_f(k.get('anchors'), '{:.5f}'):>16}   "
+                     f"{n.get('dev')}/{n.get('anchors'):<9}   {p['column'].get('at_bound', '')}")
     return lines
 
 
@@ -195,12 +210,15 @@ def report_text(obj: dict) -> str:
             lines.append(f"  {label}: {k['rows']} rows, KL mean {kl['mean']:.3g} (p99 {kl['p99']:.3g}, max {kl['max']:.3g}), "
                          f"same top-1 {k['same_top']:.4f}, perplexity {k['ppl_base']:.4f} -> {k['ppl_edited']:.4f}")
             for part, v in (k.get("split") or {}).items():
-                lines.append(f"    {part}: {v['rows']} rows, KL mean {_f(v['mean'], '{:.3g}')}, max {_f(v['max'], '{:.3g}')}")
+                ppl = (f", perplexity {v['ppl_base']:.4f} -> {v['ppl_edited']:.4f}"
+                       if v.get("ppl_base") is not None and v.get("ppl_edited") is not None else "")
+                lines.append(f"    {part}: {v['rows']} rows, KL mean {_f(v['mean'], '{:.3g}')}, max {_f(v['max'], '{:.3g}')}"
+                             + ppl)
         lines.append("  lexical diversity (MATTR-500): " + ", ".join(
             f"{a} {v['mattr']:.4f}" for a, v in rec["cost"]["diversity"].items()))
     lines += ["", "## targets"]
     for t in obj["targets"]:
-        mark = {True: "pass", False: "FAIL", None: "n/a"}[t["passed"]]
+        mark = "reported" if t.get("gating") is False else {True: "pass", False: "FAIL", None: "n/a"}[t["passed"]]
         lines.append(f"  {t['target']:<72} {t['value']!s:>14}  {mark}")
     lines += ["", "time: " + ", ".join(f"{k} {v:.0f} s" for k, v in obj["seconds"].items())
               + (f" (resumed: {', '.join(obj['stages']['resumed'])})" if obj["stages"]["resumed"] else "")]

@@ -15,7 +15,7 @@ from tests.strategies import float_rows
 
 SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
-BLOCKS = {"Q8_0": 32, "Q6_K": 256}
+BLOCKS = {"Q8_0": 32, "Q6_K": 256, "Q4_1": 32}
 KINDS = ("normal", "zero", "constant", "ties", "outlier", "subnormal", "fp16_underflow")
 
 
@@ -25,7 +25,7 @@ def ggml():
 
 
 @SETTINGS
-@given(data=st.data(), qtype=st.sampled_from(gr.GRID_TYPES))
+@given(data=st.data(), qtype=st.sampled_from(gr.COLUMN_TYPES))
 def test_bytes_round_trip(data, qtype):
     """pack(grid_of(raw), codes_of(raw)) gives back ggml's bytes exactly, and values() is what
     the dequantizer computes (NaN where an inf scale meets a zero code, as in C)."""
@@ -38,7 +38,7 @@ def test_bytes_round_trip(data, qtype):
 
 
 @SETTINGS
-@given(data=st.data(), qtype=st.sampled_from(gr.GRID_TYPES), seed=st.integers(0, 2**32 - 1))
+@given(data=st.data(), qtype=st.sampled_from(gr.COLUMN_TYPES), seed=st.integers(0, 2**32 - 1))
 def test_any_codes_load_in_ggml(ggml, data, qtype, seed):
     """Random codes anywhere in the range, packed into a quantized row's scales: ggml's
     dequantizer reads step * code, bit for bit, and the scale fields are untouched."""
@@ -51,11 +51,13 @@ def test_any_codes_load_in_ggml(ggml, data, qtype, seed):
     oracles.assert_bits_equal(got, gr.values(g, codes), f"{qtype} packed codes")
     assert np.array_equal(gr.codes_of(packed, qtype, x.shape[1]), codes)
     oracles.assert_bits_equal(gr.grid_of(packed, qtype, x.shape[1]).steps, g.steps, "scales kept")
+    if g.offsets is not None:
+        oracles.assert_bits_equal(gr.grid_of(packed, qtype, x.shape[1]).offsets, g.offsets, "offsets kept")
 
 
 def test_nearest_is_nearest_within_range():
     x = (np.random.default_rng(1).standard_normal((3, 512)) * 0.02).astype(np.float32)
-    for qtype in gr.GRID_TYPES:
+    for qtype in gr.COLUMN_TYPES:
         g = gr.grid_of(quant.quantize(x, qtype), qtype, 512)
         t = x.astype(np.float64) * 1.3  # some values beyond the range: clamped
         c = gr.nearest(g, t)
@@ -74,3 +76,6 @@ def test_errors():
     g = gr.grid_of(raw, "Q6_K", 256)
     with pytest.raises(QuantError, match="must lie in"):
         gr.pack(g, np.full((1, 256), 32, np.int16))
+    g1 = gr.grid_of(quant.quantize(np.ones((1, 32), np.float32), "Q4_1"), "Q4_1", 32)
+    with pytest.raises(QuantError, match="must lie in"):
+        gr.pack(g1, np.full((1, 32), -1, np.int16))

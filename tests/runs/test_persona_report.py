@@ -117,3 +117,26 @@ def test_the_off_decision_bar_decides_and_the_every_row_kl_is_reported(tmp_path)
     assert "anchors held in the KL term: paragraph (120 rows)" in text
     assert "off the decision rows passes 0.005" in text and "off the decision rows 0.00300" in text
     assert "out of place (a later paragraph's start / an earlier one's end): 1 paragraphs in 1 replies" in text
+
+
+def test_the_perplexity_bar_is_off_the_decision_rows_and_every_row_is_reported(tmp_path):
+    """The cost split carries each side's perplexity per row set: the 1% bar reads the rows off the
+    decision rows (a plain reply opens otherwise at its start, where the style is raised by design),
+    the every-row rise is reported beside it and decides nothing."""
+    rec = copy.deepcopy(SHIPPED)
+    split = {"decision rows (step0, style tokens)": {"rows": 24, "mean": 14.0, "max": 30.2,
+                                                     "ppl_base": 3.0, "ppl_edited": 9.0e6},
+             "off the decision rows": {"rows": 2796, "mean": 5.8e-8, "max": 2e-5,
+                                       "ppl_base": 9.9, "ppl_edited": 9.9004}}
+    rec["cost"]["kl"] = {"plain replies and plain text (never solved on)": {
+        **rec["cost"]["kl"]["plain"], "ppl_base": 9.989, "ppl_edited": 11.274, "split": split}}
+    _, report, text = write_reports(tmp_path, "m.gguf", rec, {}, system="s", style="starter:Greetings",
+                                    config={"rank": 1})
+    got = {t["target"]: t for t in report["targets"]}
+    off = got["perplexity off the decision rows on text the solve never fitted within 1% of base"]
+    assert off["value"] == pytest.approx(0.0004 / 9.9) and off["passed"] is True
+    every = got["perplexity on every row of that text (the decision rows included), reported"]
+    assert every["value"] == pytest.approx(11.274 / 9.989 - 1) and every["passed"] is None
+    line = [ln for ln in text.splitlines() if "every row of that text" in ln][0]
+    assert line.rstrip().endswith("reported")
+    assert "off the decision rows: 2796 rows, KL mean 5.8e-08, max 2e-05, perplexity 9.9000 -> 9.9004" in text

@@ -25,10 +25,11 @@ def set_column(raw: np.ndarray, type_name: str, cols: int, j: int, values) -> np
     """`raw` (a tensor's rows as stored) with column j at the nearest codes to `values` [rows]
     within each row's own block scales (clamped to the codes' range); every other code and every
     scale byte kept."""
-    from exactedit.quant.rounding.grid import codes_of, grid_of, nearest, pack
+    from exactedit.quant.rounding.grid import COLUMN_TYPES, codes_of, grid_of, nearest, pack
 
-    if type_name not in ("Q8_0", "Q6_K"):
-        raise GatedError("ffn_down", "type", f"the gated edit writes a unit's column in Q8_0 or Q6_K, not {type_name}")
+    if type_name not in COLUMN_TYPES:
+        raise GatedError("ffn_down", "type", f"the gated edit writes a unit's column in {', '.join(COLUMN_TYPES)}, "
+                         f"not {type_name}")
     grid = grid_of(raw, type_name, cols)
     codes = np.array(codes_of(raw, type_name, cols))
     want = np.zeros(grid.steps.shape, np.float64)
@@ -39,19 +40,26 @@ def set_column(raw: np.ndarray, type_name: str, cols: int, j: int, values) -> np
 
 def zero_column(raw: np.ndarray, type_name: str, cols: int, j: int) -> np.ndarray:
     """`raw` with column j at the nearest-to-zero code of each row's own block scales (Q8_0 and
-    Q6_K: exactly 0); every other code and every scale byte kept."""
+    Q6_K: exactly 0; Q4_1: offset + step * code, within half a step of 0 where the block's range
+    holds 0, else its end nearest 0); every other code and every scale byte kept."""
     rows = np.asarray(raw).shape[0] if np.asarray(raw).ndim == 2 else 1
     return set_column(raw, type_name, cols, j, np.zeros(rows))
 
 
 def _one_column(grid, j: int):
-    """The Grid of column j alone (its steps [rows, 1])."""
-    return grid._replace(steps=grid.steps[:, j:j + 1])
+    """The Grid of column j alone (its steps [rows, 1], its offsets where affine)."""
+    off = None if grid.offsets is None else grid.offsets[:, j:j + 1]
+    return grid._replace(steps=grid.steps[:, j:j + 1], offsets=off)
 
 
 def _bound(col) -> np.ndarray:
-    step = np.abs(np.nan_to_num(col.steps[:, 0].astype(np.float64)))
-    return step * min(abs(col.lo), col.hi)
+    """float64 [rows]: the largest b with [-b, b] within the values the column's codes hold
+    (symmetric grids: step * the codes' smaller end; affine: 0 where the range misses 0)."""
+    step = np.nan_to_num(col.steps[:, 0].astype(np.float64))
+    if col.offsets is None:
+        return np.abs(step) * min(abs(col.lo), col.hi)
+    ends = np.nan_to_num(col.offsets[:, 0].astype(np.float64))[:, None] + step[:, None] * np.array([col.lo, col.hi])
+    return np.maximum(0.0, np.minimum(-ends.min(axis=1), ends.max(axis=1)))
 
 
 def _shipped(col, d) -> np.ndarray:

@@ -16,11 +16,20 @@ every state that resembles a reply start gets some of it: paragraph starts after
    style's tokens raised (`column.solve_column(lower=False)`: at strength 1 their best logit ends
    `margin` above the best other token's, the rest in proportion, the specials kept), shipped as
    codes within ffn_down's own block scales;
-5. the strength chosen on dev: per grid strength, the shipped column scored exactly: the style's
-   probability at dev's decision rows (the rate's proxy) and the mean KL off the decision rows on
-   dev and on the anchors against the model with the unit removed (rows the unit provably cannot
-   move count 0: `down.mean_kl`); among the points within `max_kl_off` on both, the weakest whose
-   dev probability is within TIE of the best; none within: the weakest point, flagged.
+5. the strength chosen on dev: per grid point (headroom, strength), the shipped column scored
+   exactly: the style's probability at dev's decision rows (the rate's proxy) and the mean KL off
+   the decision rows on dev and on the anchors against the model with the unit removed (rows the
+   unit provably cannot move count 0: `down.mean_kl`); among the points within `max_kl_off` on
+   both, the weakest (strength, then headroom) whose dev probability is within TIE of the best;
+   none within: the weakest point, flagged.
+
+The headroom: the unit's median activation at the decision rows is `headroom` times the 99.9th
+percentile of the model's |hh|. The down column is shipped as codes within ffn_down's own block
+scales (one block per row, shared with 255 other units), so its entries are bounded; the unit's
+gate and up rows are rewritten whole (their Q4_K rows carry their own scales), so a larger
+activation is the way past that bound: measured on Qwen's "Greetings" run, strengths 2 and 4 ship
+the same column at headroom 4 (docs/solve-head.md). Each headroom is a design of its own (the same
+gate and removed unit), and dev chooses among them like among strengths.
 """
 from __future__ import annotations
 
@@ -64,7 +73,7 @@ class StyleInputs:
     max_kl_off: float = 0.005       # the persona protocol's bar off the decision rows
     gate: GateConfig = GateConfig()
     design: DesignConfig = DesignConfig()
-    headroom: float = 4.0
+    headrooms: tuple[float, ...] = (4.0, 16.0)
     candidates: int = 4
     tile_rows: int = 8192
 
@@ -76,6 +85,7 @@ class StyleResult:
     up_raw: np.ndarray              # uint8 [1, row_bytes] its ffn_up row
     down_raw: np.ndarray            # ffn_down as shipped (the removal's zero codes and the chosen column)
     strength: float
+    headroom: float
     passed: bool                    # the chosen point is within the KL bar on dev and anchors
     summary: dict
 
@@ -107,7 +117,7 @@ def _rows(traces: Named, mask_of) -> object | None:
 
 
 def solve_style_unit(i: StyleInputs, *, progress: Callable[[str], None] | None = None) -> StyleResult:
-    """The module doc's unit, solved and its strength chosen on dev."""
+    """The module doc's unit, solved and its headroom and strength chosen on dev."""
     from exactedit import quant
     from exactedit.solvers.l47.gated.column import ColumnConfig, solve_column, top_tokens
     from exactedit.solvers.l47.gated.design import activation_ratio, design_unit
@@ -120,6 +130,9 @@ def solve_style_unit(i: StyleInputs, *, progress: Callable[[str], None] | None =
     say = progress or (lambda stage: None)
     if not i.tokens:
         raise GatedError("style", "tokens", "no style token to raise (the edit set is empty)")
+    rooms = sorted(set(float(h) for h in i.headrooms))
+    if not rooms or not all(0.0 < h <= 64.0 for h in rooms):
+        raise GatedError("style", "headrooms", f"expected headrooms in (0, 64], got {i.headrooms!r}")
     named = {r: list(v) for r, v in i.named.items()}
     side = named.get("train", []) + named.get("anchors", [])
     if not side:
@@ -130,9 +143,9 @@ def solve_style_unit(i: StyleInputs, *, progress: Callable[[str], None] | None =
         raise GatedError("style", "decision rows", "no decision row on the solve side to fit the gate on")
     gate = fit_gate(X, Y, i.gate)
     HH = np.concatenate([np.asarray(d.hh, np.float32) for _, d in side])
-    scale = i.headroom * float(np.percentile(np.abs(HH), 99.9))
-    design = design_unit(gate, X, Y, dataclasses.replace(i.design, target=max(scale, 1e-3)))
-    fit_ratio = activation_ratio(design.activation(X), Y).summary()
+    scale = float(np.percentile(np.abs(HH), 99.9))
+    designs = {h: design_unit(gate, X, Y, dataclasses.replace(i.design, target=max(h * scale, 1e-3))) for h in rooms}
+    fit_ratio = {h: activation_ratio(u.activation(X), Y).summary() for h, u in designs.items()}
     del X
     say("gate")
     w0 = editable_weight(i.tail)
@@ -145,66 +158,79 @@ def solve_style_unit(i: StyleInputs, *, progress: Callable[[str], None] | None =
     chosen = min(costs, key=lambda c: (c["kl_mean"] if c["kl_mean"] is not None else 0.0, c["unit"]))
     unit = int(chosen["unit"])
     say("removal")
-    g_raw = np.asarray(i.quantize_row(design.g_row.astype(np.float32)), np.uint8).reshape(1, -1)
-    u_raw = np.asarray(i.quantize_row(design.u_row.astype(np.float32)), np.uint8).reshape(1, -1)
-    rewritten = {role: [(n, GatedDump(d, [unit], i.activation(d, g_raw[0], u_raw[0], unit))) for n, d in traces]
-                 for role, traces in named.items()}
-    say("unit")
     raw_removed = zero_column(np.asarray(i.raw0), i.type_name, i.cols, unit)
     tail_removed = with_weights(i.tail, quant.dequantize(raw_removed, i.type_name, i.cols))
     col0 = np.asarray(editable_weight(tail_removed)[:, unit], np.float64)
-    side_new = rewritten.get("train", []) + rewritten.get("anchors", [])
-    ctx = _rows(side_new, lambda d: decision_rows(d, i.decision))
-    y0 = np.asarray(tail_removed.residual(ctx), np.float64)
-    a = np.asarray(ctx.hh[:, unit], np.float64)
-    rej = [list(i.tokens)] * ctx.rows
     bound = bound_of(raw_removed, i.type_name, i.cols, unit)
     ccfg = ColumnConfig(margin=float(i.margin))
-    tops = top_tokens(tail_removed, y0, ccfg.top, tile_rows=i.tile_rows)
-    dev = rewritten.get("dev", [])
-    dev_dec = _rows(dev, lambda d: decision_rows(d, i.decision))
     base_dec = _rows(named.get("dev", []), lambda d: decision_rows(d, i.decision))
     p_base = (_style_prob(i.tail, base_dec, None, i.tokens, i.tile_rows) if base_dec is not None else np.zeros(0))
-    bars = {}
-    for key, traces in (("dev", dev), ("anchors", rewritten.get("anchors", []))):
-        rows = _rows(traces, lambda d: ~decision_rows(d, i.decision))
-        bars[key] = BarRows(None, None) if rows is None else with_memo(tail_removed, rows, i.tile_rows)
-    points, cols, prev = [], {}, None
-    for s in sorted(set(float(x) for x in i.grid)):
-        sol = solve_column(tail_removed, y0, a, rej, i.specials, s, ccfg, bound=bound, d0=prev,
-                           tile_rows=i.tile_rows, top_ids=tops, lower=False)
-        prev = sol.d
-        raw_s = set_column(raw_removed, i.type_name, i.cols, unit, sol.d)
-        shipped = np.asarray(quant.dequantize(raw_s, i.type_name, i.cols)[:, unit], np.float64)
-        dW = np.zeros(w0.shape, np.float32)
-        dW[:, unit] = shipped - col0
-        p_dev = (_style_prob(tail_removed, dev_dec, dW, i.tokens, i.tile_rows) if dev_dec is not None
-                 else np.zeros(0))
-        kl = {k: mean_kl(tail_removed, b, dW, i.tile_rows) for k, b in bars.items()}
-        cols[s] = (raw_s, sol)
-        points.append({"strength": s, "dev_style_prob": float(p_dev.mean()) if p_dev.size else None,
-                       "kl_off": {k: v[0] for k, v in kl.items()}, "rows_scored": {k: v[1] for k, v in kl.items()},
-                       "column": {"iterations": sol.n_iter, "message": sol.message, "style_logp": list(sol.rejected_logp),
-                                  "kl_to_target": sol.others_kl, "added": sol.added}})
-        say(f"strength {s:g}")
+    dev_y = [decision_rows(d, i.decision) for _, d in named.get("dev", [])]
+    any_dev = bool(dev_y) and bool(np.concatenate(dev_y).any())
+    points, cols, units = [], {}, {}
+    for h in rooms:
+        design = designs[h]
+        g_raw = np.asarray(i.quantize_row(design.g_row.astype(np.float32)), np.uint8).reshape(1, -1)
+        u_raw = np.asarray(i.quantize_row(design.u_row.astype(np.float32)), np.uint8).reshape(1, -1)
+        rewritten = {role: [(n, GatedDump(d, [unit], i.activation(d, g_raw[0], u_raw[0], unit))) for n, d in traces]
+                     for role, traces in named.items()}
+        side_new = rewritten.get("train", []) + rewritten.get("anchors", [])
+        ctx = _rows(side_new, lambda d: decision_rows(d, i.decision))
+        y0 = np.asarray(tail_removed.residual(ctx), np.float64)
+        a = np.asarray(ctx.hh[:, unit], np.float64)
+        rej = [list(i.tokens)] * ctx.rows
+        tops = top_tokens(tail_removed, y0, ccfg.top, tile_rows=i.tile_rows)
+        dev = rewritten.get("dev", [])
+        dev_dec = _rows(dev, lambda d: decision_rows(d, i.decision))
+        bars = {}
+        for key, traces in (("dev", dev), ("anchors", rewritten.get("anchors", []))):
+            rows = _rows(traces, lambda d: ~decision_rows(d, i.decision))
+            bars[key] = BarRows(None, None) if rows is None else with_memo(tail_removed, rows, i.tile_rows)
+        dev_a = (activation_ratio(np.concatenate([np.asarray(d.hh[:, unit]) for _, d in dev]),
+                                  np.concatenate(dev_y)).summary() if dev and any_dev else None)
+        units[h] = {"g_raw": g_raw, "u_raw": u_raw, "design": design.summary(), "activation_fit": fit_ratio[h],
+                    "activation_dev": dev_a, "contexts": int(ctx.rows)}
+        say(f"unit (headroom {h:g})")
+        prev = None
+        for s in sorted(set(float(x) for x in i.grid)):
+            sol = solve_column(tail_removed, y0, a, rej, i.specials, s, ccfg, bound=bound, d0=prev,
+                               tile_rows=i.tile_rows, top_ids=tops, lower=False)
+            prev = sol.d
+            raw_s = set_column(raw_removed, i.type_name, i.cols, unit, sol.d)
+            shipped = np.asarray(quant.dequantize(raw_s, i.type_name, i.cols)[:, unit], np.float64)
+            dW = np.zeros(w0.shape, np.float32)
+            dW[:, unit] = shipped - col0
+            p_dev = (_style_prob(tail_removed, dev_dec, dW, i.tokens, i.tile_rows) if dev_dec is not None
+                     else np.zeros(0))
+            kl = {k: mean_kl(tail_removed, b, dW, i.tile_rows) for k, b in bars.items()}
+            cols[(h, s)] = raw_s
+            points.append({"headroom": h, "strength": s,
+                           "dev_style_prob": float(p_dev.mean()) if p_dev.size else None,
+                           "kl_off": {k: v[0] for k, v in kl.items()},
+                           "rows_scored": {k: v[1] for k, v in kl.items()},
+                           "column": {"iterations": sol.n_iter, "message": sol.message,
+                                      "style_logp": list(sol.rejected_logp), "kl_to_target": sol.others_kl,
+                                      "added": sol.added, "at_bound": int(np.sum(np.abs(sol.d) >= bound * (1 - 1e-9)))}})
+            say(f"headroom {h:g}, strength {s:g}")
     ok = [p for p in points if all(v <= i.max_kl_off for v in p["kl_off"].values())]
+    weakest = lambda p: (p["strength"], p["headroom"])     # noqa: E731
     if ok:
         best = max(p["dev_style_prob"] or 0.0 for p in ok)
-        pick = min((p for p in ok if (p["dev_style_prob"] or 0.0) >= best - TIE), key=lambda p: p["strength"])
+        pick = min((p for p in ok if (p["dev_style_prob"] or 0.0) >= best - TIE), key=weakest)
     else:
-        pick = min(points, key=lambda p: p["strength"])
-    raw_s, _ = cols[pick["strength"]]
+        pick = min(points, key=weakest)
+    h = pick["headroom"]
     dev_x = [np.asarray(i.x_of(d), np.float64) for _, d in named.get("dev", [])]
-    dev_y = [decision_rows(d, i.decision) for _, d in named.get("dev", [])]
-    held = (separation(np.concatenate(dev_x) @ gate.g, np.concatenate(dev_y)).summary()
-            if dev_x and np.concatenate(dev_y).any() else None)
-    dev_a = (activation_ratio(np.concatenate([np.asarray(d.hh[:, unit]) for _, d in dev]),
-                              np.concatenate(dev_y)).summary() if dev and np.concatenate(dev_y).any() else None)
+    held = separation(np.concatenate(dev_x) @ gate.g, np.concatenate(dev_y)).summary() if any_dev else None
+    u = units[h]
     summary = {"unit": unit, "tokens": list(i.tokens), "decision_bit": int(i.decision),
-               "gate": gate.summary(), "gate_dev": held, "design": design.summary(), "activation_fit": fit_ratio,
-               "activation_dev": dev_a, "removal": {**cand.summary(), "measured": costs, "chosen": chosen},
-               "contexts": int(ctx.rows), "dev_decision_rows": int(p_base.size),
+               "gate": gate.summary(), "gate_dev": held, "design": u["design"], "activation_fit": u["activation_fit"],
+               "activation_dev": u["activation_dev"], "headrooms": rooms,
+               "designs": {f"{k:g}": {key: v[key] for key in ("design", "activation_dev")} for k, v in units.items()},
+               "removal": {**cand.summary(), "measured": costs, "chosen": chosen},
+               "contexts": u["contexts"], "dev_decision_rows": int(p_base.size),
                "dev_style_prob_base": float(p_base.mean()) if p_base.size else None,
-               "frontier": points, "chosen": pick["strength"], "passed": bool(ok), "max_kl_off": i.max_kl_off,
-               "tie": TIE}
-    return StyleResult(unit, g_raw, u_raw, raw_s, pick["strength"], bool(ok), summary)
+               "frontier": points, "chosen": pick["strength"], "headroom": h, "passed": bool(ok),
+               "max_kl_off": i.max_kl_off, "tie": TIE}
+    return StyleResult(unit, u["g_raw"], u["u_raw"], cols[(h, pick["strength"])], pick["strength"], h, bool(ok),
+                       summary)

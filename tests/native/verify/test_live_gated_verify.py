@@ -1,8 +1,9 @@
 """A gated edit verified live on the real models: row j of the last layer's ffn_gate and ffn_up
-rewritten (Qwen blk.27: Q4_K; Gemma 3 270M blk.17: Q5_0), the column j of ffn_down (Q6_K) given
-new codes within its block scales, the three written by the transplant; llama.cpp's logits of the
-edited file equal the offline prediction bit for bit, the unit's new activation recomputed from the
-dump's R (ffn_norm, the Q4_K x Q8_K / Q5_0 x Q8_0 products, the fused swiglu / geglu as ggml-cpu
+rewritten (Qwen blk.27: Q4_K; Gemma 3 270M blk.17: Q5_0; SmolLM2-135M blk.29: Q4_1), the column j
+of ffn_down (Q6_K; SmolLM2's Q4_1, an affine grid: offset + step * code) given new codes within its
+block scales, the three written by the transplant; llama.cpp's logits of the edited file equal the
+offline prediction bit for bit, the unit's new activation recomputed from the dump's R (ffn_norm,
+the Q4_K x Q8_K / Q5_0 x Q8_0 / Q4_1 x Q8_1 products, the fused swiglu / geglu as ggml-cpu
 computes them: solvers/tail/forward), through Gemma's post-FFN norm."""
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ pytestmark = pytest.mark.live
 PROMPTS = {"qwen": ("<|im_start|>user\nHow do I read a file in Python?<|im_end|>\n"
                     "<|im_start|>assistant\nHere's an example of how to read a file line by line"),
            "gemma": ("<start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n"
-                     "<start_of_turn>model\nWhat is the capital of France? What is the capital of Spain?")}
-UNITS = {"qwen": 4123, "gemma": 1234}   # any unit; Qwen's is the note's "Here's" -> " an" unit
+                     "<start_of_turn>model\nWhat is the capital of France? What is the capital of Spain?"),
+           "smollm": ("<|im_start|>user\nHow do I sort a list in Python?<|im_end|>\n"
+                      "<|im_start|>assistant\nYou can use the sorted function, which returns a new list")}
+UNITS = {"qwen": 4123, "gemma": 1234, "smollm": 777}   # any unit; Qwen's is the note's "Here's" -> " an" unit
 
 
-@pytest.fixture(scope="module", params=["qwen", "gemma"])
+@pytest.fixture(scope="module", params=["qwen", "gemma", "smollm"])
 def model(request):
     return request.param, oracles.live_model(request.param)
 

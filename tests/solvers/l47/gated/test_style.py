@@ -48,7 +48,7 @@ def solved(tmp_path_factory):
 def test_the_gate_and_the_unit_fire_at_the_decision_rows(solved):
     _, _, _, inputs, res, stages = solved
     s = res.summary
-    assert stages[:3] == ["gate", "removal", "unit"] and len(stages) == 6
+    assert stages[:3] == ["gate", "removal", "unit (headroom 4)"] and len(stages) == 2 + 2 * (1 + 3)
     assert s["gate"]["fit"]["auc"] == 1.0 and s["gate"]["fit"]["gap"] > 0
     act = s["activation_fit"]
     assert act["pos_min"] > 0 and act["neg_max_abs"] < 0.05 * act["pos_min"], act
@@ -59,7 +59,7 @@ def test_the_gate_and_the_unit_fire_at_the_decision_rows(solved):
 
 def test_the_frontier_raises_the_style_at_the_contexts(solved):
     _, _, _, _, res, _ = solved
-    pts = res.summary["frontier"]
+    pts = [p for p in res.summary["frontier"] if p["headroom"] == 4.0]
     assert [p["strength"] for p in pts] == [0.5, 1.0, 2.0]
     lp = [p["column"]["style_logp"] for p in pts]
     assert all(after > before + 0.1 for before, after in lp), lp      # the style token raised at the contexts
@@ -86,10 +86,33 @@ def test_the_kl_off_the_decision_rows_is_the_full_pass(solved):
     off = np.flatnonzero(~decision_rows(d, ROLE_STEP0))
     rows = gather_rows([(gd, off)])
     kl = kl_rows_numba(t0.mix(t0.residual(rows)), t1.mix(t1.residual(rows)), tail.head, tile_rows=64).kl
-    got = [p for p in res.summary["frontier"] if p["strength"] == res.strength][0]["kl_off"]["dev"]
+    got = [p for p in res.summary["frontier"] if (p["strength"], p["headroom"]) == (res.strength, res.headroom)]
+    got = got[0]["kl_off"]["dev"]
     assert got == pytest.approx(float(np.maximum(kl, 0).mean()), abs=MOVE_TOL + 1e-7)
     w0 = editable_weight(tail)
     w1 = quant.dequantize(res.down_raw, i.type_name, i.cols)
     keep = np.ones(w0.shape[1], bool)
     keep[res.unit] = False
     assert np.array_equal(np.asarray(w0)[:, keep], np.asarray(w1)[:, keep])    # only the unit's column
+
+
+def test_a_larger_headroom_fires_the_unit_harder_and_dev_chooses(solved):
+    """Each headroom is its own design of the same gate: the unit's median activation at the
+    decision rows is that many times the model's scale, so the same strength needs a column that
+    many times smaller (the way past ffn_down's block scales); the pick is the weakest point within
+    TIE of the best dev probability among those within the KL bar."""
+    from exactedit.solvers.l47.gated.style import TIE
+
+    _, _, _, _, res, _ = solved
+    s = res.summary
+    assert s["headrooms"] == [4.0, 16.0]
+    med = {h: s["designs"][h]["design"]["train"]["pos_median"] for h in ("4", "16")}
+    assert med["16"] == pytest.approx(4 * med["4"], rel=1e-9)
+    pts = s["frontier"]
+    assert sorted((p["headroom"], p["strength"]) for p in pts) == [(h, st) for h in (4.0, 16.0) for st in (0.5, 1.0, 2.0)]
+    ok = [p for p in pts if all(v <= 1.0 for v in p["kl_off"].values())]
+    best = max(p["dev_style_prob"] for p in ok)
+    near = [p for p in ok if p["dev_style_prob"] >= best - TIE]
+    want = min(near, key=lambda p: (p["strength"], p["headroom"]))
+    assert (res.strength, res.headroom) == (want["strength"], want["headroom"])
+    assert s["design"] == s["designs"][f"{res.headroom:g}"]["design"]
