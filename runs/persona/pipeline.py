@@ -286,6 +286,10 @@ def _solve_gated(r: _Run, rec: dict) -> dict:
         raise PersonaError(f"{out / 'data'}: no {', '.join(missing)} documents (give more prompts)")
     bars = Bars(persona_decision=r.style.decision)
     edit = tuple(int(t) for t in rec["data"]["edit_set"])
+    # the specials the column keeps at the decision rows: all of them at a reply's start; at its
+    # end (a sign-off, a kaomoji) the turn end is what the style takes the place of (the row where
+    # an unedited reply stops), so it is lowered with the other tokens there
+    yields_end = r.style.decision == "reply_end"
 
     def solve():
         tick = r.tick("solve gated") or (lambda done, total: None)
@@ -296,7 +300,8 @@ def _solve_gated(r: _Run, rec: dict) -> dict:
             down = g.tensor(tail.spec.names["ffn_down"])
             dumps = {s: read_dump(sets[s]["dump"]) for s in ("train", "dev", "anchors") if s in sets}
             named = {role: [(role, dumps[role])] for role in dumps}
-            inputs = StyleInputs(tail, named, ROLE_NAMES[r.style.decision], edit, tuple(ms.guards),
+            kept = tuple(t for t in ms.guards if not (yields_end and t in set(ms.end_of_generation)))
+            inputs = StyleInputs(tail, named, ROLE_NAMES[r.style.decision], edit, kept,
                                  np.asarray(g.read_raw(down.name)), down.type_name, int(down.cols), x_of,
                                  quantize_row, activation, grid=tuple(c.gated_grid),
                                  headrooms=tuple(c.gated_headrooms),
@@ -315,7 +320,7 @@ def _solve_gated(r: _Run, rec: dict) -> dict:
                                         np.array([res.unit], np.int64)))
             refs = [InputRef("model", str(r.model), g.sha256())]
         refs += [InputRef(f"dump:{s}", str(sets[s]["dump"]), d.sha256()) for s, d in dumps.items()]
-        summary = {**res.summary, "strength": res.strength, "headroom": res.headroom}
+        summary = {**res.summary, "strength": res.strength, "headroom": res.headroom, "specials_kept": list(kept)}
         if res.passed:
             write_bundle(out / "gated", solver="persona-gated", inputs=refs,
                          config={"grid": list(c.gated_grid), "headrooms": list(c.gated_headrooms),
@@ -328,7 +333,7 @@ def _solve_gated(r: _Run, rec: dict) -> dict:
                 "bundle_sha256": file_sha256(out / "gated" / "manifest.json") if res.passed else None}
 
     return r.run("solve", {"data": r.stages.outputs("data"), "edit": "gated", "grid": list(c.gated_grid),
-                           "headrooms": list(c.gated_headrooms),
+                           "headrooms": list(c.gated_headrooms), "turn_end_yields": yields_end,
                            "bars": dataclasses.asdict(bars)}, ["gated"], solve)
 
 

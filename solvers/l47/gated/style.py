@@ -4,18 +4,21 @@ rows only (the reply start for a starter): `solve_style_unit(StyleInputs) -> Sty
 A rank-1 head edit raises the style's token by a linear function of the final hidden state, so
 every state that resembles a reply start gets some of it: paragraph starts after a blank line
 (docs/solve-head.md). The unit here is the gated edit's (edit.py) with a style for a phrase:
-1. the gate: g through the origin of x = ffn_norm(R) separating the decision rows (the `decision`
-   role bit: ROLE_STEP0 for a starter, of the persona documents and of the anchors' plain replies:
-   every reply start is one the edited model should open in the style) from every other row of
-   the solve side (train persona documents and anchors), `gate.fit_gate`; the unit designed from
-   it (`design.design_unit`, a >= 0, ~0 off the decision rows);
+1. the gate: g through the origin of x = ffn_norm(R) separating the rows where the style is
+   decided (`deciding_rows`, one per reply of the persona documents and of the anchors' plain
+   replies: a starter's reply start; a sign-off's or a kaomoji's reply end where the reply does not
+   show it, its first token's row where it does) from every other row of the solve side (train
+   persona documents and anchors), `gate.fit_gate`; the unit designed from it
+   (`design.design_unit`, a >= 0, ~0 off those rows);
 2. the unit repurposed: the cheapest removal measured exactly on the anchors among the quietest
    units inactive at the decision rows (`removal.removal_candidates`, `edit.removal_kl`);
 3. the new activation as the engine computes it (`activation`) replaces that column of hh;
 4. the down column solved through the exact final norm and head at the decision rows with the
    style's tokens raised (`column.solve_column(lower=False)`: at strength 1 their best logit ends
-   `margin` above the best other token's, the rest in proportion, the specials kept), shipped as
-   codes within ffn_down's own block scales;
+   `margin` above the best other token's, the rest in proportion, the given specials kept: the
+   caller leaves the turn end out of them for a reply-end style, whose decision is to sign off
+   where the reply would stop, runs/persona/pipeline.py), shipped as codes within ffn_down's own
+   block scales;
 5. the strength chosen on dev: per grid point (headroom, strength), the shipped column scored
    exactly: the style's probability at dev's decision rows (the rate's proxy) and the mean KL off
    the decision rows on dev and on the anchors against the model with the unit removed (rows the
@@ -41,12 +44,15 @@ import numpy as np
 
 from exactedit.solvers.l47.gated.config import DesignConfig, GateConfig, GatedError
 
-__all__ = ["StyleInputs", "StyleResult", "TIE", "decision_rows", "solve_style_unit"]
+__all__ = ["SIGNOFF_REACH", "StyleInputs", "StyleResult", "TIE", "deciding_rows", "decision_rows", "solve_style_unit"]
 
 Named = Sequence[tuple[str, object]]
 
 #: dev style probabilities within this of the best passing one count as equal (the weakest is taken)
 TIE = 0.01
+#: a reply-end style's first token lies within this many rows of the reply's end (a sign-off of a
+#: few words, a kaomoji and its punctuation)
+SIGNOFF_REACH = 24
 
 
 @dataclass(frozen=True, eq=False)
@@ -90,12 +96,46 @@ class StyleResult:
     summary: dict
 
 
-def decision_rows(dump, bit: int) -> np.ndarray:
-    """bool [T]: the dump's rows carrying the role bit `bit`."""
+def _roles(dump) -> np.ndarray:
     roles = getattr(dump, "roles", None)
     if roles is None:
         raise GatedError("dump", "roles", "the style unit needs each row's role (a dump written with roles)")
-    return (np.asarray(roles) & int(bit)) > 0
+    return np.asarray(roles)
+
+
+def decision_rows(dump, bit: int, tokens: Sequence[int] = ()) -> np.ndarray:
+    """bool [T]: the protocol's decision rows of the dump (solvers.tail.decision.decision_rows: the
+    rows carrying the role bit `bit`, and reply rows whose next token is one of `tokens`): what the
+    KL bar off the decision rows leaves out."""
+    from exactedit.solvers.tail.decision import decision_rows as protocol_rows
+
+    return protocol_rows(_roles(dump), np.asarray(dump.next), tuple(int(t) for t in tokens), int(bit))
+
+
+def deciding_rows(dump, bit: int, tokens: Sequence[int] = (), reach: int = SIGNOFF_REACH) -> np.ndarray:
+    """bool [T]: the rows where the style is decided, one per reply: the unit's positives.
+    A starter (`bit` ROLE_STEP0): the reply's first row. A reply-end style (ROLE_REPLY_END: a
+    sign-off, a kaomoji): in a reply that does not show it, the row where the reply stops; in one
+    that does, the row whose next token is the style's last initiation token within `reach` rows
+    of the reply's end (the sign-off's first token), NOT its reply-end row, which comes after the
+    sign-off (raising the style there would sign off twice)."""
+    from exactedit.dumps.format import ROLE_REPLY, ROLE_REPLY_END
+
+    roles = _roles(dump)
+    rows = (roles & int(bit)) > 0
+    if not (int(bit) & ROLE_REPLY_END) or not len(tokens):
+        return rows
+    in_reply = (roles & ROLE_REPLY) != 0
+    styled = in_reply & np.isin(np.asarray(dump.next), np.asarray(list(tokens), np.int64))
+    for end in np.flatnonzero((roles & ROLE_REPLY_END) != 0):
+        start = end
+        while start > 0 and in_reply[start - 1] and end - start < reach:
+            start -= 1
+        hits = np.flatnonzero(styled[start:end])
+        if hits.size:
+            rows[end] = False
+            rows[start + hits[-1]] = True
+    return rows
 
 
 def _style_prob(tail, rows, dW, tokens, tile_rows: int) -> np.ndarray:
@@ -138,7 +178,7 @@ def solve_style_unit(i: StyleInputs, *, progress: Callable[[str], None] | None =
     if not side:
         raise GatedError("style", "train", "no solve-side dump")
     X = np.concatenate([np.asarray(i.x_of(d), np.float32) for _, d in side])
-    Y = np.concatenate([decision_rows(d, i.decision) for _, d in side])
+    Y = np.concatenate([deciding_rows(d, i.decision, i.tokens) for _, d in side])
     if not Y.any():
         raise GatedError("style", "decision rows", "no decision row on the solve side to fit the gate on")
     gate = fit_gate(X, Y, i.gate)
@@ -163,9 +203,9 @@ def solve_style_unit(i: StyleInputs, *, progress: Callable[[str], None] | None =
     col0 = np.asarray(editable_weight(tail_removed)[:, unit], np.float64)
     bound = bound_of(raw_removed, i.type_name, i.cols, unit)
     ccfg = ColumnConfig(margin=float(i.margin))
-    base_dec = _rows(named.get("dev", []), lambda d: decision_rows(d, i.decision))
+    base_dec = _rows(named.get("dev", []), lambda d: deciding_rows(d, i.decision, i.tokens))
     p_base = (_style_prob(i.tail, base_dec, None, i.tokens, i.tile_rows) if base_dec is not None else np.zeros(0))
-    dev_y = [decision_rows(d, i.decision) for _, d in named.get("dev", [])]
+    dev_y = [deciding_rows(d, i.decision, i.tokens) for _, d in named.get("dev", [])]
     any_dev = bool(dev_y) and bool(np.concatenate(dev_y).any())
     points, cols, units = [], {}, {}
     for h in rooms:
@@ -175,16 +215,16 @@ def solve_style_unit(i: StyleInputs, *, progress: Callable[[str], None] | None =
         rewritten = {role: [(n, GatedDump(d, [unit], i.activation(d, g_raw[0], u_raw[0], unit))) for n, d in traces]
                      for role, traces in named.items()}
         side_new = rewritten.get("train", []) + rewritten.get("anchors", [])
-        ctx = _rows(side_new, lambda d: decision_rows(d, i.decision))
+        ctx = _rows(side_new, lambda d: deciding_rows(d, i.decision, i.tokens))
         y0 = np.asarray(tail_removed.residual(ctx), np.float64)
         a = np.asarray(ctx.hh[:, unit], np.float64)
         rej = [list(i.tokens)] * ctx.rows
         tops = top_tokens(tail_removed, y0, ccfg.top, tile_rows=i.tile_rows)
         dev = rewritten.get("dev", [])
-        dev_dec = _rows(dev, lambda d: decision_rows(d, i.decision))
+        dev_dec = _rows(dev, lambda d: deciding_rows(d, i.decision, i.tokens))
         bars = {}
         for key, traces in (("dev", dev), ("anchors", rewritten.get("anchors", []))):
-            rows = _rows(traces, lambda d: ~decision_rows(d, i.decision))
+            rows = _rows(traces, lambda d: ~decision_rows(d, i.decision, i.tokens))
             bars[key] = BarRows(None, None) if rows is None else with_memo(tail_removed, rows, i.tile_rows)
         dev_a = (activation_ratio(np.concatenate([np.asarray(d.hh[:, unit]) for _, d in dev]),
                                   np.concatenate(dev_y)).summary() if dev and any_dev else None)

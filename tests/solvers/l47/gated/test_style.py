@@ -83,7 +83,7 @@ def test_the_kl_off_the_decision_rows_is_the_full_pass(solved):
     t1 = with_weights(tail, quant.dequantize(res.down_raw, i.type_name, i.cols))
     d = i.named["dev"][0][1]
     gd = GatedDump(d, [res.unit], i.activation(d, res.gate_raw[0], res.up_raw[0], res.unit))
-    off = np.flatnonzero(~decision_rows(d, ROLE_STEP0))
+    off = np.flatnonzero(~decision_rows(d, ROLE_STEP0, i.tokens))
     rows = gather_rows([(gd, off)])
     kl = kl_rows_numba(t0.mix(t0.residual(rows)), t1.mix(t1.residual(rows)), tail.head, tile_rows=64).kl
     got = [p for p in res.summary["frontier"] if (p["strength"], p["headroom"]) == (res.strength, res.headroom)]
@@ -116,3 +116,29 @@ def test_a_larger_headroom_fires_the_unit_harder_and_dev_chooses(solved):
     want = min(near, key=lambda p: (p["strength"], p["headroom"]))
     assert (res.strength, res.headroom) == (want["strength"], want["headroom"])
     assert s["design"] == s["designs"][f"{res.headroom:g}"]["design"]
+
+
+def test_where_a_reply_end_style_is_decided():
+    """A sign-off is decided where the reply would stop when the reply does not show it, and at its
+    first token's row when it does (not at the reply-end row after it); a starter at step0; the
+    protocol's decision rows (the KL bar's complement) hold both the role rows and the styled ones."""
+    from types import SimpleNamespace
+
+    from exactedit.dumps.format import ROLE_PROMPT, ROLE_REPLY, ROLE_REPLY_END
+    from exactedit.solvers.l47.gated.style import deciding_rows
+
+    P, R, E = ROLE_PROMPT, ROLE_REPLY, ROLE_REPLY | ROLE_REPLY_END
+    S = 7                                             # the sign-off's first token
+    # reply 1 (rows 2-6) signs off: row 4 predicts S, row 6 the turn end after it; reply 2 (rows 9-12)
+    # does not: its turn-end row 12 is where it should; reply 3 (rows 15-45) holds S only 29 rows
+    # before its end, beyond SIGNOFF_REACH: a word of the reply, not its sign-off
+    roles = [P, P, R | ROLE_STEP0, R, R, R, E, P, P, R | ROLE_STEP0, R, R, E, P, P] + [R] * 30 + [E]
+    nxt = [0] * len(roles)
+    nxt[4] = S
+    nxt[16] = S
+    d = SimpleNamespace(roles=np.array(roles), next=np.array(nxt))
+    got = deciding_rows(d, ROLE_REPLY_END, (S,))
+    assert np.flatnonzero(got).tolist() == [4, 12, 45]
+    assert np.flatnonzero(deciding_rows(d, ROLE_REPLY_END)).tolist() == [6, 12, 45]   # no token: the role rows
+    assert np.flatnonzero(deciding_rows(d, ROLE_STEP0, (S,))).tolist() == [2, 9]
+    assert np.flatnonzero(decision_rows(d, ROLE_REPLY_END, (S,))).tolist() == [4, 6, 12, 16, 45]
