@@ -135,7 +135,7 @@ class FrontierBase(NamedTuple):
 
     logp: np.ndarray
     y: np.ndarray
-    memo: object = None
+    memo: object                    # moved.RowMemo
 
 
 def frontier_base(tail, fr: FrontierRows, tile_rows: int = 8192) -> FrontierBase:
@@ -153,17 +153,14 @@ def edited_logp(tail, fr: FrontierRows, base: FrontierBase, dW, tile_rows: int =
     head): a row the edit provably cannot move by more than `moved.MOVE_TOL` nats from the base, or
     from a point already scored (`moved.RowMemo`: an edit of a few down columns whose units are ~0
     there), keeps that value; every other row is scored exactly over the full vocabulary."""
-    from exactedit.solvers.tail.moved import RowMemo
-
     if dW is None:
         return base.logp.copy(), 0
-    memo = base.memo if base.memo is not None else RowMemo(tail, fr.rows, base.y, base.logp, tile_rows=tile_rows)
 
     def compute(move):
         if move.all():
             return _logp(tail, fr.rows, fr.token, dW, tile_rows)
         return _logp(tail, fr.rows.take(move), fr.token[move], dW, tile_rows)
-    return memo.score(dW, compute)
+    return base.memo.score(dW, compute)
 
 
 def frontier(tail, parts: Sequence[np.ndarray], fr: FrontierRows, strengths: Sequence[Sequence[float]], *,

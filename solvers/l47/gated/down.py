@@ -153,7 +153,7 @@ class BarRows(NamedTuple):
 
     rows: object
     y: np.ndarray | None
-    memo: object = None
+    memo: object                    # moved.RowMemo (None with no rows)
 
     @property
     def total(self) -> int:
@@ -175,7 +175,7 @@ def bar_rows(tail, traces, mining, *, chat_non_slop: bool) -> BarRows:
         if keep.any():
             blocks.append((d, np.flatnonzero(keep)))
     if not blocks:
-        return BarRows(None, None)
+        return BarRows(None, None, None)
     return with_memo(tail, gather_rows(blocks))
 
 
@@ -192,20 +192,17 @@ def mean_kl(tail, bar: BarRows, dW, tile_rows: int) -> tuple[float, int]:
     scored): a row whose KL the edit provably keeps within `moved.MOVE_TOL` of the base's 0 (its
     logits moved by at most sqrt(2 MOVE_TOL): KL <= B^2 / 2) or of a point already scored
     (`moved.RowMemo`; where the rewritten units are ~0) keeps that KL; every other row is scored."""
-    from exactedit.solvers.tail.moved import RowMemo
     from exactedit.solvers.tail.passes.kl_pass_numba import kl_rows_numba
 
     if bar.rows is None:
         return 0.0, 0
-    memo = bar.memo if bar.memo is not None else RowMemo(tail, bar.rows, bar.y, np.zeros(bar.total),
-                                                         tile_rows=tile_rows, kl=True)
 
     def compute(move):
         rows = bar.rows.take(move)
         mix_b = tail.mix(bar.y[move])
         mix_e = tail.mix(tail.residual(rows, None, dW))
         return np.maximum(kl_rows_numba(mix_b, mix_e, tail.head, softcap=tail.softcap, tile_rows=tile_rows).kl, 0.0)
-    kl, scored = memo.score(dW, compute)
+    kl, scored = bar.memo.score(dW, compute)
     return float(kl.sum()) / bar.total, scored
 
 

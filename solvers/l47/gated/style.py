@@ -225,7 +225,7 @@ def solve_style_unit(i: StyleInputs, *, progress: Callable[[str], None] | None =
         bars = {}
         for key, traces in (("dev", dev), ("anchors", rewritten.get("anchors", []))):
             rows = _rows(traces, lambda d: ~decision_rows(d, i.decision, i.tokens))
-            bars[key] = BarRows(None, None) if rows is None else with_memo(tail_removed, rows, i.tile_rows)
+            bars[key] = BarRows(None, None, None) if rows is None else with_memo(tail_removed, rows, i.tile_rows)
         dev_a = (activation_ratio(np.concatenate([np.asarray(d.hh[:, unit]) for _, d in dev]),
                                   np.concatenate(dev_y)).summary() if dev and any_dev else None)
         units[h] = {"g_raw": g_raw, "u_raw": u_raw, "design": design.summary(), "activation_fit": fit_ratio[h],

@@ -99,11 +99,11 @@ def test_the_frontier_scores_only_the_moved_rows_and_matches_the_full_pass():
 
 
 def test_the_kl_bar_counts_unmoved_rows_as_zero_and_matches_the_full_pass():
-    from exactedit.solvers.l47.gated.down import BarRows, mean_kl
+    from exactedit.solvers.l47.gated.down import mean_kl, with_memo
     from exactedit.solvers.tail.passes.kl_pass_numba import kl_rows_numba
 
     tail, rows, dW = _gated_world()
-    bar = BarRows(rows, np.asarray(tail.residual(rows)))
+    bar = with_memo(tail, rows, 64)
     kl, scored = mean_kl(tail, bar, dW, 64)
     full = kl_rows_numba(tail.mix(bar.y), tail.mix(tail.residual(rows, None, dW)), tail.head, tile_rows=64).kl
     assert scored == int((np.asarray(rows.hh)[:, 3] > 1.0).sum())
