@@ -401,6 +401,10 @@ def _loop_options(demo: bool):
         click.option("--strength-grid", default=None, metavar="S,S,...",
                      help=h("solve wfld --strength-grid ('' for a fixed strength 1)" + given("1,0.8,0.6,0.45,0.3,0.2")
                      + ".")),
+        click.option("--gated-headroom", "gated_headroom", default=None, type=float, metavar="H",
+                     help=h("with the gated key: the rewritten units' activation at their contexts, in multiples of "
+                     "the model's 99.9th percentile of |hh| (a larger one needs a smaller down column, whose "
+                     "entries ffn_down's block scales bound)" + given("4") + ".")),
         click.option("--rules-bias", default=None, type=float,
                      help=h("the shipped rules' prefix penalty in nats (shape compile --bias), > 0 and a number "
                      "float32 holds exactly, e.g. 6 or 6.5" + given("6") + ".")),

@@ -20,7 +20,7 @@ CORPUS_AFTER = 4          # tokens past each use in a corpus window (runs/data/c
 # model's bundled defaults.toml or the class
 FLAGS = frozenset({"phrases", "top", "kind", "prompts", "rate_prompts", "watch", "texts", "same_sense", "chat_template",
                    "samples", "rate_samples", "max_new", "seed", "ridge", "corpus_tokens", "key", "word_holds",
-                   "strength_grid", "rules_bias", "rules_mode", "gpu_layers"})
+                   "strength_grid", "gated_headroom", "rules_bias", "rules_mode", "gpu_layers"})
 
 __all__ = ["AntislopConfig", "AntislopError", "LOOP", "RATE_SEED", "model_defaults"]
 
@@ -61,6 +61,10 @@ class AntislopConfig:
     # margin) nats at the unit's contexts only (solvers.l47.gated.column), so (d) leaves room for
     # strong points; the weakest of equal dev cuts is taken (frontier.CUT_TIE)
     gated_strength_grid: tuple[float, ...] = (4.0, 2.0, 1.0, 0.5)
+    # the gated units' activation at their contexts, in multiples of the model's 99.9th percentile
+    # of |hh| (WfldConfig.gated_headroom): a larger one fires the unit harder, so the same cut needs
+    # a smaller down column (ffn_down's block scales bound each entry)
+    gated_headroom: float = 4.0
     chat_template: str | None = None    # a Jinja2 chat template file (default: the bundled chat_template.jinja, if any)
     rules_bias: float = 6.0             # the shipped rules' prefix penalty (shape compile --bias), nats
     rules_mode: str = "penalty"         # the rates stage's rules arms: "penalty", or "rewind" (phrases rolled back)
@@ -109,7 +113,7 @@ class AntislopConfig:
         if self.key not in KEYS + (AUTO_KEY,):
             out.append(f"{st.flag('key', FLAGS)}: expected one of {KEYS + (AUTO_KEY,)}, got {self.key!r}")
         for name, field in (("ridge", "ridge"), ("background", "background"), ("strength_grid", "strength_grid"),
-                            ("gated_strength_grid", "strength_grid")):
+                            ("gated_strength_grid", "strength_grid"), ("gated_headroom", "gated_headroom")):
             out += st.downstream(lambda: WfldConfig(**{field: getattr(self, name)}), [name], FLAGS)
         out += self._rules_problems(st)
         if self.rules_mode not in RULES_MODES:
@@ -166,7 +170,8 @@ class AntislopConfig:
             return WfldConfig(ridge=self.ridge, background=self.background, same_sense=self.same_sense_words(),
                               key=key or self.keys()[0], word_holds=self.word_holds,
                               strength_grid=tuple(self.gated_strength_grid if (key or self.keys()[0]) == "gated"
-                                                  else self.strength_grid))
+                                                  else self.strength_grid),
+                              gated_headroom=self.gated_headroom)
         except ValueError as exc:
             raise AntislopError(str(exc)) from None
 

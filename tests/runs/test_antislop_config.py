@@ -194,3 +194,12 @@ def test_the_edit_kind_is_chosen_on_dev():
     assert AntislopConfig(key="auto").keys() == ("dense", "gated")
     with pytest.raises(AntislopError, match="key"):
         AntislopConfig(key="sideways")
+
+
+def test_the_gated_headroom_reaches_the_solve_and_a_bad_one_is_refused_by_its_flag():
+    c = AntislopConfig(key="gated", gated_headroom=16.0)
+    assert c.wfld_config("gated").gated_headroom == 16.0
+    assert AntislopConfig().wfld_config("gated").gated_headroom == 4.0
+    for bad in (0.0, 65.0, float("nan")):
+        with pytest.raises(AntislopError, match="--gated-headroom"):
+            AntislopConfig(key="gated", gated_headroom=bad)
