@@ -126,7 +126,7 @@ def test_a_tied_head_is_refused_before_any_generation(tmp_path):
 
 def test_the_gated_unit_resumes_the_data_and_ships_verified(run):
     """`--edit gated` on a copy of the run: the replies and data stages resumed, the solve a rewritten
-    unit of the last FFN whose strength the dev KL bar off the decision rows chose; when it ships,
+    unit of the last FFN whose headroom and strength the dev KL bar off the decision rows chose; when it ships,
     three tensors change (the unit's gate and up rows, ffn_down), verify live is bitwise and the
     report shows the unit's frontier."""
     import shutil
@@ -143,7 +143,13 @@ def test_the_gated_unit_resumes_the_data_and_ships_verified(run):
     report = json.loads((d / "gated" / "report.json").read_text())
     assert {"replies", "data"} <= set(report["stages"]["resumed"]) and "solve" in report["stages"]["ran"]
     s = report["records"]["solve"]
-    assert s["edit"] == "gated" and [p["strength"] for p in s["gated"]["frontier"]] == [0.5, 1.0, 2.0, 4.0]
+    assert s["edit"] == "gated"
+    assert [(p["headroom"], p["strength"]) for p in s["gated"]["frontier"]] == [
+        (h, st) for h in (4.0, 16.0) for st in (0.5, 1.0, 2.0, 4.0)]          # the headroom chosen on dev too
+    points = {(p["headroom"], p["strength"]) for p in s["gated"]["frontier"]}
+    assert (s["gated"]["headroom"], s["gated"]["chosen"]) in points
+    shipped_line = f"at headroom {s['gated']['headroom']:g} shipped"
+    assert shipped_line in (d / "gated" / "report.md").read_text() or not s["shipped_edit"]
     assert s["gated"]["gate"]["fit"]["auc"] > 0.99
     text = (d / "gated" / "report.md").read_text()
     assert "gated unit of the last FFN" in text
