@@ -114,7 +114,6 @@ class RowMemo:
         self.base = (None, base, np.zeros(base.shape[0]))
         self.recent: list = []
 
-
     @staticmethod
     def _differ(a: dict, b: dict) -> list[int]:
         """The columns where two sparse edits differ."""

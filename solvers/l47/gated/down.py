@@ -32,9 +32,7 @@ def set_column(raw: np.ndarray, type_name: str, cols: int, j: int, values) -> np
                          f"not {type_name}")
     grid = grid_of(raw, type_name, cols)
     codes = np.array(codes_of(raw, type_name, cols))
-    want = np.zeros(grid.steps.shape, np.float64)
-    want[:, j] = np.asarray(values, np.float64)
-    codes[:, j] = nearest(grid, want)[:, j]
+    codes[:, j] = nearest(_one_column(grid, j), np.asarray(values, np.float64)[:, None])[:, 0]
     return pack(grid, codes)
 
 
