@@ -212,34 +212,27 @@ def rewritten_units(base: _Side, edited: _Side):
     model's: without this the edited side would read the old unit's activation through the new
     down column. The changed units are found once per comparison."""
     from exactedit.errors import GGUFFormatError
-    from exactedit.quant import dequantize
     from exactedit.solvers.l47.gated.edit import GatedDump
-    from exactedit.solvers.tail.forward.ffn_hidden import activation_of, changed_units, ffn_hidden_engine
+    from exactedit.solvers.tail.forward.ffn_hidden import last_ffn
 
     same = lambda dump: dump  # noqa: E731
     tail = edited.tail
     if base is None or tail.kind != "rmsnorm":
         return same
-    down = tail.spec.names["ffn_down"]
-    gate, up, norm = (down.replace("ffn_down", part) for part in ("ffn_gate", "ffn_up", "ffn_norm"))
     try:
-        g_b, g_e = np.asarray(base.g.read_raw(gate)), np.asarray(edited.g.read_raw(gate))
-        u_b, u_e = np.asarray(base.g.read_raw(up)), np.asarray(edited.g.read_raw(up))
+        ffn = last_ffn(edited.g, tail.spec.names["ffn_down"], tail.spec.architecture, float(tail.spec.rms_eps))
+        g_b, u_b = np.asarray(base.g.read_raw(ffn.gate)), np.asarray(base.g.read_raw(ffn.up))
     except GGUFFormatError:             # a file without the last FFN's gate / up (a tail-only fixture)
         return same
-    if g_b.shape != g_e.shape or u_b.shape != u_e.shape:
+    if g_b.shape != ffn.gate_raw.shape or u_b.shape != ffn.up_raw.shape:
         return same
-    units = changed_units(g_b, u_b, g_e, u_e)
+    units = ffn.changed(g_b, u_b)
     if not units.size:
         return same
-    info = edited.g.tensor(norm)
-    norm_w = dequantize(np.asarray(edited.g.read_raw(norm)), info.type_name, int(info.cols)).reshape(-1)
-    qtype, act, eps = edited.g.tensor(gate).type_name, activation_of(tail.spec.architecture), float(tail.spec.rms_eps)
 
     def rewrite(dump):
         meta = dump.manifest.meta if isinstance(getattr(dump.manifest, "meta", None), dict) else {}
-        A = ffn_hidden_engine(np.asarray(dump.R, np.float32), norm_w, eps, g_e, u_e, qtype, units.tolist(),
-                              ubatch_sizes=meta.get("ubatch_sizes"), act=act)
+        A = ffn.hidden(dump.R, units.tolist(), ubatch_sizes=meta.get("ubatch_sizes"))
         return GatedDump(dump, units.tolist(), A)
     return rewrite
 

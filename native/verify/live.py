@@ -195,26 +195,18 @@ def _rewritten_units(g, tail, R, hh, raw, match) -> np.ndarray:
     engine computes them (solvers/tail/forward/ffn_hidden.py: ffn_norm, the rows' products in the
     kernel each micro-batch takes, the fused swiglu, or geglu: the architecture's activation)."""
     from exactedit.errors import QuantError
-    from exactedit.solvers.tail.forward.ffn_hidden import activation_of, changed_units, ffn_hidden_engine
+    from exactedit.solvers.tail.forward.ffn_hidden import last_ffn
 
-    down = tail.tensor("ffn_down").name
-    gate, up = (down.replace("ffn_down", part) for part in ("ffn_gate", "ffn_up"))
-    info = g.tensor(gate)
-    if g.tensor(up).type_name != info.type_name:
-        raise EngineError(g.path, "edits", f"{gate} and {up} differ in type")
-    g_raw = raw[gate] if gate in raw else np.asarray(g.read_raw(gate))
-    u_raw = raw[up] if up in raw else np.asarray(g.read_raw(up))
-    changed = changed_units(g.read_raw(gate), g.read_raw(up), g_raw, u_raw)
+    ffn = last_ffn(g, tail.tensor("ffn_down").name, tail.architecture, float(tail.rms_eps))
+    changed = ffn.changed(raw.get(ffn.gate, ffn.gate_raw), raw.get(ffn.up, ffn.up_raw))
     if not changed.size:
         return hh
-    norm = np.asarray(g.read_rows(down.replace("ffn_down", "ffn_norm")), np.float32).reshape(-1)
     out = np.array(hh, dtype=np.float32)
     try:
-        act = activation_of(tail.architecture)
-    except QuantError as exc:
-        raise EngineError(g.path, "general.architecture", str(exc)) from None
-    out[:, changed] = ffn_hidden_engine(np.asarray(R, np.float32), norm, float(tail.rms_eps), g_raw, u_raw,
-                                        info.type_name, changed, ubatch_sizes=match.ubatch_sizes, act=act)
+        out[:, changed] = ffn.hidden(R, changed, gate_raw=raw.get(ffn.gate), up_raw=raw.get(ffn.up),
+                                     ubatch_sizes=match.ubatch_sizes)
+    except QuantError as exc:           # gate and up of different types, an architecture not listed
+        raise EngineError(g.path, "edits", str(exc)) from None
     return out
 
 

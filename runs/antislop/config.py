@@ -11,6 +11,7 @@ import numpy as np
 
 from exactedit.errors import ExacteditError
 from exactedit.runs.loop.inputs import bundled_dir, bundled_file, bundled_template, lines, read_settings, text_files
+from exactedit.solvers.l47.gated.config import RIDGES
 
 LOOP = "antislop"       # the bundled inputs' folder: runs/bundled/NAME/antislop/
 AUTO_KEY, AUTO_KEYS = "auto", ("dense", "gated")
@@ -65,6 +66,8 @@ class AntislopConfig:
     # of |hh| (WfldConfig.gated_headroom): a larger one fires the unit harder, so the same cut needs
     # a smaller down column (ffn_down's block scales bound each entry)
     gated_headroom: float = 4.0
+    # the gates' ridges, one chosen per phrase on dev (WfldConfig.gated_ridges; solvers.l47.gated.ridge)
+    gated_ridges: tuple[float, ...] = RIDGES
     chat_template: str | None = None    # a Jinja2 chat template file (default: the bundled chat_template.jinja, if any)
     rules_bias: float = 6.0             # the shipped rules' prefix penalty (shape compile --bias), nats
     rules_mode: str = "penalty"         # the rates stage's rules arms: "penalty", or "rewind" (phrases rolled back)
@@ -113,7 +116,8 @@ class AntislopConfig:
         if self.key not in KEYS + (AUTO_KEY,):
             out.append(f"{st.flag('key', FLAGS)}: expected one of {KEYS + (AUTO_KEY,)}, got {self.key!r}")
         for name, field in (("ridge", "ridge"), ("background", "background"), ("strength_grid", "strength_grid"),
-                            ("gated_strength_grid", "strength_grid"), ("gated_headroom", "gated_headroom")):
+                            ("gated_strength_grid", "strength_grid"), ("gated_headroom", "gated_headroom"),
+                            ("gated_ridges", "gated_ridges")):
             out += st.downstream(lambda: WfldConfig(**{field: getattr(self, name)}), [name], FLAGS)
         out += self._rules_problems(st)
         if self.rules_mode not in RULES_MODES:
@@ -171,7 +175,7 @@ class AntislopConfig:
                               key=key or self.keys()[0], word_holds=self.word_holds,
                               strength_grid=tuple(self.gated_strength_grid if (key or self.keys()[0]) == "gated"
                                                   else self.strength_grid),
-                              gated_headroom=self.gated_headroom)
+                              gated_headroom=self.gated_headroom, gated_ridges=tuple(self.gated_ridges))
         except ValueError as exc:
             raise AntislopError(str(exc)) from None
 

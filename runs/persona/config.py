@@ -10,6 +10,7 @@ from pathlib import Path
 
 from exactedit.errors import ExacteditError
 from exactedit.runs.loop.inputs import bundled_dir, bundled_file, bundled_template, lines, read_settings, text_files
+from exactedit.solvers.l47.gated.config import RIDGES
 
 LOOP = "persona"        # the bundled inputs' folder: runs/bundled/NAME/persona/
 PERSONA_FILE = "persona.toml"
@@ -42,7 +43,7 @@ class PersonaConfig:
     style's decision rows only (solvers/l47/gated/style.py), its strength chosen on dev within the
     same bar off the decision rows; `gated_grid` the strengths tried, at each of `gated_headrooms`
     (the unit's activation at the decision rows in multiples of the model's 99.9th percentile:
-    the way past ffn_down's block scales)."""
+    the way past ffn_down's block scales), `gated_ridges` the gate's ridges (one chosen on dev)."""
 
     model: str = "qwen"
     system: str | None = None
@@ -66,8 +67,9 @@ class PersonaConfig:
     watch_kl: bool = False              # the rule also stops where the dev KL off the decision rows passes the bar
     hold: str = "none"                  # anchors' rows held in the solve's KL term (HeadSolveConfig.hold)
     edit: str = "head"                  # "head" (solve head) or "gated" (a unit of the last FFN)
-    gated_grid: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)   # the gated unit's strengths, chosen on dev
+    gated_grid: tuple[float, ...] = (0.5, 0.7, 0.8, 0.9, 1.0, 2.0, 4.0)  # the unit's strengths, chosen on dev
     gated_headrooms: tuple[float, ...] = (4.0, 16.0)       # its activation scales, chosen on dev with them
+    gated_ridges: tuple[float, ...] = RIDGES               # its gate's ridges, one chosen on dev (gated.ridge)
     verify_tokens: int = 192
     n_boot: int = 1000
     device: str = "auto"
@@ -112,16 +114,13 @@ class PersonaConfig:
             out.append(f"{st.flag('device', FLAGS)}: expected one of {DEVICES}, got {self.device!r}")
         if self.edit not in EDITS:
             out.append(f"{st.flag('edit', FLAGS)}: expected one of {EDITS}, got {self.edit!r}")
-        grid = self.gated_grid
-        if not (isinstance(grid, (tuple, list)) and grid and all(
-                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and 0 < x <= 16
-                for x in grid)):
-            out.append(f"gated_grid: expected strengths in (0, 16], got {grid!r}")
-        rooms = self.gated_headrooms
-        if not (isinstance(rooms, (tuple, list)) and rooms and all(
-                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and 0 < x <= 64
-                for x in rooms)):
-            out.append(f"gated_headrooms: expected activation scales in (0, 64], got {rooms!r}")
+        for name, hi, what in (("gated_grid", 16, "strengths"), ("gated_headrooms", 64, "activation scales"),
+                               ("gated_ridges", 100, "ridges")):
+            vals = getattr(self, name)
+            if not (isinstance(vals, (tuple, list)) and vals and all(
+                    isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and 0 < x <= hi
+                    for x in vals)):
+                out.append(f"{name}: expected {what} in (0, {hi}], got {vals!r}")
         if not isinstance(self.watch_kl, bool):
             out.append(f"{st.flag('watch_kl', FLAGS)}: expected true or false, got {self.watch_kl!r}")
         if self.system is not None and (not isinstance(self.system, str) or not self.system.strip()

@@ -304,7 +304,7 @@ def _solve_gated(r: _Run, rec: dict) -> dict:
             inputs = StyleInputs(tail, named, ROLE_NAMES[r.style.decision], edit, kept,
                                  np.asarray(g.read_raw(down.name)), down.type_name, int(down.cols), x_of,
                                  quantize_row, activation, grid=tuple(c.gated_grid),
-                                 headrooms=tuple(c.gated_headrooms),
+                                 headrooms=tuple(c.gated_headrooms), gate_lams=tuple(c.gated_ridges),
                                  max_kl_off=bars.persona_max_kl_off, design=DesignConfig(act=act))
             steps = 2 + len(set(c.gated_headrooms)) * (1 + len(set(c.gated_grid)))
             done = [0]
@@ -324,6 +324,7 @@ def _solve_gated(r: _Run, rec: dict) -> dict:
         if res.passed:
             write_bundle(out / "gated", solver="persona-gated", inputs=refs,
                          config={"grid": list(c.gated_grid), "headrooms": list(c.gated_headrooms),
+                                 "ridges": list(c.gated_ridges),
                                  "max_kl_off": bars.persona_max_kl_off,
                                  "decision": bars.persona_decision, "edit_set": list(edit)}, edits=edits,
                          files={"report.json": json.dumps(summary, indent=1, allow_nan=False).encode("utf-8")},
@@ -333,7 +334,8 @@ def _solve_gated(r: _Run, rec: dict) -> dict:
                 "bundle_sha256": file_sha256(out / "gated" / "manifest.json") if res.passed else None}
 
     return r.run("solve", {"data": r.stages.outputs("data"), "edit": "gated", "grid": list(c.gated_grid),
-                           "headrooms": list(c.gated_headrooms), "turn_end_yields": yields_end,
+                           "headrooms": list(c.gated_headrooms), "ridges": list(c.gated_ridges),
+                           "turn_end_yields": yields_end,
                            "bars": dataclasses.asdict(bars)}, ["gated"], solve)
 
 

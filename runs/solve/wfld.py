@@ -312,24 +312,20 @@ def gated_engine(g, tail):
     activation, solvers.tail.forward.ffn_hidden.activation_of), the activation's name."""
     from exactedit import quant
     from exactedit.errors import QuantError
-    from exactedit.solvers.tail.forward.ffn_hidden import activation_of, ffn_hidden_engine
-    from exactedit.solvers.tail.forward.ffn_ops import ffn_norm_engine
+    from exactedit.solvers.tail.forward.ffn_hidden import last_ffn
 
     if tail.kind != "rmsnorm":
         raise WfldError("model", "tail", f"the gated edit rewrites a unit of an rmsnorm tail's FFN, not {tail.kind}")
+    ffn = last_ffn(g, _ffn_name(tail, "ffn_down"), tail.spec.architecture, float(tail.spec.rms_eps))
     try:
-        act = activation_of(tail.spec.architecture)
+        act = ffn.act
     except QuantError as exc:
         raise WfldError("model", "general.architecture", str(exc)) from None
-    norm_w = quant.dequantize(np.asarray(g.read_raw(_ffn_name(tail, "ffn_norm"))), "F32",
-                              int(g.tensor(_ffn_name(tail, "ffn_norm")).cols)).reshape(-1)
-    gate_info = g.tensor(_ffn_name(tail, "ffn_gate"))
-    up_info = g.tensor(_ffn_name(tail, "ffn_up"))
-    if gate_info.type_name != up_info.type_name:
-        raise WfldError("model", "ffn_gate / ffn_up", f"types differ ({gate_info.type_name}, {up_info.type_name})")
-    qtype, eps = gate_info.type_name, float(tail.spec.rms_eps)
-    gate_raw = np.array(g.read_raw(_ffn_name(tail, "ffn_gate")))
-    up_raw = np.array(g.read_raw(_ffn_name(tail, "ffn_up")))
+    try:
+        qtype = ffn.type_name
+    except QuantError as exc:
+        raise WfldError("model", "ffn_gate / ffn_up", str(exc)) from None
+    gate_raw, up_raw = np.array(ffn.gate_raw), np.array(ffn.up_raw)
 
     def activation(dump, g_row, u_row, j):
         """Unit j with rows g_row, u_row, as llama.cpp computes it on the dump's rows (its micro-batches)."""
@@ -337,13 +333,11 @@ def gated_engine(g, tail):
         gate_raw[j], up_raw[j] = g_row, u_row          # the tensors with row j rewritten, then restored
         try:
             sizes = dump.manifest.meta.get("ubatch_sizes") if isinstance(dump.manifest.meta, dict) else None
-            return ffn_hidden_engine(np.asarray(dump.R, np.float32), norm_w, eps, gate_raw, up_raw, qtype, [j],
-                                     ubatch_sizes=sizes, act=act)[:, 0]
+            return ffn.hidden(dump.R, [j], gate_raw=gate_raw, up_raw=up_raw, ubatch_sizes=sizes)[:, 0]
         finally:
             gate_raw[j], up_raw[j] = old
 
-    return (lambda d: ffn_norm_engine(np.asarray(d.R, np.float32), norm_w, eps),
-            lambda row: quant.quantize(row[None, :], qtype)[0], activation, act)
+    return (lambda d: ffn.x(d.R), lambda row: quant.quantize(row[None, :], qtype)[0], activation, act)
 
 
 def _solve_gated(cfg: WfldConfig, g, tail, mining: Mining, named: dict, held: dict, specials, phrases, bg_roles,
@@ -358,7 +352,7 @@ def _solve_gated(cfg: WfldConfig, g, tail, mining: Mining, named: dict, held: di
     inputs = GatedInputs(
         tail, mining, named, held, tuple(specials), phrases, tuple(bg_roles), g.read_raw(info.name), info.type_name,
         int(info.cols), bar_d, x_of=x_of, quantize_row=quantize_row, activation=activation,
-        headroom=cfg.gated_headroom, max_kl=max_kl, device_head=dhead, design=DesignConfig(act=act))
+        headroom=cfg.gated_headroom, gate_lams=tuple(cfg.gated_ridges), max_kl=max_kl, device_head=dhead, design=DesignConfig(act=act))
     return solve_gated(inputs, cfg, mark=st.mark, progress=lambda i, n: st.mark("gauss_newton", 1))
 
 

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from exactedit.errors import FieldError
+from exactedit.solvers.l47.gated.config import RIDGES
 
 BACKENDS = ("jax", "numpy")
 SHIP_MODES = ("auto", "feedback", "round")
@@ -86,6 +87,7 @@ class WfldConfig:
     strength_grid: tuple[float, ...] = ()  # non-empty: the strength chosen on dev among these
     unmeasured_strength: float = 0.3     # with a grid: the most for a phrase whose word dev cannot measure
     gated_headroom: float = 4.0          # gated: the units fire at this many times the 99.9th pct of |hh| (solvers.l47.gated.edit)
+    gated_ridges: tuple[float, ...] = RIDGES  # gated: the gates' ridges, one chosen per phrase on dev (gated.ridge)
     gated_target_eps: float = 1e-2       # gated: the targets' Tikhonov weight (one direction per phrase serves every context)
     null_tol: float = 1e-6
     ridge: float = 1e-2
@@ -144,6 +146,10 @@ class WfldConfig:
             raise ValueError(f"WfldConfig.unmeasured_strength must be in (0, 4], got {self.unmeasured_strength}")
         if not 0.0 < self.gated_headroom <= 64.0:
             raise ValueError(f"WfldConfig.gated_headroom must be in (0, 64], got {self.gated_headroom}")
+        if not (isinstance(self.gated_ridges, tuple) and self.gated_ridges and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and 0.0 < x <= 100.0
+                for x in self.gated_ridges)):
+            raise ValueError(f"WfldConfig.gated_ridges must be a tuple of ridges in (0, 100], got {self.gated_ridges!r}")
         if self.background not in BACKGROUNDS:
             raise ValueError(f"WfldConfig.background must be one of {BACKGROUNDS}, got {self.background!r}")
         if self.ship not in SHIP_MODES:

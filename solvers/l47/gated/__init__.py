@@ -7,6 +7,7 @@ only there (the dense edit of ffn_down is linear in hh and cannot threshold).
     unit     the unit's float64 reference and its gradient in g and u (`unit_ref`, `unit_grad`)
     gate     the gate's fit through the origin (or affine, the yardstick) and out-of-fold margins
              by document (`fit_gate` -> Gate, `oof_margins` -> OofMargins)
+    ridge    the gate's ridge chosen on dev per detector (`choose_ridge` -> RidgeChoice)
     design   the unit's gate and up rows from a gate, and the detector's numbers
              (`design_unit` -> GatedUnit, `activation_ratio`)
     removal  the cost of repurposing a unit: energy screen, candidates, the residual changes
@@ -37,6 +38,8 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "solve_style_unit": "style",
     "OofMargins": "gate",
     "RemovalCandidates": "removal",
+    "RidgeChoice": "ridge",
+    "choose_ridge": "ridge",
     "Separation": "gate",
     "activation_ratio": "design",
     "col_norms": "removal",

@@ -10,7 +10,7 @@ import numpy as np
 
 from exactedit.errors import FieldError
 
-__all__ = ["DesignConfig", "GateConfig", "GatedError", "UP_ROWS", "as_rows", "as_labels"]
+__all__ = ["DesignConfig", "GateConfig", "GatedError", "RIDGES", "UP_ROWS", "as_rows", "as_labels"]
 
 UP_ROWS = ("gate", "mean_positive")       # solvers.l47.gated.design: the up row's direction
 
@@ -25,6 +25,11 @@ def _positive(owner: str, name: str, value, *, allow_zero: bool = False) -> None
         value >= 0 if allow_zero else value > 0)
     if not ok:
         raise GatedError(owner, name, f"expected a finite number {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+# the gate's ridges tried, one chosen per detector on dev (ridge.choose_ridge); the first is
+# GateConfig's lam, kept where dev has no positive
+RIDGES = (1e-3, 1e-2, 1e-1, 1.0)
 
 
 @dataclass(frozen=True)

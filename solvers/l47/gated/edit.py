@@ -4,7 +4,8 @@ Unit j of the last SwiGLU FFN computes a_j = silu(g_j . x) * (u_j . x), x = ffn_
 W_down[:, j] a_j into the residual. The gated edit repurposes one unit:
 1. the gate: g fitted through the origin of x to separate the phrase's contexts (every solve-side
    row ending with a tuple's prefix, `_labels`) from every other solve-side row (`gate.fit_gate`),
-   and the unit designed from it
+   its ridge chosen per phrase on the heldout (dev) rows (`ridge.choose_ridge`), and the unit
+   designed from it
    (`design.design_unit`: gate row alpha d, up row beta d, so a >= 0 everywhere, ~0 off the phrase);
 2. the unit: among the `candidates` whose current contribution is the least (`removal.
    removal_candidates`: energy sum_t hh_tj^2 |W_down[:, j]|^2 over the solve-side rows), never one
@@ -33,10 +34,11 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from exactedit.solvers.l47.gated.config import DesignConfig, GateConfig, GatedError
-from exactedit.solvers.l47.gated.design import GatedUnit, design_unit
+from exactedit.solvers.l47.gated.config import RIDGES, DesignConfig, GateConfig, GatedError
+from exactedit.solvers.l47.gated.design import GatedUnit
 from exactedit.solvers.l47.gated.down import Contexts, context_rejected, solve_down, zero_column
-from exactedit.solvers.l47.gated.gate import Gate, fit_gate
+from exactedit.solvers.l47.gated.gate import Gate
+from exactedit.solvers.l47.gated.ridge import choose_ridge
 from exactedit.solvers.l47.gated.removal import col_norms, removal_candidates
 
 __all__ = ["GatedDump", "GatedInputs", "GatedResult", "gated_key", "removal_kl", "solve_gated", "zero_column"]
@@ -97,6 +99,7 @@ class GatedInputs:
     quantize_row: Callable[[np.ndarray], np.ndarray]
     activation: Callable[[object, np.ndarray, np.ndarray, int], np.ndarray]
     gate: GateConfig = GateConfig()
+    gate_lams: tuple[float, ...] = RIDGES   # the gate's ridges, one chosen per phrase on the heldout (dev) rows
     design: DesignConfig = DesignConfig()
     design_target: float | None = None  # the units' median activation on their contexts; None: headroom x the data's scale
     headroom: float = 4.0           # with design_target None: the target is this many times the 99.9th percentile of |hh|
@@ -238,11 +241,17 @@ def solve_gated(inputs: GatedInputs, cfg, *, mark: Callable[..., None] | None = 
     scale = i.headroom * float(np.percentile(np.abs(HH), 99.9)) if i.design_target is None else float(i.design_target)
     del HH
     design = dataclasses.replace(i.design, target=max(scale, 1e-3))
-    gates, designs = [], []
+    dev_pos, _ = _labels(named.get("heldout", []), i.mining, {})
+    X_dev = (np.concatenate([np.asarray(i.x_of(d), np.float32) for _, d in named["heldout"]])
+             if named.get("heldout") else None)
+    P_dev = np.concatenate([dev_pos[n] for n, _ in named["heldout"]]) if X_dev is not None else None
+    gates, designs, ridges = [], [], []
     for p in phrases:                   # one detector per phrase: every other row is a negative
-        gates.append(fit_gate(X, P == p, i.gate))
-        designs.append(design_unit(gates[-1], X, P == p, design))
-    del X
+        rc = choose_ridge(X, P == p, X_dev, None if P_dev is None else P_dev == p, i.gate_lams, i.gate, design)
+        gates.append(rc.gate)
+        designs.append(rc.unit)
+        ridges.append(rc.summary())
+    del X, X_dev
     mark("gate")
     if cand.units.size < len(phrases):
         raise GatedError("ffn_down", "units", f"{cand.units.size} units inactive on the slop contexts, "
@@ -304,7 +313,7 @@ def solve_gated(inputs: GatedInputs, cfg, *, mark: Callable[..., None] | None = 
     per_phrase = []
     for k, (p, j) in enumerate(zip(phrases, units)):
         a = np.concatenate([np.asarray(d.hh[:, j])[fit[n]] for n, d in side_new])
-        per_phrase.append({"phrase": i.mining.phrases[p], "unit": j, "gate": gates[k].summary(),
+        per_phrase.append({"phrase": i.mining.phrases[p], "unit": j, "gate": gates[k].summary(), "ridge": ridges[k],
                            "design": designs[k].summary(), "fit_activation": _activation_split(a, P == p),
                            "heldout_activation": _activation_split(
                                np.concatenate([np.asarray(d.hh[:, j]) for _, d in rewritten.get("heldout", [])] or

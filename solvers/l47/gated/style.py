@@ -8,8 +8,9 @@ every state that resembles a reply start gets some of it: paragraph starts after
    decided (`deciding_rows`, one per reply of the persona documents and of the anchors' plain
    replies: a starter's reply start; a sign-off's or a kaomoji's reply end where the reply does not
    show it, its first token's row where it does) from every other row of the solve side (train
-   persona documents and anchors), `gate.fit_gate`; the unit designed from it
-   (`design.design_unit`, a >= 0, ~0 off those rows);
+   persona documents and anchors), `gate.fit_gate`, its ridge chosen on dev's decision rows
+   (`ridge.choose_ridge`); the unit designed from it (`design.design_unit`, a >= 0, ~0 off those
+   rows);
 2. the unit repurposed: the cheapest removal measured exactly on the anchors among the quietest
    units inactive at the decision rows (`removal.removal_candidates`, `edit.removal_kl`);
 3. the new activation as the engine computes it (`activation`) replaces that column of hh;
@@ -42,7 +43,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from exactedit.solvers.l47.gated.config import DesignConfig, GateConfig, GatedError
+from exactedit.solvers.l47.gated.config import RIDGES, DesignConfig, GateConfig, GatedError
 
 __all__ = ["SIGNOFF_REACH", "StyleInputs", "StyleResult", "TIE", "deciding_rows", "decision_rows", "solve_style_unit"]
 
@@ -78,6 +79,7 @@ class StyleInputs:
     margin: float = 1.0
     max_kl_off: float = 0.005       # the persona protocol's bar off the decision rows
     gate: GateConfig = GateConfig()
+    gate_lams: tuple[float, ...] = RIDGES   # the gate's ridges, one chosen on dev (ridge.choose_ridge)
     design: DesignConfig = DesignConfig()
     headrooms: tuple[float, ...] = (4.0, 16.0)
     candidates: int = 4
@@ -163,7 +165,8 @@ def solve_style_unit(i: StyleInputs, *, progress: Callable[[str], None] | None =
     from exactedit.solvers.l47.gated.design import activation_ratio, design_unit
     from exactedit.solvers.l47.gated.down import BarRows, bound_of, mean_kl, set_column, with_memo
     from exactedit.solvers.l47.gated.edit import GatedDump, removal_kl, zero_column
-    from exactedit.solvers.l47.gated.gate import fit_gate, separation
+    from exactedit.solvers.l47.gated.gate import separation
+    from exactedit.solvers.l47.gated.ridge import choose_ridge
     from exactedit.solvers.l47.gated.removal import col_norms, removal_candidates
     from exactedit.solvers.l47.jacobian import editable_weight, with_weights
 
@@ -181,9 +184,14 @@ def solve_style_unit(i: StyleInputs, *, progress: Callable[[str], None] | None =
     Y = np.concatenate([deciding_rows(d, i.decision, i.tokens) for _, d in side])
     if not Y.any():
         raise GatedError("style", "decision rows", "no decision row on the solve side to fit the gate on")
-    gate = fit_gate(X, Y, i.gate)
     HH = np.concatenate([np.asarray(d.hh, np.float32) for _, d in side])
     scale = float(np.percentile(np.abs(HH), 99.9))
+    dev_y = [deciding_rows(d, i.decision, i.tokens) for _, d in named.get("dev", [])]
+    any_dev = bool(dev_y) and bool(np.concatenate(dev_y).any())
+    X_dev = np.concatenate([np.asarray(i.x_of(d), np.float32) for _, d in named["dev"]]) if dev_y else None
+    ridge = choose_ridge(X, Y, X_dev, np.concatenate(dev_y) if dev_y else None, i.gate_lams, i.gate,
+                         dataclasses.replace(i.design, target=max(rooms[0] * scale, 1e-3)))
+    gate = ridge.gate
     designs = {h: design_unit(gate, X, Y, dataclasses.replace(i.design, target=max(h * scale, 1e-3))) for h in rooms}
     fit_ratio = {h: activation_ratio(u.activation(X), Y).summary() for h, u in designs.items()}
     del X
@@ -205,8 +213,6 @@ def solve_style_unit(i: StyleInputs, *, progress: Callable[[str], None] | None =
     ccfg = ColumnConfig(margin=float(i.margin))
     base_dec = _rows(named.get("dev", []), lambda d: deciding_rows(d, i.decision, i.tokens))
     p_base = (_style_prob(i.tail, base_dec, None, i.tokens, i.tile_rows) if base_dec is not None else np.zeros(0))
-    dev_y = [deciding_rows(d, i.decision, i.tokens) for _, d in named.get("dev", [])]
-    any_dev = bool(dev_y) and bool(np.concatenate(dev_y).any())
     points, cols, units = [], {}, {}
     for h in rooms:
         design = designs[h]
@@ -260,11 +266,10 @@ def solve_style_unit(i: StyleInputs, *, progress: Callable[[str], None] | None =
     else:
         pick = min(points, key=weakest)
     h = pick["headroom"]
-    dev_x = [np.asarray(i.x_of(d), np.float64) for _, d in named.get("dev", [])]
-    held = separation(np.concatenate(dev_x) @ gate.g, np.concatenate(dev_y)).summary() if any_dev else None
+    held = separation(np.asarray(X_dev, np.float64) @ gate.g, np.concatenate(dev_y)).summary() if any_dev else None
     u = units[h]
     summary = {"unit": unit, "tokens": list(i.tokens), "decision_bit": int(i.decision),
-               "gate": gate.summary(), "gate_dev": held, "design": u["design"], "activation_fit": u["activation_fit"],
+               "gate": gate.summary(), "gate_dev": held, "ridge": ridge.summary(), "design": u["design"], "activation_fit": u["activation_fit"],
                "activation_dev": u["activation_dev"], "headrooms": rooms,
                "designs": {f"{k:g}": {key: v[key] for key in ("design", "activation_dev")} for k, v in units.items()},
                "removal": {**cand.summary(), "measured": costs, "chosen": chosen},

@@ -25,6 +25,7 @@ formula on dequantized weights.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -40,8 +41,9 @@ from exactedit.quant.dots.q8_0_dot import q8_0_matmul, q8_0_matmul_ref
 from exactedit.solvers.tail.forward.ffn_ops import (SIMD_WIDTH, ffn_norm_engine, ffn_norm_ref, geglu_engine,
                                                      geglu_ref, swiglu_engine, swiglu_ref)
 
-__all__ = ["ACTIVATIONS", "ENGINE_TYPES", "GEMM_ROWS", "REPACK_ROWS", "activation_of", "ffn_hidden_engine",
-           "ffn_hidden_ref", "q4_k_repack_matmul", "q4_k_repack_matmul_ref", "repack_gemm_rows"]
+__all__ = ["ACTIVATIONS", "ENGINE_TYPES", "GEMM_ROWS", "REPACK_ROWS", "LastFfn", "activation_of", "changed_units",
+           "ffn_hidden_engine", "ffn_hidden_ref", "last_ffn", "q4_k_repack_matmul", "q4_k_repack_matmul_ref",
+           "repack_gemm_rows"]
 
 
 ENGINE_TYPES = ("Q4_1", "Q4_K", "Q5_0", "Q6_K", "Q8_0")
@@ -116,6 +118,60 @@ def changed_units(gate0, up0, gate1, up1) -> np.ndarray:
     hidden values a dump (the base's) does not hold."""
     return np.flatnonzero((np.asarray(gate0) != np.asarray(gate1)).any(1)
                           | (np.asarray(up0) != np.asarray(up1)).any(1)).astype(np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class LastFfn:
+    """A file's last gated FFN as the engine reads it: the gate and up tensors' names and bytes as
+    stored (uint8 [h, row_bytes]), ffn_norm's weight (float32 [n]), the rms eps and the
+    architecture. `type_name` and `act` are checked when asked for (a kld comparison reads a file
+    whose gate and up types differ, or whose architecture is not listed, without needing either)."""
+
+    gate: str
+    up: str
+    gate_raw: np.ndarray
+    up_raw: np.ndarray
+    gate_type: str
+    up_type: str
+    norm: np.ndarray
+    eps: float
+    architecture: object
+
+    @property
+    def type_name(self) -> str:
+        if self.gate_type != self.up_type:
+            raise QuantError(f"{self.gate} and {self.up} differ in type ({self.gate_type}, {self.up_type})")
+        return self.gate_type
+
+    @property
+    def act(self) -> str:
+        return activation_of(self.architecture)
+
+    def x(self, R) -> np.ndarray:
+        """x = ffn_norm(R) as ggml computes it (float32 [T, n])."""
+        return ffn_norm_engine(np.asarray(R, np.float32), self.norm, self.eps)
+
+    def changed(self, gate_raw, up_raw) -> np.ndarray:
+        """The units whose gate or up row differs in the given tensors (`changed_units`)."""
+        return changed_units(self.gate_raw, self.up_raw, gate_raw, up_raw)
+
+    def hidden(self, R, units, *, gate_raw=None, up_raw=None, ubatch_sizes=None) -> np.ndarray:
+        """float32 [T, len(units)]: `ffn_hidden_engine` of those units from R, with the file's gate
+        and up tensors or the given ones (an edit's)."""
+        return ffn_hidden_engine(np.asarray(R, np.float32), self.norm, self.eps,
+                                 self.gate_raw if gate_raw is None else gate_raw,
+                                 self.up_raw if up_raw is None else up_raw, self.type_name, list(units),
+                                 ubatch_sizes=ubatch_sizes, act=self.act)
+
+
+def last_ffn(g, down: str, architecture, eps: float) -> LastFfn:
+    """The LastFfn of the open GGUF `g` whose last FFN's down projection is the tensor `down` (its
+    gate, up and norm named alike: ffn_gate, ffn_up, ffn_norm); a missing one raises the reader's
+    GGUFFormatError."""
+    gate, up, norm = (down.replace("ffn_down", part) for part in ("ffn_gate", "ffn_up", "ffn_norm"))
+    return LastFfn(gate, up, np.array(g.read_raw(gate)), np.array(g.read_raw(up)), g.tensor(gate).type_name,
+                   g.tensor(up).type_name, np.asarray(g.read_rows(norm), np.float32).reshape(-1), float(eps),
+                   architecture)
 
 
 def ffn_hidden_engine(R: np.ndarray, norm_weight: np.ndarray, eps: float, gate_raw: np.ndarray,

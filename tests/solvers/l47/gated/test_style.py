@@ -16,6 +16,7 @@ from exactedit.quant.model.specials import model_specials
 from exactedit.runs.solve.wfld import gated_engine
 from exactedit.solvers.l47.gated.config import DesignConfig
 from exactedit.solvers.l47.gated.edit import GatedDump
+from exactedit.solvers.l47.gated.ridge import MIN_COVERAGE
 from exactedit.solvers.l47.gated.style import StyleInputs, decision_rows, solve_style_unit
 from exactedit.solvers.tail.model import load_tail
 from tests.solvers.l47.synth import build_world
@@ -49,6 +50,10 @@ def test_the_gate_and_the_unit_fire_at_the_decision_rows(solved):
     _, _, _, inputs, res, stages = solved
     s = res.summary
     assert stages[:3] == ["gate", "removal", "unit (headroom 4)"] and len(stages) == 2 + 2 * (1 + 3)
+    ridge = s["ridge"]          # every ridge tried; this world's gate reaches none of dev's 4 reply starts
+    assert [r["lam"] for r in ridge["table"]] == list(inputs.gate_lams)
+    assert max(r["coverage"] for r in ridge["table"]) < MIN_COVERAGE
+    assert ridge["by"] == "first" and ridge["lam"] == inputs.gate_lams[0] == s["gate"]["config"]["lam"]
     assert s["gate"]["fit"]["auc"] == 1.0 and s["gate"]["fit"]["gap"] > 0
     act = s["activation_fit"]
     assert act["pos_min"] > 0 and act["neg_max_abs"] < 0.05 * act["pos_min"], act
