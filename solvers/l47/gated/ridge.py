@@ -11,9 +11,7 @@ better for some detectors and worse for others, so it is chosen per detector, on
     leak     = sum over dev negatives of (a / target)^2 / n_pos  (off-context activation energy
                                                                   per context: the KL a unit's
                                                                   column causes grows with a^2)
-    score    = coverage - leak,  the lam with the largest score (ties: the smaller lam) among
-               those whose coverage is at least half the best coverage (a ridge that quiets the
-               unit everywhere leaks least and reaches nothing)
+    score    = coverage - leak,  the lam with the largest score (ties: the smaller lam)
 
 a = the designed unit's activation (design.design_unit, float64 reference: the choice reads
 ratios, not the engine's last bits), target = the design's median activation on the fit's
@@ -102,7 +100,6 @@ def choose_ridge(x, y, x_dev, y_dev, lams, gate: GateConfig = GateConfig(),
         raise GatedError("gate", "lams", f"no ridge of {grid} gives a gate that puts every positive above zero")
     scored = [r for r in table if r.get("score") is not None]
     top = max((r["coverage"] for r in scored), default=0.0)
-    scored = [r for r in scored if r["coverage"] >= 0.5 * top]
     if top >= MIN_COVERAGE and len(fits) > 1:
         best = max(scored, key=lambda r: (r["score"], -r["lam"]))
         lam, by = best["lam"], "dev"

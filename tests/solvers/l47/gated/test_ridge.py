@@ -103,8 +103,8 @@ def test_dev_rows_of_another_width_are_refused():
 
 
 def test_a_ridge_that_quiets_the_unit_everywhere_is_not_chosen_for_its_small_leak():
-    """Coverage under half the best, or no ridge reaching dev's contexts: the leak alone does not
-    choose (the largest ridge would win by firing nowhere)."""
+    """The score weighs what a ridge reaches against what it leaks: where no ridge reaches dev's
+    contexts, the leak alone does not choose (the largest ridge would win by firing nowhere)."""
     x, y = _overfit_world(0, shifted=False)
     xd, yd = _overfit_world(1)
     rc = choose_ridge(x, y, xd, yd, (1e-3, 1.0), GateConfig(), DesignConfig(target=1.0))
