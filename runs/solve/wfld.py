@@ -106,6 +106,12 @@ class _Stages:
         if self.progress is not None:
             self.progress(self.done, self.total)
 
+    def within(self, done: int, total: int) -> None:
+        """Progress inside the current stage (the strength search's dev points): shown as that
+        many more steps of a total grown by the stage's own, without marking a stage."""
+        if self.progress is not None:
+            self.progress(self.done + done, self.total + total)
+
 
 def _open_traces(inputs: WfldInputs, tail) -> list[Trace]:
     """Every dump, its field hashes verified once (a dump given for several roles is not re-hashed)."""
@@ -245,7 +251,8 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
             tail, mining, ftpo, specials, phrases, anchors=named["anchors"], held_from=named["train"] + named["null"],
             background_from=[x for r in bg_roles for x in named[r]], dev=named["heldout"],
             collateral=named["collateral"], raw0=g.read_raw(tensor), type_name=info.type_name, cols=info.cols,
-            bar_d=bar_d, device_head=dhead), cfg, mark=st.mark, progress=lambda i, n: st.mark("gauss_newton", 1))
+            bar_d=bar_d, device_head=dhead), cfg, mark=st.mark, progress=lambda i, n: st.mark("gauss_newton", 1),
+            searched=st.within)
     problem, gn, strength = dense.problem, dense.gn, dense.strength
     w0 = problem.w0
     st.done = 4 + cfg.gn_iters
@@ -353,7 +360,7 @@ def _solve_gated(cfg: WfldConfig, g, tail, mining: Mining, named: dict, held: di
         tail, mining, named, held, tuple(specials), phrases, tuple(bg_roles), g.read_raw(info.name), info.type_name,
         int(info.cols), bar_d, x_of=x_of, quantize_row=quantize_row, activation=activation,
         headroom=cfg.gated_headroom, gate_lams=tuple(cfg.gated_ridges), max_kl=max_kl, device_head=dhead, design=DesignConfig(act=act))
-    return solve_gated(inputs, cfg, mark=st.mark, progress=lambda i, n: st.mark("gauss_newton", 1))
+    return solve_gated(inputs, cfg, mark=st.mark, progress=st.within)
 
 
 def _warnings(by_role, mining: Mining, table) -> list[str]:

@@ -237,14 +237,20 @@ def grid_points(grid: Sequence[float], phrases: int, limit: int = GRID_LIMIT) ->
     return [(g,) * phrases for g in grid]
 
 
-def search_strengths(combos, grid, measured, capped=lambda c: c, **pick) -> tuple[list[Point], Point, bool]:
+def search_strengths(combos, grid, measured, capped=lambda c: c, *, progress=None,
+                     **pick) -> tuple[list[Point], Point, bool]:
     """(every point measured, the chosen one, whether it passes): `choose` over `combos`, then with
     a `grid` (the combinations too many to measure: `combos` the shared strengths) a coordinate
     search from the best of them, one phrase at a time in order, each step measuring that phrase at
     every other strength of the grid (`capped`) with the others where they are, and keeping the
     `choose` of the step by that phrase's own cut (len(grid) + P (len(grid) - 1) points at most).
-    `measured(combos)` -> a Point each."""
+    `measured(combos)` -> a Point each. `progress(done, total)`: after each batch, the points
+    measured against the most the search can measure."""
+    combos = list(combos)
+    most = len(combos) + (len(combos[0]) * (len(grid) - 1) if grid is not None and combos else 0)
+    tell = progress or (lambda done, total: None)
     pts = list(measured(combos))
+    tell(len(pts), most)
     best, passed = choose(pts, **pick)
     if grid is None:
         return pts, best, passed
@@ -255,13 +261,15 @@ def search_strengths(combos, grid, measured, capped=lambda c: c, **pick) -> tupl
         new = list(measured(alts)) if alts else []
         seen.update(p.strength for p in new)
         pts += new
+        most -= len(grid) - 1 - len(new)           # a step measures fewer where points were seen or capped
+        tell(len(pts), most)
         best, passed = choose([best] + new, **pick, phrase=ph)
     return pts, best, passed
 
 
 def choose_strength(cfg, tail, problem, mining: Mining, dev: Sequence[tuple[str, object]],
                     collateral: Sequence[tuple[str, object]], bar_d: BarD, *, edits=None, kl_of=None,
-                    max_kl: dict | None = None):
+                    max_kl: dict | None = None, progress=None):
     """Per phrase, a strength of `cfg.strength_grid`: the combination whose dev collateral passes
     (d) on the `dev` traces' legitimate uses with the largest mean dev cut, read off the frontier of
     the per-phrase edits of the problem's first round. A word with fewer than `bar_d.min_uses` dev
@@ -274,7 +282,8 @@ def choose_strength(cfg, tail, problem, mining: Mining, dev: Sequence[tuple[str,
     given, yields (combo, dW) for each combo of absolute strengths in place of the scaled first
     round (the gated edit: a column solved and shipped per strength); `kl_of(combo)` (absolute
     strengths), when given, measures each point's mean KL on some rows ({rows: KL}), and a point
-    above `max_kl[rows]` does not pass (the gated edit's cost at the phrase's contexts grows with its strength)."""
+    above `max_kl[rows]` does not pass (the gated edit's cost at the phrase's contexts grows with its strength).
+    `progress(done, total)`: the dev points measured (`search_strengths`)."""
     fr = frontier_rows(dev, mining)
     n_ph = len(mining.phrases)
     uses = np.bincount(fr.word, minlength=len(mining.words)) if fr is not None else np.zeros(len(mining.words), int)
@@ -309,7 +318,8 @@ def choose_strength(cfg, tail, problem, mining: Mining, dev: Sequence[tuple[str,
         pts, passed = [], False
         best = Point(max(combos, key=sum), {}, None, {}, {}, {})
     else:
-        pts, best, passed = search_strengths(combos, grid if search else None, measured, capped, **pick)
+        pts, best, passed = search_strengths(combos, grid if search else None, measured, capped, progress=progress,
+                                             **pick)
     words = [tail.tokens.piece(int(w)) for w in mining.words]
     phrases = list(mining.phrases)
     absolute = lambda p: dataclasses.replace(p, strength=tuple(x * cfg.strength for x in p.strength))  # noqa: E731

@@ -56,8 +56,10 @@ class DenseResult:
 
 
 def solve_dense(inputs: DenseInputs, cfg: WfldConfig, *, mark: Callable[..., None] | None = None,
-                progress: Callable[[int, int], None] | None = None) -> DenseResult:
-    """Build the problem, choose the strengths on dev (a `cfg.strength_grid`), solve and ship."""
+                progress: Callable[[int, int], None] | None = None,
+                searched: Callable[[int, int], None] | None = None) -> DenseResult:
+    """Build the problem, choose the strengths on dev (a `cfg.strength_grid`; `searched(done,
+    total)`: its dev points), solve and ship (`progress`: the Gauss-Newton rounds)."""
     from exactedit.solvers.l47.frontier import choose_strength
     from exactedit.solvers.l47.problem import build_problem
 
@@ -68,7 +70,8 @@ def solve_dense(inputs: DenseInputs, cfg: WfldConfig, *, mark: Callable[..., Non
                             type_name=i.type_name, cols=i.cols, device_head=i.device_head, key=i.key, mark=mark)
     strength = None
     if cfg.strength_grid:
-        problem, strength = choose_strength(cfg, i.tail, problem, i.mining, i.dev, i.collateral, i.bar_d)
+        problem, strength = choose_strength(cfg, i.tail, problem, i.mining, i.dev, i.collateral, i.bar_d,
+                                            progress=searched)
         mark("strength")
     return DenseResult(problem, solve(problem, cfg, progress=progress), strength)
 

@@ -90,3 +90,17 @@ def test_a_protocol_tuple_outside_the_phrases_file_is_refused(solved, tmp_path):
     with pytest.raises(WfldError, match=r"tokens\.phrases.*no form of the phrases"):
         solve_wfld(CFG, inputs, tmp_path / "wfld", workspace=ws, command="solve")
 
+
+
+def test_the_strength_search_shows_progress_inside_its_stage():
+    """solve wfld's stage counter: a search's dev points show as more steps of a grown total,
+    without marking a stage (a 21-phrase gated search sat at "9/9" for most of an hour)."""
+    from exactedit.runs.solve.wfld import _Stages
+
+    seen = []
+    st = _Stages(9, lambda d, t: seen.append((d, t)))
+    st.mark("open")
+    st.within(4, 61)
+    st.within(9, 58)
+    st.mark("strength")
+    assert seen == [(1, 9), (5, 70), (10, 67), (2, 9)] and set(st.timings) == {"open", "strength"}

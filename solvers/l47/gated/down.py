@@ -215,7 +215,7 @@ def solve_down(cfg, tail_removed, problem, contexts: Sequence[Contexts], mining,
     `anchors` traces (a domain each), is above its bar does not pass: at the phrase's contexts
     where the model went on otherwise, the lowered word's mass is the edit's KL and it grows with
     the strength (on Qwen's two demo phrases at strength 2 each: (g) 0.0064, (e) 0.0105, both
-    failing, where the cut on dev was 0.97 / 0.94)."""
+    failing, where the cut on dev was 0.97 / 0.94). `progress(done, total)`: the search's dev points."""
     from exactedit import quant
     from exactedit.quant.rounding.grid import grid_of
     from exactedit.solvers.l47.frontier import choose_strength
@@ -230,7 +230,6 @@ def solve_down(cfg, tail_removed, problem, contexts: Sequence[Contexts], mining,
     solved: dict = {}                     # (unit, strength) -> (ColumnSolve, shipped column values)
     tops: dict = {}                       # unit -> its contexts' top_tokens
     t_solve = [0.0]
-    total = len(contexts) * max(1, len(set(cfg.strength_grid)))
 
     def column_at(c: Contexts, s: float):
         key = (c.unit, float(s))
@@ -245,8 +244,6 @@ def solve_down(cfg, tail_removed, problem, contexts: Sequence[Contexts], mining,
                                d0=near[0] if near else None, tile_rows=tile, f0=c.f0, top_ids=tops[c.unit])
             solved[key] = (sol, _shipped(cols_of[c.unit], sol.d))
             t_solve[0] += time.perf_counter() - t
-            if progress is not None:
-                progress(min(len(solved), total), total)
         return solved[key]
 
     by_phrase = {c.phrase: c for c in contexts}
@@ -282,7 +279,7 @@ def solve_down(cfg, tail_removed, problem, contexts: Sequence[Contexts], mining,
         limits = {k: max_kl["anchors" if k.startswith("anchors:") else k] for k, _ in sets}
     if cfg.strength_grid:
         _, strength = choose_strength(cfg, tail_removed, problem, mining, dev, collateral, bar_d, edits=edits,
-                                      kl_of=kl_of, max_kl=limits)
+                                      kl_of=kl_of, max_kl=limits, progress=progress)
         chosen = [strength["chosen"][ph] for ph in mining.phrases]
         strength["kl_rows"] = {k: {"rows": v["rows"], "scored_max": max(v["scored"]),
                                    "scored_mean": float(np.mean(v["scored"])), "tol_nats": MOVE_TOL}

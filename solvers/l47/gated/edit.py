@@ -308,6 +308,7 @@ def solve_gated(inputs: GatedInputs, cfg, *, mark: Callable[..., None] | None = 
                                        type_name=i.type_name, cols=i.cols, specials=i.specials, max_kl=i.max_kl,
                                        anchors=rewritten.get("anchors", []),
                                        progress=progress)
+    mark("strength")
     dense = DenseResult(problem, gn, strength)
     held_pos, _ = _labels(rewritten.get("heldout", []), i.mining, {})
     per_phrase = []

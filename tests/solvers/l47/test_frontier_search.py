@@ -45,8 +45,16 @@ def test_on_separable_worlds_the_search_finds_the_products_choice(phrases, grid)
     full = list(itertools.product(grid, repeat=P))
     want, want_ok = choose(measured(full), **PICK)
     measured, calls = _world(gain, harm)
-    pts, got, ok = search_strengths([(g,) * P for g in grid], grid, measured, **PICK)
+    told = []
+    pts, got, ok = search_strengths([(g,) * P for g in grid], grid, measured, progress=lambda d, t: told.append((d, t)),
+                                    **PICK)
     assert ok == want_ok
+    # progress: once per batch (the start, then each phrase's step), the points measured so far
+    # against the most the search can still measure; it ends at done == total
+    assert len(told) == 1 + P and told[0] == (len(grid), len(grid) + P * (len(grid) - 1))
+    done = [d for d, _ in told]
+    assert done == sorted(done) and set(itertools.accumulate(calls)) <= set(done) and told[-1] == (len(pts), len(pts))
+    assert all(d <= t for d, t in told) and all(a[1] >= b[1] for a, b in zip(told, told[1:]))
     if want_ok:
         # per phrase: the weakest strength whose own cut is within CUT_TIE of its best passing cut
         # (the product compares the mean cut instead, so its ties may fall elsewhere)
