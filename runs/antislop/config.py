@@ -66,8 +66,9 @@ class AntislopConfig:
     # of |hh| (WfldConfig.gated_headroom): a larger one fires the unit harder, so the same cut needs
     # a smaller down column (ffn_down's block scales bound each entry)
     gated_headroom: float = 4.0
-    # the gates' ridges, one chosen per phrase on dev (WfldConfig.gated_ridges; solvers.l47.gated.ridge)
-    gated_ridges: tuple[float, ...] = RIDGES
+    # the gates' ridges, one chosen per phrase on dev when several (WfldConfig.gated_ridges: one by
+    # default, as chosen on the 21-phrase run's dev; the grid is solvers.l47.gated.config.RIDGES)
+    gated_ridges: tuple[float, ...] = RIDGES[:1]
     chat_template: str | None = None    # a Jinja2 chat template file (default: the bundled chat_template.jinja, if any)
     rules_bias: float = 6.0             # the shipped rules' prefix penalty (shape compile --bias), nats
     rules_mode: str = "penalty"         # the rates stage's rules arms: "penalty", or "rewind" (phrases rolled back)

@@ -203,3 +203,14 @@ def test_the_gated_headroom_reaches_the_solve_and_a_bad_one_is_refused_by_its_fl
     for bad in (0.0, 65.0, float("nan")):
         with pytest.raises(AntislopError, match="--gated-headroom"):
             AntislopConfig(key="gated", gated_headroom=bad)
+
+
+def test_the_gated_ridges_reach_the_solve_and_bad_ones_are_refused_by_name():
+    """One ridge by default (chosen on the 21-phrase run's dev); a grid, from the model's
+    defaults.toml or the class, reaches solve wfld, where one is chosen per phrase on dev."""
+    assert AntislopConfig().wfld_config("gated").gated_ridges == (1e-3,)
+    c = AntislopConfig(key="gated", gated_ridges=(1e-3, 1e-1, 1.0))
+    assert c.wfld_config("gated").gated_ridges == (1e-3, 1e-1, 1.0)
+    for bad in ((), (0.0,), (1e-3, float("inf")), (1e3,)):
+        with pytest.raises(AntislopError, match="gated_ridges"):
+            AntislopConfig(key="gated", gated_ridges=bad)

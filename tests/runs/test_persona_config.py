@@ -36,7 +36,8 @@ def test_a_model_without_a_bundled_persona_names_what_is_missing():
 @pytest.mark.parametrize("bad, what", [({"rank": 2}, "rank"), ({"dev": 0.5}, "dev"), ({"samples": 0}, "samples"),
                                        ({"system": " "}, "system"), ({"system": "x" * 4001}, "system"),
                                        ({"gated_grid": (0.0,)}, "gated_grid"), ({"gated_headrooms": ()}, "gated_headrooms"),
-                                       ({"gated_headrooms": (4.0, 100.0)}, "gated_headrooms")])
+                                       ({"gated_headrooms": (4.0, 100.0)}, "gated_headrooms"),
+                                       ({"gated_ridges": ()}, "gated_ridges"), ({"gated_ridges": (0.0,)}, "gated_ridges")])
 def test_bad_settings_are_refused_by_name(bad, what):
     with pytest.raises(PersonaError, match=what):
         PersonaConfig(**bad)

@@ -28,7 +28,8 @@ def _positive(owner: str, name: str, value, *, allow_zero: bool = False) -> None
 
 
 # the gate's ridges tried, one chosen per detector on dev (ridge.choose_ridge); the first is
-# GateConfig's lam, kept where dev has no positive
+# GateConfig's lam, kept where dev has no positive. The persona's unit tries them all; the
+# anti-slop edit only the first by default (chosen on dev: docs/solve-wfld.md)
 RIDGES = (1e-3, 1e-2, 1e-1, 1.0)
 
 

@@ -99,7 +99,8 @@ class GatedInputs:
     quantize_row: Callable[[np.ndarray], np.ndarray]
     activation: Callable[[object, np.ndarray, np.ndarray, int], np.ndarray]
     gate: GateConfig = GateConfig()
-    gate_lams: tuple[float, ...] = RIDGES   # the gate's ridges, one chosen per phrase on the heldout (dev) rows
+    gate_lams: tuple[float, ...] = RIDGES[:1]   # the gate's ridges: with several, one chosen per phrase on the
+                                                # heldout (dev) rows (WfldConfig.gated_ridges)
     design: DesignConfig = DesignConfig()
     design_target: float | None = None  # the units' median activation on their contexts; None: headroom x the data's scale
     headroom: float = 4.0           # with design_target None: the target is this many times the 99.9th percentile of |hh|
