@@ -28,7 +28,6 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from exactedit.errors import FieldError
-from exactedit.solvers.l47.gated.config import RIDGES
 
 BACKENDS = ("jax", "numpy")
 SHIP_MODES = ("auto", "feedback", "round")
@@ -90,7 +89,7 @@ class WfldConfig:
     # gated: the gates' ridges, one chosen per phrase on dev (gated.ridge) when several are given;
     # one by default: on Qwen's 21-phrase run the grid (gated.config.RIDGES) raised dev's non-slop
     # chat KL from 0.0074 to 0.011 at the same dev cut (docs/solve-wfld.md)
-    gated_ridges: tuple[float, ...] = RIDGES[:1]
+    gated_ridges: tuple[float, ...] = (1e-3,)
     gated_target_eps: float = 1e-2       # gated: the targets' Tikhonov weight (one direction per phrase serves every context)
     null_tol: float = 1e-6
     ridge: float = 1e-2
@@ -206,6 +205,7 @@ class WfldConfig:
         out["same_sense"] = [[p, list(ws)] for p, ws in self.same_sense]
         out["specials"] = list(self.specials)
         out["strength_grid"] = [float(x) for x in self.strength_grid]
+        out["gated_ridges"] = [float(x) for x in self.gated_ridges]
         return out
 
     @classmethod
@@ -223,4 +223,6 @@ class WfldConfig:
             kwargs["specials"] = tuple(kwargs["specials"])
         if "strength_grid" in kwargs:
             kwargs["strength_grid"] = tuple(float(x) for x in kwargs["strength_grid"])
+        if "gated_ridges" in kwargs:
+            kwargs["gated_ridges"] = tuple(float(x) for x in kwargs["gated_ridges"])
         return cls(**kwargs)

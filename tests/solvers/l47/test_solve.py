@@ -241,3 +241,14 @@ def test_a_shared_strength_frontier_prints_once_with_the_mean_cut():
     assert not any("frontier of" in x for x in lines)
     assert any(x.strip().startswith("0.50 | 0.100 (2) | ' can' -0.010/0.05 (12)") for x in lines)
     assert any(x.strip().startswith("1.00 | 0.200 (2)") for x in lines)
+
+
+def test_the_gated_ridges_round_trip_through_a_bundles_json_and_bad_ones_are_refused():
+    import json
+
+    cfg = WfldConfig(key="gated", gated_ridges=(1e-3, 0.1, 1.0))
+    assert WfldConfig.from_json(json.loads(json.dumps(cfg.to_json()))) == cfg
+    assert WfldConfig().gated_ridges == (1e-3,)
+    for bad in ((), (0.0,), [1e-3], (float("nan"),)):
+        with pytest.raises(ValueError, match="gated_ridges"):
+            WfldConfig(gated_ridges=bad)
