@@ -359,7 +359,8 @@ def _solve_gated(cfg: WfldConfig, g, tail, mining: Mining, named: dict, held: di
     inputs = GatedInputs(
         tail, mining, named, held, tuple(specials), phrases, tuple(bg_roles), g.read_raw(info.name), info.type_name,
         int(info.cols), bar_d, x_of=x_of, quantize_row=quantize_row, activation=activation,
-        headroom=cfg.gated_headroom, gate_lams=tuple(cfg.gated_ridges), max_kl=max_kl, device_head=dhead, design=DesignConfig(act=act))
+        headroom=cfg.gated_headroom, gate_lams=tuple(cfg.gated_ridges), max_kl=max_kl, device_head=dhead,
+        design=DesignConfig(act=act))
     return solve_gated(inputs, cfg, mark=st.mark, progress=st.within)
 
 

@@ -4,8 +4,8 @@ Unit j of the last SwiGLU FFN computes a_j = silu(g_j . x) * (u_j . x), x = ffn_
 W_down[:, j] a_j into the residual. The gated edit repurposes one unit:
 1. the gate: g fitted through the origin of x to separate the phrase's contexts (every solve-side
    row ending with a tuple's prefix, `_labels`) from every other solve-side row (`gate.fit_gate`),
-   its ridge chosen per phrase on the heldout (dev) rows (`ridge.choose_ridge`), and the unit
-   designed from it
+   its ridge one (`gate_lams`; with several, one chosen per phrase on the heldout (dev) rows:
+   `ridge.choose_ridge`), and the unit designed from it
    (`design.design_unit`: gate row alpha d, up row beta d, so a >= 0 everywhere, ~0 off the phrase);
 2. the unit: among the `candidates` whose current contribution is the least (`removal.
    removal_candidates`: energy sum_t hh_tj^2 |W_down[:, j]|^2 over the solve-side rows), never one
