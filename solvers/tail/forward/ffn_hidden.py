@@ -166,10 +166,11 @@ class LastFfn:
 
 def last_ffn(g, down: str, architecture, eps: float) -> LastFfn:
     """The LastFfn of the open GGUF `g` whose last FFN's down projection is the tensor `down` (its
-    gate, up and norm named alike: ffn_gate, ffn_up, ffn_norm); a missing one raises the reader's
-    GGUFFormatError."""
+    gate, up and norm named alike: ffn_gate, ffn_up, ffn_norm); the gate and up bytes are the
+    file's read-only views, valid while `g` is open (a caller that rewrites rows copies them); a
+    missing tensor raises the reader's GGUFFormatError."""
     gate, up, norm = (down.replace("ffn_down", part) for part in ("ffn_gate", "ffn_up", "ffn_norm"))
-    return LastFfn(gate, up, np.array(g.read_raw(gate)), np.array(g.read_raw(up)), g.tensor(gate).type_name,
+    return LastFfn(gate, up, np.asarray(g.read_raw(gate)), np.asarray(g.read_raw(up)), g.tensor(gate).type_name,
                    g.tensor(up).type_name, np.asarray(g.read_rows(norm), np.float32).reshape(-1), float(eps),
                    architecture)
 
