@@ -251,9 +251,12 @@ class TokenBytes:
     def index(self) -> dict[bytes, tuple[int, ...]]:
         if self._index is None:
             found: dict[bytes, list[int]] = {}
-            for i in range(len(self.table)):
-                b = self(i)
-                if b:
+            every = getattr(self.table, "byte_strings", None)       # a TokenTable keeps them for every reader
+            if every is None:
+                every = [self.table.token_bytes(i) for i in range(len(self.table))]
+            types = self._types
+            for i, b in enumerate(every):
+                if b and (types is None or types[i] != TOKEN_CONTROL):
                     found.setdefault(b, []).append(i)
             self._index = {b: tuple(ids) for b, ids in found.items()}
             self.max_len = max((len(b) for b in self._index), default=0)

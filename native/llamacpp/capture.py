@@ -11,6 +11,7 @@ when they do, the dump has a `roles` field, with ROLE_ANCHOR on documents tagged
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -76,29 +77,60 @@ def capture_dump(model, docs: Sequence[CaptureDoc], out, *, settings: EngineSett
     """Evaluate each document on `model` with llama.cpp and write an rmsnorm dump at `out`
     (`extra_meta` is stored beside the engine's own record in the dump's meta). With `keep_logits`
     False the engine's logits are dropped document by document (the result's `logits` is None): a
-    large capture then holds only the dump's fields, not [rows, V] floats."""
-    model = Path(model)
-    settings = settings or EngineSettings()
-    if not docs:
-        raise EngineError(model, "docs", "nothing to capture")
-    with gguf.open(model) as g:
-        tail = arch.detect_tail(g)
-        sha = g.sha256()
-    if tail.kind != "rmsnorm":
-        raise EngineError(model, "tail", f"llama.cpp capture supports rmsnorm tails, not {tail.kind}")
-    total = sum(int(np.asarray(d.tokens).size) for d in docs)
-    with_roles = [d.roles is not None for d in docs]
-    if any(with_roles) and not all(with_roles):
-        raise EngineError(out, "roles", "either every document carries its row roles or none does")
-    for d in docs:
-        if d.roles is not None and np.shape(d.roles) != np.shape(d.tokens):
-            raise EngineError(out, f"roles of {d.name}", f"{np.shape(d.roles)} roles for {np.shape(d.tokens)} tokens")
-    parts: dict[str, list[np.ndarray]] = {"tokens": [], "next": [], "R": [], "hh": []}
-    logits, ubatches, infos, done, first = [], [], [], 0, 0
-    with LlamaEngine(model, settings) as engine, engine.sequences(capture=tail_names(tail.layer)) as evaluate:
-        for doc in docs:        # one context for every document, cleared before each (engine.sequences)
+    large capture then holds only the dump's fields, not [rows, V] floats. Several dumps of one
+    model: `Capturer`, which loads and hashes the model once."""
+    with Capturer(model, settings) as cap:
+        return cap.dump(docs, out, overwrite=overwrite, progress=progress, extra_meta=extra_meta,
+                        keep_logits=keep_logits)
+
+
+class Capturer:
+    """One model, read (tail, sha256) and loaded into llama.cpp once, for any number of dumps
+    (`dump`, every document in one context, its memory cleared before each: engine.sequences);
+    `engine` is the loaded model (e.g. to tokenize with it). Close it (or use `with`)."""
+
+    def __init__(self, model, settings: EngineSettings | None = None):
+        self.model = Path(model)
+        self.settings = settings or EngineSettings()
+        with gguf.open(self.model) as g:
+            self.tail = arch.detect_tail(g)
+            self.sha256 = g.sha256()
+        if self.tail.kind != "rmsnorm":
+            raise EngineError(self.model, "tail", f"llama.cpp capture supports rmsnorm tails, not {self.tail.kind}")
+        self.engine = LlamaEngine(self.model, self.settings)
+        self._open = contextlib.ExitStack()
+        self._evaluate = None
+
+    def __enter__(self) -> Capturer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._open.close()
+        self.engine.close()
+
+    def dump(self, docs: Sequence[CaptureDoc], out, *, overwrite: bool = False, progress: Progress | None = None,
+             extra_meta: dict | None = None, keep_logits: bool = True) -> CaptureResult:
+        """`capture_dump` of `docs` to `out` on the loaded model."""
+        model, settings, tail, engine = self.model, self.settings, self.tail, self.engine
+        if not docs:
+            raise EngineError(model, "docs", "nothing to capture")
+        total = sum(int(np.asarray(d.tokens).size) for d in docs)
+        with_roles = [d.roles is not None for d in docs]
+        if any(with_roles) and not all(with_roles):
+            raise EngineError(out, "roles", "either every document carries its row roles or none does")
+        for d in docs:
+            if d.roles is not None and np.shape(d.roles) != np.shape(d.tokens):
+                raise EngineError(out, f"roles of {d.name}", f"{np.shape(d.roles)} roles for {np.shape(d.tokens)} tokens")
+        parts: dict[str, list[np.ndarray]] = {"tokens": [], "next": [], "R": [], "hh": []}
+        logits, ubatches, infos, done, first = [], [], [], 0, 0
+        if self._evaluate is None:
+            self._evaluate = self._open.enter_context(engine.sequences(capture=tail_names(tail.layer)))
+        for doc in docs:
             tick = None if progress is None else (lambda d, _t, base=done: progress(base + d, total))
-            run = evaluate(doc.tokens, tick)
+            run = self._evaluate(doc.tokens, tick)
             fields = pick(run, tail.layer, model)
             toks = run.tokens
             parts["tokens"].append(toks)
@@ -111,13 +143,13 @@ def capture_dump(model, docs: Sequence[CaptureDoc], out, *, settings: EngineSett
             infos.append(DocInfo(doc.name, first, toks.size, doc.source, doc.character, tuple(doc.tags)))
             first += toks.size
             done += toks.size
-        engine_info = dict(engine.info)
-    meta = {"engine": {"name": "llamacpp", **engine_info}, "engine_settings": settings.as_meta(),
-            "ubatch_sizes": ubatches, "captured": {k: list(v) for k, v in TAIL_NAMES.items()},
-            "per_document_sequences": True, **(extra_meta or {})}
-    fields = {k: np.concatenate(v) for k, v in parts.items()}
-    if all(with_roles):
-        fields["roles"] = mark_docs(np.concatenate([np.asarray(d.roles, np.uint8) for d in docs]), infos)
-    path = write_dump(out, arch="rmsnorm", layer=tail.layer, fields=fields, docs=infos,
-                      model_sha256=sha, meta=meta, overwrite=overwrite)
-    return CaptureResult(Path(path), first, tail.layer, sha, meta, np.concatenate(logits) if keep_logits else None)
+        meta = {"engine": {"name": "llamacpp", **engine.info}, "engine_settings": settings.as_meta(),
+                "ubatch_sizes": ubatches, "captured": {k: list(v) for k, v in TAIL_NAMES.items()},
+                "per_document_sequences": True, **(extra_meta or {})}
+        fields = {k: np.concatenate(v) for k, v in parts.items()}
+        if all(with_roles):
+            fields["roles"] = mark_docs(np.concatenate([np.asarray(d.roles, np.uint8) for d in docs]), infos)
+        path = write_dump(out, arch="rmsnorm", layer=tail.layer, fields=fields, docs=infos,
+                          model_sha256=self.sha256, meta=meta, overwrite=overwrite)
+        return CaptureResult(Path(path), first, tail.layer, self.sha256, meta,
+                             np.concatenate(logits) if keep_logits else None)

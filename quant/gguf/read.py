@@ -47,6 +47,7 @@ class GGUFFile:
         self.info_end = info_end  # one past the tensor-info table; zero padding follows to data_offset
         self.size = reader.size
         self._sha256: str | None = None
+        self._tokens: tuple[str, ...] | None = None
 
     def __repr__(self) -> str:
         return f"GGUFFile({str(self.path)!r}, v{self.version}, {len(self.tensors)} tensors)"
@@ -85,11 +86,14 @@ class GGUFFile:
         return kv.scalar
 
     def tokens(self) -> list[str]:
-        """The token table (`tokenizer.ggml.tokens`), decoded now."""
-        kv = self._kv.get("tokenizer.ggml.tokens")
-        if kv is None or kv.vtype != _VT.ARRAY or kv.elem_type != _VT.STRING:
-            raise GGUFFormatError(self.path, "tokenizer.ggml.tokens", "no string-array token table")
-        return self._r.string_items(kv.offset + 12, kv.count)
+        """The token table (`tokenizer.ggml.tokens`), decoded on the first call (the map is
+        read-only, so later calls copy that)."""
+        if self._tokens is None:
+            kv = self._kv.get("tokenizer.ggml.tokens")
+            if kv is None or kv.vtype != _VT.ARRAY or kv.elem_type != _VT.STRING:
+                raise GGUFFormatError(self.path, "tokenizer.ggml.tokens", "no string-array token table")
+            self._tokens = tuple(self._r.string_items(kv.offset + 12, kv.count))
+        return list(self._tokens)
 
     def token_types(self) -> np.ndarray | None:
         kv = self._kv.get("tokenizer.ggml.token_type")

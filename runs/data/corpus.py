@@ -41,10 +41,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from exactedit.native.llamacpp.capture import CaptureDoc, capture_dump
+from exactedit.native.llamacpp.capture import Capturer
 from exactedit.native.llamacpp.chat import model_chat, short_hash
 from exactedit.native.llamacpp.documents import labelled
-from exactedit.native.llamacpp.engine import EngineError, EngineSettings, LlamaEngine
+from exactedit.native.llamacpp.engine import EngineError, EngineSettings
 from exactedit.files import MAX_TEXT_BYTES, atomic_write_text, decode_utf8, read_regular
 from exactedit.solvers.phrases import PhraseMatcher, TokenBytes, parse_phrases
 from exactedit.solvers.l47.mining import mine
@@ -414,27 +414,27 @@ def build_corpus(model, phrases: Sequence[str], out, *, texts: Sequence = (), wo
     if ids[0] < 0 or ids[-1] >= len(chat.table):
         raise EngineError(model, "words", f"token ids must lie in [0, {len(chat.table)}), got {list(ids)}")
     names = _names(chat.table, ids)
-    with LlamaEngine(model, settings) as engine:
-        tokens = [engine.tokenize(s.text, parse_special=False) for s in sources]
-    matcher = PhraseMatcher(phrases, TokenBytes(chat.table), cfg.capitalized)
-    p = plan(sources, tokens, names, matcher, cfg)
-    total, done, parts, warns = sum(x.rows for x in p.parts), 0, [], []
-    for part in p.parts:
-        docs = [labelled(chat, f"corpus-{short_hash(sources[d].name)}-{a}", tokens[d][a:b], source=sources[d].name,
-                         character=f"c-{short_hash(sources[d].name)}", tags=("corpus",), kind="plain")
-                for d, a, b in p.windows[part.name]]
-        if not docs:
-            warns.append(f"{part.name}: no window (no use of the words in its {part.assigned} source documents)")
-            parts.append(part)
-            continue
-        tick = None if progress is None else (lambda d, _t, base=done: progress(base + d, total))
-        cap = capture_dump(model, docs, out / part.name, settings=settings, overwrite=overwrite, progress=tick,
-                           keep_logits=False,
-                           extra_meta={"corpus": {"part": part.name, "phrases": list(phrases), "words": list(ids),
-                                                  "config": asdict(cfg)}, "chat": chat.to_dict()})
-        done += cap.rows
-        parts.append(Part(**{**asdict(part), "dump": str(cap.path)}))
-        warns += [f"{part.name}: {n} uses of {w!r} (fewer than 10)" for w, n in part.uses.items() if n < 10]
+    with Capturer(model, settings) as capturer:      # the model read, hashed and loaded once for every part
+        tokens = [capturer.engine.tokenize(s.text, parse_special=False) for s in sources]
+        matcher = PhraseMatcher(phrases, TokenBytes(chat.table), cfg.capitalized)
+        p = plan(sources, tokens, names, matcher, cfg)
+        total, done, parts, warns = sum(x.rows for x in p.parts), 0, [], []
+        for part in p.parts:
+            docs = [labelled(chat, f"corpus-{short_hash(sources[d].name)}-{a}", tokens[d][a:b],
+                             source=sources[d].name, character=f"c-{short_hash(sources[d].name)}", tags=("corpus",),
+                             kind="plain")
+                    for d, a, b in p.windows[part.name]]
+            if not docs:
+                warns.append(f"{part.name}: no window (no use of the words in its {part.assigned} source documents)")
+                parts.append(part)
+                continue
+            tick = None if progress is None else (lambda d, _t, base=done: progress(base + d, total))
+            cap = capturer.dump(docs, out / part.name, overwrite=overwrite, progress=tick, keep_logits=False,
+                                extra_meta={"corpus": {"part": part.name, "phrases": list(phrases), "words": list(ids),
+                                                       "config": asdict(cfg)}, "chat": chat.to_dict()})
+            done += cap.rows
+            parts.append(Part(**{**asdict(part), "dump": str(cap.path)}))
+            warns += [f"{part.name}: {n} uses of {w!r} (fewer than 10)" for w, n in part.uses.items() if n < 10]
     res = CorpusResult(out, {n: i for i, n in names.items()}, p.corpus, tuple(parts), tuple(warns),
                        {**asdict(cfg), "texts": [str(t) for t in texts], "phrases": list(phrases)}, chat.to_dict())
     out.mkdir(parents=True, exist_ok=True)

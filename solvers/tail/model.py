@@ -12,6 +12,7 @@ The head stays in the GGUF (memory-mapped) and is read tile by tile by the strea
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Union
 
 import numpy as np
@@ -69,15 +70,19 @@ class TokenTable:
         t = np.asarray(self.types)
         return np.flatnonzero((t == TOKEN_CONTROL) | (t == TOKEN_USER_DEFINED))
 
+    @cached_property
+    def byte_strings(self) -> tuple[bytes, ...]:
+        """token_bytes of every token, made on first use and kept (an inverse index reads them all)."""
+        return tuple(self.token_bytes(i) for i in range(len(self.tokens)))
+
     def token_bytes(self, i: int) -> bytes:
         """The bytes token `i` stands for (special tokens: their name, as UTF-8)."""
         text = self.tokens[i]
         if self.is_special(i) or self.style == "raw":
             return text.encode("utf-8")
         if self.style == "bpe":
-            dec = _BYTE_DECODER
-            if all(c in dec for c in text):
-                return bytes(dec[c] for c in text)
+            if _BYTE_CHARS.issuperset(text):
+                return text.translate(_BYTE_LATIN1).encode("latin-1")
             return text.encode("utf-8")  # not byte-encoded (added tokens)
         if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
             try:
@@ -101,6 +106,9 @@ class TokenTable:
 
 
 _BYTE_DECODER = _gpt2_byte_decoder()
+# the same map as a str.translate table to the Latin-1 character of each byte (then .encode("latin-1"))
+_BYTE_CHARS = frozenset(_BYTE_DECODER)
+_BYTE_LATIN1 = {ord(c): b for c, b in _BYTE_DECODER.items()}
 _STYLES = {"gpt2": "bpe", "llama": "spm", "gemma": "spm", "t5": "spm"}
 
 

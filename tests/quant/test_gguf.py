@@ -101,6 +101,8 @@ def test_gguf_py_writer_cross_check(tmp_path):
         assert g.metadata_keys() == [f.name for f in ref.fields.values() if not f.name.startswith("GGUF.")]
         assert g.get("general.architecture") == "llama" and g.get("llama.block_count") == 2
         assert g.tokens() == ["a", "bb", "ccc"] and list(g.token_types()) == [1, 2, 3]
+        g.tokens().append("mutated")            # decoded once, handed out as a copy each call
+        assert g.tokens() == ["a", "bb", "ccc"]
         for t in ref.tensors:
             info = g.tensors[t.name]
             assert info.offset == t.data_offset and info.type_name == t.tensor_type.name

@@ -37,3 +37,27 @@ def test_one_context_gives_the_numbers_of_fresh_ones():
         assert sorted(a.captured) == sorted(b.captured) and a.captured
         for name in a.captured:
             assert np.array_equal(a.captured[name], b.captured[name]), name
+
+
+def test_one_capturer_writes_the_dumps_of_separate_captures(tmp_path):
+    """Capturer (the corpus stage: the model hashed and loaded once, one context for every part's
+    documents) writes dumps whose fields, documents and model hash are those of capture_dump per part."""
+    from exactedit import dumps
+    from exactedit.native.llamacpp.capture import CaptureDoc, Capturer, capture_dump
+    from exactedit.native.llamacpp.engine import EngineSettings, LlamaEngine
+
+    path = oracles.live_model("smollm")
+    s = EngineSettings(n_ctx=128, n_batch=16, n_ubatch=8, n_threads=1)
+    with LlamaEngine(path, s) as e:
+        toks = [e.tokenize(t) for t in TEXTS]
+    parts = ([CaptureDoc("a", toks[0]), CaptureDoc("b", toks[1])], [CaptureDoc("c", toks[2])])
+    with Capturer(path, s) as cap:
+        together = [cap.dump(docs, tmp_path / f"one-{i}", keep_logits=False) for i, docs in enumerate(parts)]
+    apart = [capture_dump(path, docs, tmp_path / f"own-{i}", settings=s) for i, docs in enumerate(parts)]
+    for a, b in zip(together, apart):
+        assert a.model_sha256 == b.model_sha256 and a.rows == b.rows and a.logits is None
+        da, db = dumps.read_dump(a.path), dumps.read_dump(b.path)
+        for field in ("tokens", "next", "R", "hh"):
+            assert np.array_equal(np.asarray(getattr(da, field)), np.asarray(getattr(db, field))), field
+        assert [d.name for d in da.docs] == [d.name for d in db.docs]
+        assert da.meta["ubatch_sizes"] == db.meta["ubatch_sizes"]

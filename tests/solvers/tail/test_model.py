@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from exactedit import quant
 from exactedit.dumps import DocInfo, write_dump
@@ -15,7 +16,7 @@ from exactedit.quant.gguf.write import MetaValue, TensorData, synthetic_model, w
 from exactedit.solvers.tail.forward.head_ref import Hc4Head, RmsnormHead, hc4_mix_ref, logits_ref, rmsnorm_mix_ref
 from exactedit.solvers.tail.forward.last_layer_ref import Hc4L47, RmsnormL47, hc4_l47_ref, rmsnorm_l47_ref
 from exactedit.solvers.tail.logits import parse_rows, write_logits
-from exactedit.solvers.tail.model import TokenTable, load_tail
+from exactedit.solvers.tail.model import _BYTE_DECODER, TokenTable, load_tail
 
 U32 = 2.0 ** -24
 
@@ -109,6 +110,17 @@ def test_byte_level_bpe_decode():
     assert table.is_special(3) and not table.is_special(0)
     with pytest.raises(IndexError):
         table.decode([5])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(sorted(_BYTE_DECODER) + [" ", "a", "\u2581", "\u00e9", "\u4e2d", "\x00"]),
+               max_size=12))
+def test_bpe_token_bytes_against_the_per_character_reference(text):
+    """token_bytes's translate-table path gives the bytes of the character-by-character decoder
+    (every character one of the 256 byte characters), else the text's UTF-8 (an added token)."""
+    table = TokenTable((text,), (1,), "bpe")
+    want = bytes(_BYTE_DECODER[c] for c in text) if all(c in _BYTE_DECODER for c in text) else text.encode("utf-8")
+    assert table.token_bytes(0) == want
 
 
 def test_parse_rows():
