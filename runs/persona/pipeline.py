@@ -276,6 +276,7 @@ def _solve_gated(r: _Run, rec: dict) -> dict:
     from exactedit.runs.solve.wfld import _ffn_name, gated_engine
     from exactedit.solvers.bundle import InputRef, TensorEdit, write_bundle
     from exactedit.solvers.l47.gated.config import DesignConfig
+    from exactedit.runs.persona.reach import style_reach
     from exactedit.solvers.l47.gated.style import StyleInputs, solve_style_unit
     from exactedit.solvers.tail.model import load_tail
 
@@ -312,6 +313,9 @@ def _solve_gated(r: _Run, rec: dict) -> dict:
             def said(stage):
                 done[0] += 1
                 tick(min(done[0], steps), steps)
+            reach = (style_reach(tail, dumps["dev"], int(ms.turn_end), edit, ROLE_NAMES[r.style.decision],
+                                 bars.persona_max_kl_off) if yields_end and "dev" in dumps and ms.turn_end is not None
+                     else None)
             res = solve_style_unit(inputs, progress=said)
             edits = [TensorEdit(down.name, "tensor", down.type_name, (int(down.rows), int(down.cols)), res.down_raw)]
             for part, raw in (("ffn_gate", res.gate_raw), ("ffn_up", res.up_raw)):
@@ -320,7 +324,8 @@ def _solve_gated(r: _Run, rec: dict) -> dict:
                                         np.array([res.unit], np.int64)))
             refs = [InputRef("model", str(r.model), g.sha256())]
         refs += [InputRef(f"dump:{s}", str(sets[s]["dump"]), d.sha256()) for s, d in dumps.items()]
-        summary = {**res.summary, "strength": res.strength, "headroom": res.headroom, "specials_kept": list(kept)}
+        summary = {**res.summary, "strength": res.strength, "headroom": res.headroom, "specials_kept": list(kept),
+                   "reach": reach}
         if res.passed:
             write_bundle(out / "gated", solver="persona-gated", inputs=refs,
                          config={"grid": list(c.gated_grid), "headrooms": list(c.gated_headrooms),
@@ -340,8 +345,12 @@ def _solve_gated(r: _Run, rec: dict) -> dict:
 
 
 def _solve(r: _Run, rec: dict) -> dict:
+    from exactedit.dumps import read_dump
+    from exactedit.dumps.format import ROLE_NAMES
     from exactedit.evals.protocol.protocol import Bars, EditSetRule, TokenSets, Trace, write_protocol
     from exactedit.runs.eval import workflow
+    from exactedit.runs.persona.reach import style_reach
+    from exactedit.solvers.tail.model import load_tail
     from exactedit.runs.solve.head_report import result_json
     from exactedit.runs.solve.head import solve_head, write_head_bundle
     from exactedit.quant import gguf
@@ -356,9 +365,13 @@ def _solve(r: _Run, rec: dict) -> dict:
     stopping, bars = c.stopping(), Bars(persona_decision=r.style.decision)    # registered before the solve
 
     def solve():
+        edit = tuple(int(t) for t in rec["data"]["edit_set"])
         with gguf.open(r.model) as g:
             ms = model_specials(g, r.template)
-        edit = tuple(int(t) for t in rec["data"]["edit_set"])
+            reach = None
+            if r.style.decision == "reply_end" and ms.turn_end is not None:
+                reach = style_reach(load_tail(g), read_dump(sets["dev"]["dump"]), int(ms.turn_end), edit,
+                                    ROLE_NAMES[r.style.decision], bars.persona_max_kl_off)
         traces = [Trace(s, Path(sets[s]["dump"]).resolve(), s) for s in SPLITS]
         if "anchors" in sets:
             traces.append(Trace("anchors", Path(sets["anchors"]["dump"]).resolve(), "anchors", "anchors"))
@@ -387,7 +400,7 @@ def _solve(r: _Run, rec: dict) -> dict:
                                 "dev": t["dev"].get("style"), "dev_kl": t["dev_kl"], "dev_kl_off": t["dev_kl_off"]}
                                for t in full["trajectory"]],
                 "seconds": full["seconds"], "stopping": full["stopping"], "hold": hcfg.hold,
-                "hold_rows": full["term_rows"].get("hold", 0), "decision": bars.persona_decision}
+                "hold_rows": full["term_rows"].get("hold", 0), "decision": bars.persona_decision, "reach": reach}
 
     return r.run("solve", {"data": r.stages.outputs("data"), "head": hcfg.to_json(),
                            "stopping": dataclasses.asdict(stopping), "bars": dataclasses.asdict(bars)},

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from exactedit.files import atomic_write_text, file_sha256, write_png
+from exactedit.runs.persona.reach import reach_lines
 
 MIN_RATIO = 0.70          # the seeds' bar: test / train gain on the style positions
 MAX_PPL_RISE = 0.01       # target: perplexity on text the solve never fitted within 1% of base
@@ -139,6 +140,7 @@ def _head_text(obj: dict, s: dict) -> list[str]:
         lines.append(f"  {sp['name']:<8}{_f(g['style'], '{:+.3f}'):>8} ({g['n_style']})  {_f(g['ordinary'], '{:+.4f}'):>8} "
                      f"({g['n_ordinary']})  {_f(sp['kl_mean'], '{:.5f}')}  {sp['special_flips']}  "
                      f"{_f(sp['turn_end_p_base'], '{:.4f}')} -> {_f(sp['turn_end_p_edit'], '{:.4f}')}")
+    lines += reach_lines(s.get("reach"))
     lines.append(f"test: {s['test']['status']}")
     lines += ["", "bars:"] + [f"  {b['label']:<52} {_f(b['number'], '{:.4f}'):>9} {b['op']} {b['threshold']:g}  "
                               + ({True: 'pass', False: 'FAIL', None: 'n/a'}[b['passed']] if b.get("gating", True)
@@ -159,6 +161,7 @@ def _gated_text(s: dict) -> list[str]:
              f"dev AUC {_f(dev.get('auc'), '{:.4f}')}, {_f(dev.get('pos_min'))} vs {_f(dev.get('neg_max'))}",
              f"removal of the old unit: KL on the anchors {_f(gs['removal']['chosen']['kl_mean'], '{:.3g}')}",
              f"dev: p(style) at the {gs['dev_decision_rows']} decision rows, base {_f(gs['dev_style_prob_base'], '{:.4f}')}",
+             *reach_lines(gs.get("reach")),
              "  headroom   strength   p(style) dev   KL off (dev)   KL off (anchors)   rows scored   column at bound"]
     for p in gs["frontier"]:
         k, n = p["kl_off"], p["rows_scored"]

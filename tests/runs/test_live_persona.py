@@ -154,6 +154,7 @@ def test_the_gated_unit_resumes_the_data_and_ships_verified(run):
     shipped_line = f"at headroom {s['gated']['headroom']:g} shipped"
     assert shipped_line in (d / "gated" / "report.md").read_text() or not s["shipped_edit"]
     assert s["gated"]["gate"]["fit"]["auc"] > 0.9
+    assert s["gated"]["reach"] is None             # a starter's: the reach is a reply-end style's bound
     text = (d / "gated" / "report.md").read_text()
     assert "gated unit of the last FFN" in text
     if s["shipped_edit"]:
