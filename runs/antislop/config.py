@@ -11,7 +11,7 @@ import numpy as np
 
 from exactedit.errors import ExacteditError
 from exactedit.runs.loop.inputs import bundled_dir, bundled_file, bundled_template, lines, read_settings, text_files
-from exactedit.solvers.l47.gated.config import RIDGES
+from exactedit.solvers.l47.gated.config import ANTISLOP_RIDGES
 
 LOOP = "antislop"       # the bundled inputs' folder: runs/bundled/NAME/antislop/
 AUTO_KEY, AUTO_KEYS = "auto", ("dense", "gated")
@@ -68,7 +68,7 @@ class AntislopConfig:
     gated_headroom: float = 4.0
     # the gates' ridges, one chosen per phrase on dev when several (WfldConfig.gated_ridges: one by
     # default, as chosen on the 21-phrase run's dev; the grid is solvers.l47.gated.config.RIDGES)
-    gated_ridges: tuple[float, ...] = RIDGES[:1]
+    gated_ridges: tuple[float, ...] = ANTISLOP_RIDGES
     chat_template: str | None = None    # a Jinja2 chat template file (default: the bundled chat_template.jinja, if any)
     rules_bias: float = 6.0             # the shipped rules' prefix penalty (shape compile --bias), nats
     rules_mode: str = "penalty"         # the rates stage's rules arms: "penalty", or "rewind" (phrases rolled back)

@@ -29,6 +29,11 @@ from typing import Any
 
 from exactedit.errors import FieldError
 
+#: the gated anti-slop edit's gate ridges by default: the first of gated.config.RIDGES alone (on
+#: Qwen's 21-phrase run the grid raised dev's non-slop chat KL from 0.0074 to 0.011 at the same
+#: dev cut: docs/solve-wfld.md)
+ANTISLOP_RIDGES = (1e-3,)
+
 BACKENDS = ("jax", "numpy")
 SHIP_MODES = ("auto", "feedback", "round")
 BACKGROUNDS = ("anchors", "anchors+train")
@@ -86,10 +91,8 @@ class WfldConfig:
     strength_grid: tuple[float, ...] = ()  # non-empty: the strength chosen on dev among these
     unmeasured_strength: float = 0.3     # with a grid: the most for a phrase whose word dev cannot measure
     gated_headroom: float = 4.0          # gated: the units fire at this many times the 99.9th pct of |hh| (solvers.l47.gated.edit)
-    # gated: the gates' ridges, one chosen per phrase on dev (gated.ridge) when several are given;
-    # one by default: on Qwen's 21-phrase run the grid (gated.config.RIDGES) raised dev's non-slop
-    # chat KL from 0.0074 to 0.011 at the same dev cut (docs/solve-wfld.md)
-    gated_ridges: tuple[float, ...] = (1e-3,)
+    # gated: the gates' ridges, one chosen per phrase on dev (gated.ridge) when several are given
+    gated_ridges: tuple[float, ...] = ANTISLOP_RIDGES
     gated_target_eps: float = 1e-2       # gated: the targets' Tikhonov weight (one direction per phrase serves every context)
     null_tol: float = 1e-6
     ridge: float = 1e-2

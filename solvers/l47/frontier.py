@@ -167,11 +167,13 @@ def frontier(tail, parts: Sequence[np.ndarray], fr: FrontierRows, strengths: Seq
              low: float = -0.10, tile_rows: int = 8192, base=None) -> list[Point]:
     """The frontier of W + sum_p s_p dW_p (`parts`: one edit per phrase) at each strength vector
     s of `strengths` (see the module doc), exact in float32 logits."""
-    parts = [np.asarray(d, np.float64) for d in parts]
+    parts = np.asarray(parts, np.float64)          # [P, n, h]: phrase_parts gives it as one array
     for sv in strengths:
         if len(sv) != len(parts):
             raise ValueError(f"a strength per part: {len(parts)} parts, got {list(sv)}")
-    return points(tail, fr, ((sv, sum(float(x) * d for x, d in zip(sv, parts))) for sv in strengths),
+    # each point's edit sum_p s_p dW_p as one product over the parts (a pass over them, not P
+    # scaled copies: on Qwen's 21 phrases, 0.7 s a point of 3)
+    return points(tail, fr, ((sv, np.tensordot(np.asarray(sv, np.float64), parts, axes=1)) for sv in strengths),
                   low=low, tile_rows=tile_rows, base=base)
 
 
@@ -362,10 +364,10 @@ def scaled(problem: WfldProblem, scale) -> WfldProblem:
     return dataclasses.replace(problem, cond=problem.cond._replace(target=problem.cond.target * factor))
 
 
-def phrase_parts(problem: WfldProblem, phrases: int) -> list[np.ndarray]:
-    """Per phrase, the first Gauss-Newton round's edit for that phrase's targets alone (every other
-    target and every hold at 0), at the base linearization: their sum is that round's edit, in dW
-    (their effects on the logits do not add up through the nonlinear tail, post-FFN norm or not:
+def phrase_parts(problem: WfldProblem, phrases: int) -> np.ndarray:
+    """float64 [P, n, h]: per phrase, the first Gauss-Newton round's edit for that phrase's targets
+    alone (every other target and every hold at 0), at the base linearization: their sum is that
+    round's edit, in dW (their effects on the logits do not add up through the nonlinear tail, post-FFN norm or not:
     `frontier` scores every combination exactly)."""
     ph = condition_phrase(problem)
     bs = np.stack([np.where(ph == p, problem.cond.target, 0.0) for p in range(phrases)], axis=1)

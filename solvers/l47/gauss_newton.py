@@ -150,13 +150,17 @@ def solve_min_norm(U, Hh, M, b, eps, gram: Gram | None = None) -> MinNorm:
     return MinNorm(dW, lam, linear_change(dW, U, Hh), b)
 
 
-def min_norm_parts(U, Hh, M, bs, eps, gram: Gram | None = None) -> list[np.ndarray]:
-    """The Gram solve for each column of bs [K, m] (one factorization): m edits dW [n, h], whose
-    sum is `solve_min_norm` of bs.sum(axis=1) (the solve is linear in its right-hand side);
-    `gram` as in `_gram_solve`."""
+def min_norm_parts(U, Hh, M, bs, eps, gram: Gram | None = None) -> np.ndarray:
+    """The Gram solve for each column of bs [K, m] (one factorization): float64 [m, n, h], m edits
+    dW [n, h] in one array (a combination of them is one product with it), whose sum is
+    `solve_min_norm` of bs.sum(axis=1) (the solve is linear in its right-hand side); `gram` as in
+    `_gram_solve`."""
     U, Hh, bs = (np.asarray(x, dtype=np.float64) for x in (U, Hh, bs))
     lam, G = _gram_solve(U, Hh, M, bs, eps, gram)
-    return [(U * lam[:, j][:, None]).T @ G for j in range(bs.shape[1])]
+    out = np.empty((bs.shape[1], U.shape[1], G.shape[1]))
+    for j in range(bs.shape[1]):
+        np.matmul((U * lam[:, j][:, None]).T, G, out=out[j])
+    return out
 
 
 class Evaluation(NamedTuple):

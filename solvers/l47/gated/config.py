@@ -9,8 +9,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from exactedit.errors import FieldError
+from exactedit.solvers.l47.config import ANTISLOP_RIDGES
 
-__all__ = ["DesignConfig", "GateConfig", "GatedError", "RIDGES", "UP_ROWS", "as_rows", "as_labels"]
+__all__ = ["ANTISLOP_RIDGES", "DesignConfig", "GateConfig", "GatedError", "RIDGES", "UP_ROWS", "as_rows", "as_labels"]
 
 UP_ROWS = ("gate", "mean_positive")       # solvers.l47.gated.design: the up row's direction
 
@@ -30,7 +31,7 @@ def _positive(owner: str, name: str, value, *, allow_zero: bool = False) -> None
 # the gate's ridges tried, one chosen per detector on dev (ridge.choose_ridge); the first is
 # GateConfig's lam, kept where dev has no positive. The persona's unit tries them all; the
 # anti-slop edit only the first by default (chosen on dev: docs/solve-wfld.md)
-RIDGES = (1e-3, 1e-2, 1e-1, 1.0)
+RIDGES = ANTISLOP_RIDGES + (1e-2, 1e-1, 1.0)
 
 
 @dataclass(frozen=True)

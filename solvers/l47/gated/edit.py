@@ -34,7 +34,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from exactedit.solvers.l47.gated.config import RIDGES, DesignConfig, GateConfig, GatedError
+from exactedit.solvers.l47.gated.config import ANTISLOP_RIDGES, DesignConfig, GateConfig, GatedError
 from exactedit.solvers.l47.gated.design import GatedUnit
 from exactedit.solvers.l47.gated.down import Contexts, context_rejected, solve_down, zero_column
 from exactedit.solvers.l47.gated.gate import Gate
@@ -99,7 +99,7 @@ class GatedInputs:
     quantize_row: Callable[[np.ndarray], np.ndarray]
     activation: Callable[[object, np.ndarray, np.ndarray, int], np.ndarray]
     gate: GateConfig = GateConfig()
-    gate_lams: tuple[float, ...] = RIDGES[:1]   # the gate's ridges: with several, one chosen per phrase on the
+    gate_lams: tuple[float, ...] = ANTISLOP_RIDGES   # the gate's ridges: with several, one chosen per phrase on the
                                                 # heldout (dev) rows (WfldConfig.gated_ridges)
     design: DesignConfig = DesignConfig()
     design_target: float | None = None  # the units' median activation on their contexts; None: headroom x the data's scale

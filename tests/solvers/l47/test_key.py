@@ -216,6 +216,15 @@ def test_the_frontier_is_the_exact_rescore_at_each_strength(world):  # noqa: F81
     assert not passed and low.strength == (0.0,)
     assert fr_mod.grid_points([1.0, 0.5], 2) == [(0.5, 0.5), (0.5, 1.0), (1.0, 0.5), (1.0, 1.0)]
     assert fr_mod.grid_points([1.0, 0.5], 9) == [(0.5,) * 9, (1.0,) * 9]     # 512 combinations: shared
+    # several parts: each point's edit sum_p s_p dW_p (one product over the stacked parts) is the
+    # reference forward's at the explicitly summed edit
+    parts = [dW, rng.normal(size=dW.shape) * 0.05 * np.abs(w["problem"].w0).mean()]
+    combos = [(0.5, 1.0), (1.0, 0.3)]
+    for p, sv in zip(fr_mod.frontier(tail, parts, fr, combos, tile_rows=64), combos):
+        d = logp(sv[0] * parts[0] + sv[1] * parts[1]) - base
+        assert p.strength == sv
+        assert p.cut_all == pytest.approx(1 - np.exp(base[:fr.slop] + d[:fr.slop]).mean()
+                                          / np.exp(base[:fr.slop]).mean(), abs=2e-5)
 
 
 def test_phrase_parts_sum_to_the_first_round_and_scale_per_phrase(world):  # noqa: F811
