@@ -313,9 +313,10 @@ def _solve_gated(r: _Run, rec: dict) -> dict:
             def said(stage):
                 done[0] += 1
                 tick(min(done[0], steps), steps)
-            reach = (style_reach(tail, dumps["dev"], int(ms.turn_end), edit, ROLE_NAMES[r.style.decision],
-                                 bars.persona_max_kl_off) if yields_end and "dev" in dumps and ms.turn_end is not None
-                     else None)
+            reach = None            # the dev dump is there: its absence stopped the stage above
+            if yields_end and ms.turn_end is not None:
+                reach = style_reach(tail, dumps["dev"], int(ms.turn_end), edit, ROLE_NAMES[r.style.decision],
+                                    bars.persona_max_kl_off)
             res = solve_style_unit(inputs, progress=said)
             edits = [TensorEdit(down.name, "tensor", down.type_name, (int(down.rows), int(down.cols)), res.down_raw)]
             for part, raw in (("ffn_gate", res.gate_raw), ("ffn_up", res.up_raw)):
