@@ -39,11 +39,13 @@ import numpy as np
 from exactedit.solvers.tail.passes.vocab_pass import vocab_pass
 from exactedit.solvers.l47 import gauss_newton as wfld
 from exactedit.solvers.l47.jacobian import gather_rows
+from exactedit.solvers.l47.line import LineScorer, line_ready
 from exactedit.solvers.l47.mining import Mining
 from exactedit.solvers.l47.problem import WfldProblem
 
 __all__ = ["BarD", "FrontierBase", "FrontierRows", "Point", "choose", "choose_strength", "condition_phrase",
-           "edited_logp", "frontier", "frontier_base", "frontier_rows", "grid_points", "phrase_parts", "points",
+           "edited_logp", "frontier", "frontier_base", "frontier_rows", "grid_points", "line_frontier",
+           "phrase_parts", "point_at", "points",
            "scaled", "search_strengths"]
 
 
@@ -185,19 +187,34 @@ def points(tail, fr: FrontierRows, edits, *, low: float = -0.10, tile_rows: int 
     `base` the unedited side when already computed (`frontier_base`)."""
     base = frontier_base(tail, fr, tile_rows) if base is None else base
     out = []
-    P = fr.slop
     for sv, dW in edits:
         lp, scored = edited_logp(tail, fr, base, dW, tile_rows)
-        p0, p1 = np.exp(base.logp[:P]), np.exp(lp[:P])
-        cut = {int(ph): float(1.0 - p1[fr.phrase == ph].mean() / p0[fr.phrase == ph].mean())
-               for ph in np.unique(fr.phrase)}
-        d = (lp - base.logp)[P:]
-        words = np.unique(fr.word)
-        out.append(Point(tuple(float(x) for x in sv), cut, float(1.0 - p1.mean() / p0.mean()) if P else None,
-                         {int(w): float(d[fr.word == w].mean()) for w in words},
-                         {int(w): float(np.mean(d[fr.word == w] < low)) for w in words},
-                         {int(w): int(np.sum(fr.word == w)) for w in words}, scored=scored))
+        out.append(point_at(sv, fr, base.logp, lp, low=low, scored=scored))
     return out
+
+
+def point_at(sv, fr: FrontierRows, base_logp: np.ndarray, lp: np.ndarray, *, low: float = -0.10,
+             scored: int | None = None) -> Point:
+    """The Point of strengths `sv` from its log-probs `lp` of `fr`'s followed tokens and the
+    unedited ones `base_logp`."""
+    P = fr.slop
+    p0, p1 = np.exp(base_logp[:P]), np.exp(lp[:P])
+    cut = {int(ph): float(1.0 - p1[fr.phrase == ph].mean() / p0[fr.phrase == ph].mean())
+           for ph in np.unique(fr.phrase)}
+    d = (lp - base_logp)[P:]
+    words = np.unique(fr.word)
+    return Point(tuple(float(x) for x in sv), cut, float(1.0 - p1.mean() / p0.mean()) if P else None,
+                 {int(w): float(d[fr.word == w].mean()) for w in words},
+                 {int(w): float(np.mean(d[fr.word == w] < low)) for w in words},
+                 {int(w): int(np.sum(fr.word == w)) for w in words}, scored=scored)
+
+
+def line_frontier(scorer, fr: FrontierRows, strengths: Sequence[Sequence[float]], *, low: float = -0.10) -> list[Point]:
+    """The frontier of `frontier` at `strengths` through a `line.LineScorer` of `fr`'s rows and the
+    phrase parts: the same points, each row through the full head, a head pass per direction of
+    the batch instead of one per point (solvers/l47/line.py)."""
+    lps = scorer.logp([tuple(sv) for sv in strengths]) if len(strengths) else []
+    return [point_at(sv, fr, scorer.base, lp, low=low, scored=len(fr.token)) for sv, lp in zip(strengths, lps)]
 
 
 #: cuts within this of the best passing cut count as equal, and the weakest of them is chosen
@@ -297,12 +314,16 @@ def choose_strength(cfg, tail, problem, mining: Mining, dev: Sequence[tuple[str,
     combos = list(dict.fromkeys(capped(c) for c in grid_points(grid, n_ph, GRID_LIMIT)))
     search = len(grid) ** n_ph > GRID_LIMIT
     parts = phrase_parts(problem, n_ph) if edits is None else None
+    lines = edits is None and line_ready(tail)
     bases: dict = {}
 
     def score(rows, combos):
         if id(rows) not in bases:
-            bases[id(rows)] = frontier_base(tail, rows, cfg.tile_rows)
+            bases[id(rows)] = (LineScorer(tail, parts, rows.rows, rows.token, tile_rows=cfg.tile_rows) if lines
+                               else frontier_base(tail, rows, cfg.tile_rows))
         base = bases[id(rows)]
+        if lines:
+            return line_frontier(base, rows, combos, low=bar_d.low)
         if edits is None:
             return frontier(tail, parts, rows, combos, low=bar_d.low, tile_rows=cfg.tile_rows, base=base)
         return [dataclasses.replace(p, strength=c) for p, c in zip(points(
