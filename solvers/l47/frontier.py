@@ -39,7 +39,7 @@ import numpy as np
 from exactedit.solvers.tail.passes.vocab_pass import vocab_pass
 from exactedit.solvers.l47 import gauss_newton as wfld
 from exactedit.solvers.l47.jacobian import gather_rows
-from exactedit.solvers.l47.line import LineScorer, line_ready
+from exactedit.solvers.l47.line import HeadTiles, LineScorer, line_ready
 from exactedit.solvers.l47.mining import Mining
 from exactedit.solvers.l47.problem import WfldProblem
 
@@ -315,11 +315,12 @@ def choose_strength(cfg, tail, problem, mining: Mining, dev: Sequence[tuple[str,
     search = len(grid) ** n_ph > GRID_LIMIT
     parts = phrase_parts(problem, n_ph) if edits is None else None
     lines = edits is None and line_ready(tail)
+    head = HeadTiles(tail, cfg.tile_rows) if lines else None     # the dev and collateral lines' one head
     bases: dict = {}
 
     def score(rows, combos):
         if id(rows) not in bases:
-            bases[id(rows)] = (LineScorer(tail, parts, rows.rows, rows.token, tile_rows=cfg.tile_rows) if lines
+            bases[id(rows)] = (LineScorer(tail, parts, rows.rows, rows.token, head=head) if lines
                                else frontier_base(tail, rows, cfg.tile_rows))
         base = bases[id(rows)]
         if lines:

@@ -11,7 +11,8 @@ with H the head and c the softcap. So the logits at every point of the line come
 products with the head, U_a and U_v, and U_a is kept from the line before whenever the new line
 starts at one of its points (the coordinate search's next step starts at its chosen point):
 one head pass per step instead of one per point. Each point's log-probabilities are then a
-fold over the kept [T, V] products (`span_logp`, float64 sums). A batch off one line but moving
+fold over the kept [T, V] products (`span_logp`, float64 sums, one read of them), and the head, dequantized, is
+kept for the search where it is small (`HeadTiles`). A batch off one line but moving
 at most `MAX_SPAN` phrases (the full per-phrase grid of up to three) is a plane the same way:
 U = U_a + sum_k c_k U_k, one product per phrase moved.
 
@@ -33,10 +34,8 @@ import numba
 import numpy as np
 from numba import prange
 
-from exactedit.solvers.tail.forward.head_fast import Sgemm
-from exactedit.solvers.tail.passes.vocab_pass import tile_size
 
-__all__ = ["LINE_ELEMS", "LINE_TOL", "LineScorer", "head_products", "line_ready", "plan", "span_logp"]
+__all__ = ["HEAD_KEEP_BYTES", "HeadTiles", "LINE_ELEMS", "LINE_TOL", "LineScorer", "head_products", "line_ready", "plan", "span_logp"]
 
 #: float32 logits held at once for a batch's products (2 GiB); the anchor's is kept between
 #: batches when it takes at most half of it
@@ -53,16 +52,42 @@ def line_ready(tail) -> bool:
     return tail.kind == "rmsnorm" and tail.l47.w_post is None
 
 
-def head_products(tail, X: np.ndarray, tile_rows: int = 8192, out: np.ndarray | None = None) -> np.ndarray:
-    """float32 [T, V]: X [T, n] times every head row (tile by tile: the head is never held), into
-    `out` when given."""
-    src, mm = tail.head, Sgemm()
-    X = mm.prepare(X)
-    out = np.empty((X.shape[0], src.rows), np.float32) if out is None else out
-    step = tile_size(X.shape[0], tile_rows)
-    for start in range(0, src.rows, step):
-        stop = min(start + step, src.rows)
-        out[:, start:stop] = mm.tile(X, src, start, stop)
+#: a head at most this large (float32) is dequantized once per search and kept (Qwen2.5-1.5B's:
+#: 0.93 GB, 0.8 s of dequantizing a pass); a larger one streams, a tile at a time, every pass
+HEAD_KEEP_BYTES = 1 << 30
+
+
+class HeadTiles:
+    """The head's rows as float32 tiles of `tile_rows`, dequantized once and kept when the whole
+    head takes at most `keep_bytes`, else read again on each pass (never held whole)."""
+
+    def __init__(self, tail, tile_rows: int = 8192, keep_bytes: int = HEAD_KEEP_BYTES):
+        self.src, self.step = tail.head, max(1, int(tile_rows))
+        self.keep = self.src.rows * self.src.cols * 4 <= keep_bytes
+        self._kept: list[np.ndarray] | None = None
+
+    def __iter__(self):
+        """(start, stop, float32 [stop - start, n]) over the head's rows."""
+        if self._kept is not None:
+            yield from self._kept
+            return
+        kept = [] if self.keep else None
+        for start in range(0, self.src.rows, self.step):
+            stop = min(start + self.step, self.src.rows)
+            tile = (start, stop, self.src.read(start, stop))
+            if kept is not None:
+                kept.append(tile)
+            yield tile
+        if kept is not None:
+            self._kept = kept
+
+
+def head_products(head: HeadTiles, X: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """float32 [T, V]: X [T, n] times every head row (`HeadTiles`), into `out` when given."""
+    X = np.ascontiguousarray(X, dtype=np.float32)
+    out = np.empty((X.shape[0], head.src.rows), np.float32) if out is None else out
+    for start, stop, w in head:
+        out[:, start:stop] = X @ w.T
     return out
 
 
@@ -72,7 +97,7 @@ def _fold(Ua, Us, c, inv_r, cap, token, lse, sel):
     K = c.size
     for i in prange(T):
         s = inv_r[i]
-        m = -np.inf
+        m, acc = -np.inf, 0.0          # an online logsumexp: one read of the products
         for j in range(V):
             x = np.float64(Ua[i, j])
             for k in range(K):
@@ -80,16 +105,11 @@ def _fold(Ua, Us, c, inv_r, cap, token, lse, sel):
             x *= s
             if cap > 0.0:
                 x = cap * math.tanh(x / cap)
-            m = max(m, x)
-        acc = 0.0
-        for j in range(V):
-            x = np.float64(Ua[i, j])
-            for k in range(K):
-                x += c[k] * np.float64(Us[k, i, j])
-            x *= s
-            if cap > 0.0:
-                x = cap * math.tanh(x / cap)
-            acc += math.exp(x - m)
+            if x > m:
+                acc = acc * math.exp(m - x) + 1.0
+                m = x
+            else:
+                acc += math.exp(x - m)
         lse[i] = m + math.log(acc)
         j = token[i]
         x = np.float64(Ua[i, j])
@@ -138,11 +158,12 @@ class LineScorer:
     are `base` (computed on construction); `passes` counts the products with the head."""
 
     def __init__(self, tail, parts: np.ndarray, rows, token: np.ndarray, *, tile_rows: int = 8192,
-                 max_elems: int = LINE_ELEMS):
+                 max_elems: int = LINE_ELEMS, head: HeadTiles | None = None):
         if not line_ready(tail):
             raise ValueError(f"a line of strengths needs a plain RMSNorm tail, not {tail.kind}"
                              f"{' with a post-FFN norm' if tail.kind == 'rmsnorm' else ''}")
-        self.tail, self.parts, self.tile_rows = tail, np.asarray(parts, np.float64), tile_rows
+        self.tail, self.parts = tail, np.asarray(parts, np.float64)
+        self.head = HeadTiles(tail, tile_rows) if head is None else head
         self.token = np.asarray(token, np.int64)
         self.hh = np.asarray(rows.hh, np.float64)
         self.y0 = np.asarray(rows.R, np.float64) + self.hh @ np.asarray(tail.l47.w_down, np.float64).T
@@ -158,7 +179,7 @@ class LineScorer:
 
     def _products(self, y: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         self.passes += 1
-        return head_products(self.tail, (y * self.g).astype(np.float32), self.tile_rows, out)
+        return head_products(self.head, y * self.g, out)
 
     def _residual(self, s: np.ndarray) -> np.ndarray:
         return self.y0 + self.hh @ np.tensordot(s, self.parts, axes=1).T if s.any() else self.y0

@@ -121,6 +121,22 @@ def test_rows_in_chunks_give_the_same_values(plain):
     np.testing.assert_allclose(whole.logp(combos), tight.logp(combos), atol=1e-5, rtol=0)
 
 
+def test_the_head_is_kept_only_when_small(plain):
+    """A head within the budget is dequantized once and kept; a larger one streams on every pass;
+    both give the same products, the float64 reference's within float32 rounding."""
+    tail = plain["tail"]
+    X = np.random.default_rng(1).normal(size=(7, tail.head.cols)).astype(np.float32)
+    kept, streamed = line_mod.HeadTiles(tail, 64), line_mod.HeadTiles(tail, 64, keep_bytes=0)
+    assert kept.keep and not streamed.keep
+    a = line_mod.head_products(kept, X)
+    assert kept._kept is not None and len(kept._kept) == -(-tail.head.rows // 64)
+    np.testing.assert_array_equal(line_mod.head_products(kept, X), a)
+    np.testing.assert_array_equal(line_mod.head_products(streamed, X), a)
+    assert streamed._kept is None
+    ref = X.astype(np.float64) @ np.asarray(tail.head.read(0, tail.head.rows), np.float64).T
+    np.testing.assert_allclose(a, ref, rtol=0, atol=1e-4 * np.abs(ref).max())
+
+
 def test_other_tails_are_refused(tmp_path):
     w = build_world(tmp_path, tail="post")
     tail = load_tail(gguf.open(w["model"]))
