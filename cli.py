@@ -899,7 +899,7 @@ def untie_cmd(model, out, overwrite, as_json) -> None:
     emit(res, render_untie(res), as_json)
 
 
-# ---- bench: dump-verify, engine, gbnf, generate, gguf-open, head, loop, quant, serve, shape-compile, solve-head, solve-wfld
+# ---- bench: dump-verify, engine, frontier, gbnf, generate, gguf-open, head, loop, quant, serve, shape-compile, solve-head, solve-wfld
 
 @main.group()
 def bench() -> None:
@@ -1173,6 +1173,25 @@ def bench_solve_head(as_json, device, **flags) -> None:
         cfg = BenchSolveHeadConfig(**flags)
     r = with_progress("bench solve-head", run_bench_solve_head, cfg)
     emit(r, render_bench_solve_head(r), as_json)
+
+
+@bench.command("frontier")
+@click.option("--n", default=1536, show_default=True, type=click.IntRange(1), help="Model width.")
+@click.option("--h", default=8960, show_default=True, type=click.IntRange(1), help="FFN width.")
+@click.option("--vocab", default=151936, show_default=True, type=click.IntRange(1), help="Head rows V.")
+@click.option("--rows", default=256, show_default=True, type=click.IntRange(1),
+              help="Frontier rows (half slop positions, half legitimate uses).")
+@click.option("--phrases", default=4, show_default=True, type=click.IntRange(1))
+@click.option("--seed", default=0, show_default=True, type=int)
+@JSON_FLAG
+def bench_frontier(as_json, **flags) -> None:
+    """The dense strength search along lines vs a full-vocabulary pass per point, same run."""
+    from exactedit.bench import BenchFrontierConfig, render_bench_frontier, run_bench_frontier
+
+    with _bad_parameter():
+        cfg = BenchFrontierConfig(**flags)
+    r = with_progress("bench frontier", run_bench_frontier, cfg)
+    emit(r, render_bench_frontier(r), as_json)
 
 
 @bench.command("solve-wfld")

@@ -7,6 +7,7 @@ from exactedit import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
     "BENCHED": "quant",
+    "BenchFrontierConfig": "frontier",
     "BenchHeadConfig": "head",
     "BenchSolveHeadConfig": "solve_head",
     "BenchSolveWfldConfig": "solve_wfld",
@@ -22,6 +23,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "ShapeCompileBenchConfig": "shape_compile",
     "device_bench": "gpu",
     "format_table": "quant",
+    "render_bench_frontier": "frontier",
     "render_bench_head": "head",
     "render_bench_solve_head": "solve_head",
     "render_bench_solve_wfld": "solve_wfld",
@@ -35,6 +37,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "render_loop_bench": "loop.rates",
     "render_serve_bench": "serve.throughput",
     "render_shape_compile_bench": "shape_compile",
+    "run_bench_frontier": "frontier",
     "run_bench_head": "head",
     "run_bench_solve_head": "solve_head",
     "run_bench_solve_wfld": "solve_wfld",

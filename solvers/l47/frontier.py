@@ -6,7 +6,8 @@ the tail is nonlinear in dW (the final norm and head; a post-FFN norm, Gemma sty
 so a point's logits are never a sum of per-phrase effects and every point is scored through the
 exact tail. At a strength vector s the tensor is
 W + sum_p s_p dW_p (float, before shipping) and, on rows the solve never acted on, exactly (the
-full tail and a full-vocabulary pass per point):
+full tail and the full vocabulary at every point; on a plain RMSNorm tail along lines of strengths,
+`line_frontier`: a head pass per direction of a batch, not per point, solvers/l47/line.py):
 - the cut: per phrase, 1 - mean p'(rejected) / mean p(rejected) over its slop positions
   (bar (c)'s statistic);
 - the collateral: per word, the mean dlogp of its legitimate uses and the share below `low`

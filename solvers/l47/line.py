@@ -136,18 +136,22 @@ MAX_SPAN = 3
 
 
 def plan(diffs: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """(directions [k, P], coefficients [B, k]) with diffs == coefficients @ directions: the
-    strength axes the rows move along when they are at most MAX_SPAN, else one shared direction
-    (the rows on one line through the origin), else None."""
+    """(directions [k, P], coefficients [B, k]) with diffs == coefficients @ directions: one shared
+    direction when the rows lie on a line through the origin, else the strength axes they move
+    along when they are at most MAX_SPAN, else None."""
     diffs = np.asarray(diffs, np.float64)
     P = diffs.shape[1]
+    if len(diffs) and np.abs(diffs).max() > 0:
+        v = diffs[int(np.argmax(np.abs(diffs).max(axis=1)))]
+        t = diffs @ v / (v @ v)
+        if np.allclose(np.outer(t, v), diffs, rtol=0, atol=1e-12):
+            axis = np.flatnonzero(v)
+            if axis.size == 1:                  # along one axis: the unit direction
+                return np.eye(P)[axis], diffs[:, axis]
+            return v[None, :], t[:, None]
     axes = np.flatnonzero(np.abs(diffs).max(axis=0) > 0) if len(diffs) else np.zeros(0, np.int64)
     if len(axes) <= MAX_SPAN:
         return np.eye(P)[axes], diffs[:, axes]
-    v = diffs[int(np.argmax(np.abs(diffs).max(axis=1)))]
-    t = diffs @ v / (v @ v)
-    if np.allclose(np.outer(t, v), diffs, rtol=0, atol=1e-12):
-        return v[None, :], t[:, None]
     return None
 
 
@@ -173,6 +177,7 @@ class LineScorer:
         T = len(self.token)
         self.keep = T * self.V <= self.max_elems // 2     # the anchor's product kept between batches
         self.anchor = np.zeros(len(self.parts))
+        self._ya: tuple | None = None
         self.Ua = self._products(self.y0) if self.keep else None
         self.last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None   # (directions, coefficients, U)
         self.base = self.logp([tuple(self.anchor)])[0]
@@ -181,8 +186,19 @@ class LineScorer:
         self.passes += 1
         return head_products(self.head, y * self.g, out)
 
+    def _edit(self, s: np.ndarray) -> np.ndarray:
+        """sum_p s_p dW_p [n, h] (a single phrase's part itself)."""
+        nz = np.flatnonzero(s)
+        if nz.size == 1:
+            return s[nz[0]] * self.parts[nz[0]]
+        return np.tensordot(s, self.parts, axes=1)
+
     def _residual(self, s: np.ndarray) -> np.ndarray:
-        return self.y0 + self.hh @ np.tensordot(s, self.parts, axes=1).T if s.any() else self.y0
+        """y at the strengths `s` (float64 [T, n]), the anchor's kept until the anchor moves."""
+        key = tuple(s)
+        if self._ya is None or self._ya[0] != key:
+            self._ya = (key, self.y0 + self.hh @ self._edit(s).T if s.any() else self.y0)
+        return self._ya[1]
 
     def _find(self, combos: np.ndarray):
         """(plan, the point of the last batch to move the anchor to or None): the plan from the anchor
@@ -222,7 +238,7 @@ class LineScorer:
                         self.Ua += np.float32(ck) * U[k]
         self.last = None
         ya = self._residual(self.anchor)
-        yd = [self.hh @ np.tensordot(d, self.parts, axes=1).T for d in dirs]
+        yd = [self.hh @ self._edit(d).T for d in dirs]
         T, k = len(self.token), len(dirs)
         free = self.max_elems - (T * self.V if self.keep else 0)
         step = max(1, free // (self.V * max(1, k + (0 if self.keep else 1))))
