@@ -46,7 +46,7 @@ from exactedit.solvers.l47.problem import WfldProblem
 
 __all__ = ["BarD", "FrontierBase", "FrontierRows", "Point", "choose", "choose_strength", "condition_phrase",
            "edited_logp", "frontier", "frontier_base", "frontier_rows", "grid_points", "line_frontier",
-           "phrase_parts", "point_at", "points",
+           "phrase_factors", "phrase_parts", "point_at", "points",
            "scaled", "search_strengths"]
 
 
@@ -314,8 +314,8 @@ def choose_strength(cfg, tail, problem, mining: Mining, dev: Sequence[tuple[str,
     capped = lambda c: tuple(min(x, cap) if p in limited else x for p, x in enumerate(c))  # noqa: E731
     combos = list(dict.fromkeys(capped(c) for c in grid_points(grid, n_ph, GRID_LIMIT)))
     search = len(grid) ** n_ph > GRID_LIMIT
-    parts = phrase_parts(problem, n_ph) if edits is None else None
     lines = edits is None and line_ready(tail)
+    parts = None if edits is not None else phrase_factors(problem, n_ph) if lines else phrase_parts(problem, n_ph)
     head = HeadTiles(tail, cfg.tile_rows) if lines else None     # the dev and collateral lines' one head
     bases: dict = {}
 
@@ -392,6 +392,11 @@ def phrase_parts(problem: WfldProblem, phrases: int) -> np.ndarray:
     alone (every other target and every hold at 0), at the base linearization: their sum is that
     round's edit, in dW (their effects on the logits do not add up through the nonlinear tail, post-FFN norm or not:
     `frontier` scores every combination exactly)."""
+    return phrase_factors(problem, phrases).dense()
+
+
+def phrase_factors(problem: WfldProblem, phrases: int) -> wfld.PartFactors:
+    """`phrase_parts` unformed (`gauss_newton.PartFactors`: what the search along lines reads)."""
     ph = condition_phrase(problem)
     bs = np.stack([np.where(ph == p, problem.cond.target, 0.0) for p in range(phrases)], axis=1)
-    return wfld.min_norm_parts(problem.base.U, problem.hh, problem.M, bs, problem.cond.eps, problem.gram())
+    return wfld.min_norm_factors(problem.base.U, problem.hh, problem.M, bs, problem.cond.eps, problem.gram())

@@ -150,17 +150,37 @@ def solve_min_norm(U, Hh, M, b, eps, gram: Gram | None = None) -> MinNorm:
     return MinNorm(dW, lam, linear_change(dW, U, Hh), b)
 
 
+class PartFactors(NamedTuple):
+    """The m edits of `min_norm_parts` unformed: dW_j = (U * lam[:, j])^T G. A combination's effect
+    on rows hh [T, h] is ((hh G^T) * (lam s)) U, T K (h + n) flops instead of the m n h K that
+    forming the edits costs (`line.LineScorer` reads them so)."""
+
+    U: np.ndarray        # float64 [K, n]
+    lam: np.ndarray      # float64 [K, m]
+    G: np.ndarray        # float64 [K, h]
+
+    def dense(self) -> np.ndarray:
+        """float64 [m, n, h]: every edit formed."""
+        out = np.empty((self.lam.shape[1], self.U.shape[1], self.G.shape[1]))
+        for j in range(self.lam.shape[1]):
+            np.matmul((self.U * self.lam[:, j][:, None]).T, self.G, out=out[j])
+        return out
+
+
+def min_norm_factors(U, Hh, M, bs, eps, gram: Gram | None = None) -> PartFactors:
+    """The Gram solve for each column of bs [K, m] (one factorization), its edits unformed
+    (`PartFactors`); `gram` as in `_gram_solve`."""
+    U, Hh, bs = (np.asarray(x, dtype=np.float64) for x in (U, Hh, bs))
+    lam, G = _gram_solve(U, Hh, M, bs, eps, gram)
+    return PartFactors(U, np.asarray(lam, np.float64).reshape(bs.shape), G)
+
+
 def min_norm_parts(U, Hh, M, bs, eps, gram: Gram | None = None) -> np.ndarray:
     """The Gram solve for each column of bs [K, m] (one factorization): float64 [m, n, h], m edits
     dW [n, h] in one array (a combination of them is one product with it), whose sum is
     `solve_min_norm` of bs.sum(axis=1) (the solve is linear in its right-hand side); `gram` as in
     `_gram_solve`."""
-    U, Hh, bs = (np.asarray(x, dtype=np.float64) for x in (U, Hh, bs))
-    lam, G = _gram_solve(U, Hh, M, bs, eps, gram)
-    out = np.empty((bs.shape[1], U.shape[1], G.shape[1]))
-    for j in range(bs.shape[1]):
-        np.matmul((U * lam[:, j][:, None]).T, G, out=out[j])
-    return out
+    return min_norm_factors(U, Hh, M, bs, eps, gram).dense()
 
 
 class Evaluation(NamedTuple):

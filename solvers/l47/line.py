@@ -11,10 +11,11 @@ with H the head and c the softcap. So the logits at every point of the line come
 products with the head, U_a and U_v, and U_a is kept from the line before whenever the new line
 starts at one of its points (the coordinate search's next step starts at its chosen point):
 one head pass per step instead of one per point. Each point's log-probabilities are then a
-fold over the kept [T, V] products (`span_logp`, float64 sums, one read of them), and the head, dequantized, is
-kept for the search where it is small (`HeadTiles`). A batch off one line but moving
-at most `MAX_SPAN` phrases (the full per-phrase grid of up to three) is a plane the same way:
-U = U_a + sum_k c_k U_k, one product per phrase moved.
+fold over the kept [T, V] products (`span_logp`: float64 sums, one read of them); the head,
+dequantized, is kept for the search where it is small (`HeadTiles`). A batch off one line but
+moving at most `MAX_SPAN` phrases (the full per-phrase grid of up to three) is a plane the same
+way, U = U_a + sum_k c_k U_k, one product per phrase moved; any other batch goes as its longest
+runs that are lines or planes, in order.
 
 The values are the same mathematics as `frontier.points`' direct path, rounded differently: the
 residuals here are float64 (the direct path's are float32), U_a and U_v are float32 products,
@@ -34,8 +35,11 @@ import numba
 import numpy as np
 from numba import prange
 
+from exactedit.solvers.l47.gauss_newton import PartFactors
 
-__all__ = ["HEAD_KEEP_BYTES", "HeadTiles", "LINE_ELEMS", "LINE_TOL", "LineScorer", "head_products", "line_ready", "plan", "span_logp"]
+
+__all__ = ["HEAD_KEEP_BYTES", "HeadTiles", "LINE_ELEMS", "LINE_TOL", "LineScorer", "MAX_SPAN", "head_products",
+           "line_ready", "plan", "span_logp"]
 
 #: float32 logits held at once for a batch's products (2 GiB); the anchor's is kept between
 #: batches when it takes at most half of it
@@ -157,7 +161,9 @@ def plan(diffs: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
 
 class LineScorer:
     """The log-probabilities of a frontier's followed tokens at strength vectors of the per-phrase
-    edits `parts` [P, n, h] (see the module doc), a batch at a time: `logp(combos)` -> float64
+    edits `parts` (formed, [P, n, h], or unformed, `gauss_newton.PartFactors`: then a strength
+    vector's residual change is ((hh G^T) * (lam s)) U, the edits never formed; see the module
+    doc), a batch at a time: `logp(combos)` -> float64
     [B, T]. `rows` the frontier's RowSet and `token` [T] its followed tokens; the unedited values
     are `base` (computed on construction); `passes` counts the products with the head."""
 
@@ -166,17 +172,23 @@ class LineScorer:
         if not line_ready(tail):
             raise ValueError(f"a line of strengths needs a plain RMSNorm tail, not {tail.kind}"
                              f"{' with a post-FFN norm' if tail.kind == 'rmsnorm' else ''}")
-        self.tail, self.parts = tail, np.asarray(parts, np.float64)
+        self.tail = tail
         self.head = HeadTiles(tail, tile_rows) if head is None else head
         self.token = np.asarray(token, np.int64)
         self.hh = np.asarray(rows.hh, np.float64)
+        if isinstance(parts, PartFactors):
+            self.parts, self.P = parts, parts.lam.shape[1]
+            self.hg = self.hh @ parts.G.T                  # [T, K]
+        else:
+            self.parts = np.asarray(parts, np.float64)
+            self.P = len(self.parts)
         self.y0 = np.asarray(rows.R, np.float64) + self.hh @ np.asarray(tail.l47.w_down, np.float64).T
         self.g = np.asarray(tail.mix_params.w_norm, np.float64)
         self.eps, self.cap = float(tail.mix_params.eps), tail.softcap
         self.V, self.max_elems, self.passes = int(tail.head.rows), int(max_elems), 0
         T = len(self.token)
         self.keep = T * self.V <= self.max_elems // 2     # the anchor's product kept between batches
-        self.anchor = np.zeros(len(self.parts))
+        self.anchor = np.zeros(self.P)
         self._ya: tuple | None = None
         self.Ua = self._products(self.y0) if self.keep else None
         self.last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None   # (directions, coefficients, U)
@@ -186,18 +198,20 @@ class LineScorer:
         self.passes += 1
         return head_products(self.head, y * self.g, out)
 
-    def _edit(self, s: np.ndarray) -> np.ndarray:
-        """sum_p s_p dW_p [n, h] (a single phrase's part itself)."""
+    def _change(self, s: np.ndarray) -> np.ndarray:
+        """hh (sum_p s_p dW_p)^T, float64 [T, n]: the residual's change at strengths `s`."""
+        if isinstance(self.parts, PartFactors):
+            return (self.hg * (self.parts.lam @ s)) @ self.parts.U
         nz = np.flatnonzero(s)
-        if nz.size == 1:
-            return s[nz[0]] * self.parts[nz[0]]
-        return np.tensordot(s, self.parts, axes=1)
+        if nz.size == 1:                    # a single phrase's part itself
+            return self.hh @ (s[nz[0]] * self.parts[nz[0]]).T
+        return self.hh @ np.tensordot(s, self.parts, axes=1).T
 
     def _residual(self, s: np.ndarray) -> np.ndarray:
         """y at the strengths `s` (float64 [T, n]), the anchor's kept until the anchor moves."""
         key = tuple(s)
         if self._ya is None or self._ya[0] != key:
-            self._ya = (key, self.y0 + self.hh @ self._edit(s).T if s.any() else self.y0)
+            self._ya = (key, self.y0 + self._change(s) if s.any() else self.y0)
         return self._ya[1]
 
     def _find(self, combos: np.ndarray):
@@ -217,7 +231,7 @@ class LineScorer:
         """float64 [B, T]: the followed tokens' log-probs at each strength vector of `combos`,
         taken in order as the longest runs that have a plan (one combo always has one: a line from
         the anchor), each from the anchor or a point of the run before."""
-        combos = np.asarray(combos, np.float64).reshape(-1, len(self.parts))
+        combos = np.asarray(combos, np.float64).reshape(-1, self.P)
         out, i = [], 0
         while i < len(combos):
             j = len(combos)
@@ -238,7 +252,7 @@ class LineScorer:
                         self.Ua += np.float32(ck) * U[k]
         self.last = None
         ya = self._residual(self.anchor)
-        yd = [self.hh @ self._edit(d).T for d in dirs]
+        yd = [self._change(d) for d in dirs]
         T, k = len(self.token), len(dirs)
         free = self.max_elems - (T * self.V if self.keep else 0)
         step = max(1, free // (self.V * max(1, k + (0 if self.keep else 1))))

@@ -107,6 +107,28 @@ def test_a_capped_start_is_two_lines(plain):
         np.testing.assert_allclose(x, _direct(tail, rows, token, parts, sv), atol=LINE_TOL, rtol=0)
 
 
+def test_unformed_parts_score_as_the_formed_ones(plain):
+    """`PartFactors` (dW_p = (U lam_p)^T G never formed) give the formed parts' values, and their
+    `dense()` is the edits themselves."""
+    from exactedit.solvers.l47.gauss_newton import PartFactors
+
+    tail, rows, token = plain["tail"], plain["rows"], plain["token"]
+    n, h = np.asarray(tail.l47.w_down).shape
+    rng = np.random.default_rng(11)
+    K = 9
+    f = PartFactors(rng.normal(size=(K, n)), rng.normal(size=(K, 3)), rng.normal(size=(K, h)) * 1e-3)
+    dense = f.dense()
+    np.testing.assert_allclose(dense[1], (f.U * f.lam[:, 1][:, None]).T @ f.G, rtol=1e-12, atol=0)
+    a = LineScorer(tail, f, rows, token, tile_rows=64)
+    b = LineScorer(tail, dense, rows, token, tile_rows=64)
+    combos = [(0.5, 0.5, 0.5), (1.0, 1.0, 1.0)]
+    np.testing.assert_allclose(a.logp(combos), b.logp(combos), atol=1e-6, rtol=0)
+    steps = [(0.5, 0.2, 0.5), (0.5, 0.8, 0.5)]
+    np.testing.assert_allclose(a.logp(steps), b.logp(steps), atol=1e-6, rtol=0)
+    for sv, x in zip(steps, a.logp(steps)):
+        np.testing.assert_allclose(x, _direct(tail, rows, token, dense, sv), atol=LINE_TOL, rtol=0)
+
+
 def test_rows_in_chunks_give_the_same_values(plain):
     """Too little room to keep the anchor's product: the rows go in chunks, each line two passes."""
     tail, rows, token, parts = plain["tail"], plain["rows"], plain["token"], plain["parts"]
