@@ -1182,6 +1182,8 @@ def bench_solve_head(as_json, device, **flags) -> None:
 @click.option("--rows", default=256, show_default=True, type=click.IntRange(1),
               help="Frontier rows (half slop positions, half legitimate uses).")
 @click.option("--phrases", default=4, show_default=True, type=click.IntRange(1))
+@click.option("--conditions", default=512, show_default=True, type=click.IntRange(1),
+              help="Rows of the Gram solve the phrase parts come from.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @JSON_FLAG
 def bench_frontier(as_json, **flags) -> None:

@@ -3,7 +3,8 @@ phrases' strengths, `solvers.l47.frontier.search_strengths`) along lines (`solve
 against the same search scoring every point with its own full-vocabulary pass (`frontier.frontier`,
 the baseline), both in one run on the same synthetic plain-RMSNorm tail (Qwen2.5-1.5B's shape by
 default: n = 1536, h = 8960, V = 151,936; random valid Q6_K head bytes, as bench head makes them)
-and the same rows, parts and grid. Reports each side's seconds, points and head passes, the
+and the same rows, phrase parts (unformed for the lines, as the solve hands them; formed for the
+baseline, outside its clock) and grid. Reports each side's seconds, points and head passes, the
 ratio, whether both chose the same strengths, and how far their points' cuts and collateral
 means are apart. On random weights only the timings and the agreement mean anything.
 """
@@ -25,11 +26,12 @@ class BenchFrontierConfig:
     vocab: int = 151936
     rows: int = 256           # frontier rows: half slop positions, half legitimate uses
     phrases: int = 4
+    conditions: int = 512     # rows of the Gram solve the phrase parts come from
     grid: tuple = (0.2, 0.3, 0.45, 0.6, 0.8, 1.0)
     seed: int = 0
 
     def __post_init__(self):
-        for key in ("n", "h", "vocab", "rows", "phrases"):
+        for key in ("n", "h", "vocab", "rows", "phrases", "conditions"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{key} must be a positive integer, got {value!r}")
@@ -64,6 +66,7 @@ class BenchFrontierResult:
 def _world(cfg: BenchFrontierConfig):
     from exactedit.bench.head import synthetic_q6k
     from exactedit.solvers.l47.frontier import FrontierRows
+    from exactedit.solvers.l47.gauss_newton import PartFactors
     from exactedit.solvers.l47.jacobian import RowSet
     from exactedit.solvers.tail.forward.head_ref import RmsnormHead
     from exactedit.solvers.tail.forward.last_layer_ref import RmsnormL47
@@ -81,8 +84,15 @@ def _world(cfg: BenchFrontierConfig):
     slop = T // 2
     fr = FrontierRows(rows, rng.integers(0, cfg.vocab, T), slop, np.arange(slop) % P,
                       np.arange(T - slop) % max(1, P // 2))
-    parts = rng.standard_normal((P, n, h)) * 0.05 * float(np.abs(w_down).mean())
-    return tail, fr, parts
+    # the solve's parts come unformed from its Gram solve (gauss_newton.PartFactors): the line search
+    # reads them so, the baseline gets them formed
+    K = cfg.conditions
+    lam = rng.standard_normal((K, P))
+    U = rng.standard_normal((K, n))
+    G = rng.standard_normal((K, h))
+    f = PartFactors(U, lam, G)
+    scale = 0.05 * float(np.abs(w_down).mean()) / float(np.abs(f.dense()[0]).mean())
+    return tail, fr, PartFactors(U, lam * scale, G)
 
 
 def run_bench_frontier(cfg: BenchFrontierConfig, progress: Callable[[int, int], None] | None = None
@@ -90,17 +100,18 @@ def run_bench_frontier(cfg: BenchFrontierConfig, progress: Callable[[int, int], 
     from exactedit.solvers.l47 import frontier as F
     from exactedit.solvers.l47.line import HeadTiles, LineScorer
 
-    tail, fr, parts = _world(cfg)
+    tail, fr, factors = _world(cfg)
     grid = sorted(set(float(g) for g in cfg.grid))
     combos = [(g,) * cfg.phrases for g in grid]
     pick = dict(min_mean=F.BarD.min_mean, max_low_share=F.BarD.max_low_share)
     tell = progress or (lambda done, total: None)
 
     t = time.perf_counter()
-    scorer = LineScorer(tail, parts, fr.rows, fr.token, head=HeadTiles(tail))
+    scorer = LineScorer(tail, factors, fr.rows, fr.token, head=HeadTiles(tail))
     lines = F.search_strengths(combos, grid, lambda cs: F.line_frontier(scorer, fr, cs), progress=tell, **pick)
     line_s = time.perf_counter() - t
 
+    parts = factors.dense()
     t = time.perf_counter()
     base = F.frontier_base(tail, fr)
     direct = F.search_strengths(combos, grid, lambda cs: F.frontier(tail, parts, fr, cs, base=base), progress=tell,

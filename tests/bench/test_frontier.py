@@ -31,7 +31,8 @@ def test_tiny_run_agrees_and_reports():
     assert got["passes"] == (got["same_choice"] and got["ratio"] >= got["target_ratio"])
 
 
-@pytest.mark.parametrize("bad", [dict(n=100), dict(rows=3, phrases=2), dict(grid=(1.0,)), dict(phrases=0)])
+@pytest.mark.parametrize("bad", [dict(n=100), dict(rows=3, phrases=2), dict(grid=(1.0,)), dict(phrases=0),
+                                 dict(conditions=0)])
 def test_bad_shapes_are_refused(bad):
     with pytest.raises(ValueError):
         BenchFrontierConfig(**bad)
