@@ -18,8 +18,15 @@ def _kl_brute(q, s, f):
     return float(np.sum(p[keep] * (np.log(p[keep]) - np.log(pp[keep]))))
 
 
+def _prob(hi: float):
+    """0 or a normal float up to `hi`: at a subnormal q the brute-force reference's q (1 - f)
+    rounds to 0 and its KL term to inf (q = 5e-324, f = 0.5: found by hypothesis), an artefact
+    of the reference, not of `transfer_kl` (whose q log(1/(1-f)) stays finite)."""
+    return st.one_of(st.just(0.0), st.floats(1e-300, hi))
+
+
 @settings(max_examples=200, deadline=None)
-@given(q=st.floats(0, 0.9), s=st.floats(0, 0.09), f=st.floats(0, 0.999))
+@given(q=_prob(0.9), s=_prob(0.09), f=st.floats(0, 0.999))
 def test_transfer_kl_is_the_kl_of_the_moved_distribution(q, s, f):
     assert transfer_kl([q], [s], f)[0] == pytest.approx(_kl_brute(q, s, f), rel=1e-9, abs=1e-15)
 
