@@ -1,5 +1,5 @@
 """`exactedit bench solve-head --device gpu` and `bench solve-wfld --device gpu`
-(bench/gpu_wfld.py): the solvers' device work at production size, on synthetic inputs.
+(bench/wfld/gpu.py): the solvers' device work at production size, on synthetic inputs.
 
 solve head (`run_gpu_solve_head`): the solver's own code on a JAX device (exact precision, inside
 `solvers.tail.forward.device.scope`), from activations to the stopping rule's checkpoints:
@@ -14,7 +14,7 @@ Not in the clock: reading dumps and the GGUF from disk, the protocol and ledger,
 (the synthetic head is uploaded first and timed on its own). The Adam step alone is also timed
 (`bench.solve_head`'s step timing, on the device).
 
-solve wfld: `bench/gpu_wfld.py` times the whole `solve_wfld` on the device.
+solve wfld: `bench/wfld/gpu.py` times the whole `solve_wfld` on the device.
 """
 from __future__ import annotations
 

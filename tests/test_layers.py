@@ -31,7 +31,7 @@ LAYERS = {
     # two loops (which never import each other), the demo and the server
     "runs": 6, "runs.solve": 6, "runs.eval": 6.1, "runs.data": 6.2, "runs.loop": 6.3,
     "runs.antislop": 6.4, "runs.persona": 6.4, "runs.demo": 6.5, "runs.serve": 6.5,
-    "bench": 7, "bench.loop": 7, "bench.serve": 7, "": 8,
+    "bench": 7, "bench.loop": 7, "bench.serve": 7, "bench.wfld": 7, "": 8,
 }
 SOURCES = ["__init__.py", "errors.py", "files.py", "quant", "dumps", "solvers", "evals", "native", "runs", "fixtures",
            "bench", "cli.py"]

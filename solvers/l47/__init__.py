@@ -9,7 +9,8 @@ The WFLD anti-slop edit of the last layer's down projection (SPEC.md section 5):
 mining (`mining`), natural alternatives (`alternatives`), the vector-Jacobian products (`jacobian`),
 the K x K Gram solve and Gauss-Newton loop (`gauss_newton`), the problem a solve stands on
 (conditions, targets, null basis, background metric, shipper: `problem`), the strength frontier
-and its choice on dev (`frontier`), the solve and its summaries (`solve`), the constraint-keeping ship (`ship`), the exact rescore (`rescore`) and the
+and its choice on dev (`frontier`; along lines: solvers/tail/passes/line_pass.py), the solve and
+its summaries (`solve`), the constraint-keeping ship (`ship`), the exact rescore (`rescore`) and the
 report (`report`). The phrase matcher is solvers.phrases; the protocol-driven run is
 runs.solve.wfld.
 

@@ -6,8 +6,9 @@ the tail is nonlinear in dW (the final norm and head; a post-FFN norm, Gemma sty
 so a point's logits are never a sum of per-phrase effects and every point is scored through the
 exact tail. At a strength vector s the tensor is
 W + sum_p s_p dW_p (float, before shipping) and, on rows the solve never acted on, exactly (the
-full tail and the full vocabulary at every point; on a plain RMSNorm tail along lines of strengths,
-`line_frontier`: a head pass per direction of a batch, not per point, solvers/l47/line.py):
+full tail and the full vocabulary at every point; on a plain RMSNorm tail along lines of
+strengths, `line_frontier`: a head pass per direction of a batch, not per point,
+solvers/tail/passes/line_pass.py):
 - the cut: per phrase, 1 - mean p'(rejected) / mean p(rejected) over its slop positions
   (bar (c)'s statistic);
 - the collateral: per word, the mean dlogp of its legitimate uses and the share below `low`
@@ -33,21 +34,20 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
 from exactedit.solvers.tail.passes.vocab_pass import vocab_pass
 from exactedit.solvers.l47 import gauss_newton as wfld
 from exactedit.solvers.l47.jacobian import gather_rows
-from exactedit.solvers.l47.line import HeadTiles, LineScorer, line_ready
+from exactedit.solvers.tail.passes.line_pass import LINE_ELEMS, HeadTiles, LineScorer, line_ready
 from exactedit.solvers.l47.mining import Mining
 from exactedit.solvers.l47.problem import WfldProblem
 
 __all__ = ["BarD", "FrontierBase", "FrontierRows", "Point", "choose", "choose_strength", "condition_phrase",
-           "edited_logp", "frontier", "frontier_base", "frontier_rows", "grid_points", "line_frontier",
-           "phrase_factors", "phrase_parts", "point_at", "points",
-           "scaled", "search_strengths"]
+           "edited_logp", "frontier", "frontier_base", "frontier_rows", "grid_points", "line_frontier", "line_scorer",
+           "phrase_factors", "phrase_parts", "point_at", "points", "residual_change", "scaled", "search_strengths"]
 
 
 @dataclass(frozen=True)
@@ -210,10 +210,37 @@ def point_at(sv, fr: FrontierRows, base_logp: np.ndarray, lp: np.ndarray, *, low
                  {int(w): int(np.sum(fr.word == w)) for w in words}, scored=scored)
 
 
+def residual_change(parts, hh) -> Callable[[np.ndarray], np.ndarray]:
+    """s [P] -> float64 [T, n]: the change hh (sum_p s_p dW_p)^T of rows hh [T, h] under the phrase
+    parts, formed ([P, n, h]: a single phrase's part read as itself) or unformed
+    (`gauss_newton.PartFactors`: ((hh G^T) * (lam s)) U, the parts never formed)."""
+    hh = np.asarray(hh, np.float64)
+    if isinstance(parts, wfld.PartFactors):
+        hg = hh @ parts.G.T                        # [T, K]
+        return lambda s: (hg * (parts.lam @ s)) @ parts.U
+    parts = np.asarray(parts, np.float64)
+
+    def change(s):
+        nz = np.flatnonzero(s)
+        if nz.size == 1:
+            return hh @ (s[nz[0]] * parts[nz[0]]).T
+        return hh @ np.tensordot(s, parts, axes=1).T
+    return change
+
+
+def line_scorer(tail, parts, rows, token, *, tile_rows: int = 8192, max_elems: int = LINE_ELEMS,
+                head: HeadTiles | None = None) -> LineScorer:
+    """A `line_pass.LineScorer` of the rows `rows` (a RowSet) and their followed tokens under the
+    phrase parts (formed or unformed, `residual_change`)."""
+    P = parts.lam.shape[1] if isinstance(parts, wfld.PartFactors) else len(parts)
+    return LineScorer(tail, residual_change(parts, rows.hh), P, rows, token, tile_rows=tile_rows,
+                      max_elems=max_elems, head=head)
+
+
 def line_frontier(scorer, fr: FrontierRows, strengths: Sequence[Sequence[float]], *, low: float = -0.10) -> list[Point]:
-    """The frontier of `frontier` at `strengths` through a `line.LineScorer` of `fr`'s rows and the
+    """The frontier of `frontier` at `strengths` through a `line_scorer` of `fr`'s rows and the
     phrase parts: the same points, each row through the full head, a head pass per direction of
-    the batch instead of one per point (solvers/l47/line.py)."""
+    the batch instead of one per point (solvers/tail/passes/line_pass.py)."""
     lps = scorer.logp([tuple(sv) for sv in strengths]) if len(strengths) else []
     return [point_at(sv, fr, scorer.base, lp, low=low, scored=len(fr.token)) for sv, lp in zip(strengths, lps)]
 
@@ -321,7 +348,7 @@ def choose_strength(cfg, tail, problem, mining: Mining, dev: Sequence[tuple[str,
 
     def score(rows, combos):
         if id(rows) not in bases:
-            bases[id(rows)] = (LineScorer(tail, parts, rows.rows, rows.token, head=head) if lines
+            bases[id(rows)] = (line_scorer(tail, parts, rows.rows, rows.token, head=head) if lines
                                else frontier_base(tail, rows, cfg.tile_rows))
         base = bases[id(rows)]
         if lines:

@@ -153,7 +153,7 @@ def solve_min_norm(U, Hh, M, b, eps, gram: Gram | None = None) -> MinNorm:
 class PartFactors(NamedTuple):
     """The m edits of `min_norm_parts` unformed: dW_j = (U * lam[:, j])^T G. A combination's effect
     on rows hh [T, h] is ((hh G^T) * (lam s)) U, T K (h + n) flops instead of the m n h K that
-    forming the edits costs (`line.LineScorer` reads them so)."""
+    forming the edits costs (`frontier.line_scorer` reads them so)."""
 
     U: np.ndarray        # float64 [K, n]
     lam: np.ndarray      # float64 [K, m]

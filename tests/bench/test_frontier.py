@@ -10,8 +10,8 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from exactedit.bench.frontier import BenchFrontierConfig
-from exactedit.solvers.l47.line import LINE_TOL
+from exactedit.bench.wfld.frontier import BenchFrontierConfig
+from exactedit.solvers.tail.passes.line_pass import LINE_TOL
 
 
 def test_tiny_run_agrees_and_reports():

@@ -1,4 +1,4 @@
-"""bench/gpu.py, bench/gpu_solve.py and bench/gpu_wfld.py at small shapes on the CPU (the same code the GPU runs):
+"""bench/gpu.py, bench/gpu_solve.py and bench/wfld/gpu.py at small shapes on the CPU (the same code the GPU runs):
 results are complete, JSON-ready, checked against the numpy pass, and targets say n/a off-shape."""
 from __future__ import annotations
 
@@ -61,8 +61,8 @@ def test_configs_validate(make, match):
 
 def test_whole_wfld_solve_bench_small():
     """The whole solve twice on the device path (JAX's CPU backend here); off-shape, no verdict."""
-    from exactedit.bench.gpu_wfld import render_gpu_solve_wfld, run_gpu_solve_wfld
-    from exactedit.bench.solve_wfld import BenchSolveWfldConfig
+    from exactedit.bench.wfld.gpu import render_gpu_solve_wfld, run_gpu_solve_wfld
+    from exactedit.bench.wfld.whole import BenchSolveWfldConfig
 
     r = run_gpu_solve_wfld(BenchSolveWfldConfig(n=256, h=64, vocab=1600, d_lo=32, rows=200, gn_iters=1,
                                                 special_rows=16, tile_rows=256), device="cpu")

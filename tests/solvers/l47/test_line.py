@@ -1,8 +1,9 @@
-"""The strength frontier along a line (solvers/l47/line.py): its log-probabilities against the
-direct path (`frontier._logp`: the residual, the norm and a full-vocabulary pass at the summed edit)
-and the float64 reference forward, on a plain RMSNorm tail (the synthetic "gated" world's); a
-coordinate search costs one head pass a step; the dense solve's frontier and choice through it
-are the direct path's."""
+"""The strength frontier along a line (solvers/tail/passes/line_pass.py, its scorer made by
+solvers/l47/frontier.py `line_scorer`): its log-probabilities against the direct path
+(`frontier._logp`: the residual, the norm and a full-vocabulary pass at the summed edit) and the
+float64 reference forward, on a plain RMSNorm tail (the synthetic "gated" world's); a coordinate
+search costs one head pass a step; the dense solve's frontier and choice through it are the
+direct path's."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,9 +12,10 @@ from hypothesis import example, given, settings, strategies as st
 
 from exactedit.quant import gguf
 from exactedit.solvers.l47 import frontier as fr_mod
-from exactedit.solvers.l47 import line as line_mod
+from exactedit.solvers.tail.passes import line_pass as line_mod
 from exactedit.solvers.l47.jacobian import gather_rows
-from exactedit.solvers.l47.line import LINE_TOL, LineScorer, line_ready, plan, span_logp
+from exactedit.solvers.tail.passes.line_pass import LINE_TOL, LineScorer, line_ready, plan, span_logp
+from exactedit.solvers.l47.frontier import line_scorer
 from exactedit.solvers.tail.model import load_tail
 from exactedit.dumps import read_dump
 from tests.solvers.l47.synth import build_world
@@ -54,7 +56,7 @@ def _reference(tail, rows, token, parts, sv):
 def test_a_coordinate_search_is_the_direct_path_at_one_pass_a_step(plain):
     tail, rows, token, parts = plain["tail"], plain["rows"], plain["token"], plain["parts"]
     assert line_ready(tail)
-    sc = LineScorer(tail, parts, rows, token, tile_rows=64)
+    sc = line_scorer(tail, parts, rows, token, tile_rows=64)
     assert sc.passes == 1
     np.testing.assert_allclose(sc.base, _direct(tail, rows, token, parts, (0,) * P), atol=LINE_TOL, rtol=0)
     grid = (0.2, 0.5, 1.0)
@@ -82,13 +84,13 @@ def test_a_coordinate_search_is_the_direct_path_at_one_pass_a_step(plain):
 
 def test_a_small_grid_is_a_plane_and_anything_else_a_point_at_a_time(plain):
     tail, rows, token, parts = plain["tail"], plain["rows"], plain["token"], plain["parts"]
-    sc = LineScorer(tail, parts[:2], rows, token, tile_rows=64)
+    sc = line_scorer(tail, parts[:2], rows, token, tile_rows=64)
     combos = [(a, b) for a in (0.5, 1.0) for b in (0.5, 1.0)]
     lp = sc.logp(combos)
     assert sc.passes == 3                                  # the base, then one product per phrase moved
     for sv, x in zip(combos, lp):
         np.testing.assert_allclose(x, _direct(tail, rows, token, parts[:2], sv), atol=LINE_TOL, rtol=0)
-    sc = LineScorer(tail, parts, rows, token, tile_rows=64)
+    sc = line_scorer(tail, parts, rows, token, tile_rows=64)
     scattered = [(1.0, 0.2, 0.5, 0.3, 0.1), (0.1, 0.9, 0.4, 0.2, 0.7), (0.3, 0.3, 0.6, 0.8, 0.2)]
     lp = sc.logp(scattered)                                # 5 axes, not one line
     for sv, x in zip(scattered, lp):
@@ -99,7 +101,7 @@ def test_a_capped_start_is_two_lines(plain):
     """The search's shared strengths with one phrase capped (a word not measured on dev): one line
     from the base up to the cap, a second from the cap's point on: a pass each."""
     tail, rows, token, parts = plain["tail"], plain["rows"], plain["token"], plain["parts"]
-    sc = LineScorer(tail, parts, rows, token, tile_rows=64)
+    sc = line_scorer(tail, parts, rows, token, tile_rows=64)
     combos = [(g,) * (P - 1) + (min(g, 0.3),) for g in (0.2, 0.3, 0.45, 0.6, 1.0)]
     lp = sc.logp(combos)
     assert sc.passes == 3
@@ -119,8 +121,8 @@ def test_unformed_parts_score_as_the_formed_ones(plain):
     f = PartFactors(rng.normal(size=(K, n)), rng.normal(size=(K, 3)), rng.normal(size=(K, h)) * 1e-3)
     dense = f.dense()
     np.testing.assert_allclose(dense[1], (f.U * f.lam[:, 1][:, None]).T @ f.G, rtol=1e-12, atol=0)
-    a = LineScorer(tail, f, rows, token, tile_rows=64)
-    b = LineScorer(tail, dense, rows, token, tile_rows=64)
+    a = line_scorer(tail, f, rows, token, tile_rows=64)
+    b = line_scorer(tail, dense, rows, token, tile_rows=64)
     combos = [(0.5, 0.5, 0.5), (1.0, 1.0, 1.0)]
     np.testing.assert_allclose(a.logp(combos), b.logp(combos), atol=1e-6, rtol=0)
     steps = [(0.5, 0.2, 0.5), (0.5, 0.8, 0.5)]
@@ -133,8 +135,8 @@ def test_rows_in_chunks_give_the_same_values(plain):
     """Too little room to keep the anchor's product: the rows go in chunks, each line two passes."""
     tail, rows, token, parts = plain["tail"], plain["rows"], plain["token"], plain["parts"]
     V = tail.head.rows
-    whole = LineScorer(tail, parts, rows, token, tile_rows=64)
-    tight = LineScorer(tail, parts, rows, token, tile_rows=64, max_elems=V * 50)
+    whole = line_scorer(tail, parts, rows, token, tile_rows=64)
+    tight = line_scorer(tail, parts, rows, token, tile_rows=64, max_elems=V * 50)
     assert not tight.keep
     combos = [(g,) * P for g in (0.3, 0.7)]
     # the same products but for the sgemm's rounding, which depends on a row's place in the product
@@ -164,7 +166,7 @@ def test_other_tails_are_refused(tmp_path):
     tail = load_tail(gguf.open(w["model"]))
     assert not line_ready(tail)
     with pytest.raises(ValueError, match="post-FFN norm"):
-        LineScorer(tail, np.zeros((1, 1, 1)), None, np.zeros(0, np.int64))
+        LineScorer(tail, None, 1, None, np.zeros(0, np.int64))
 
 
 @settings(max_examples=60, deadline=None)

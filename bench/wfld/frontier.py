@@ -1,5 +1,6 @@
 """`exactedit bench frontier`: the dense edit's strength search (a coordinate search over the
-phrases' strengths, `solvers.l47.frontier.search_strengths`) along lines (`solvers.l47.line`)
+phrases' strengths, `solvers.l47.frontier.search_strengths`) along lines
+(`solvers.tail.passes.line_pass`)
 against the same search scoring every point with its own full-vocabulary pass (`frontier.frontier`,
 the baseline), both in one run on the same synthetic plain-RMSNorm tail (Qwen2.5-1.5B's shape by
 default: n = 1536, h = 8960, V = 151,936; random valid Q6_K head bytes, as bench head makes them)
@@ -98,7 +99,7 @@ def _world(cfg: BenchFrontierConfig):
 def run_bench_frontier(cfg: BenchFrontierConfig, progress: Callable[[int, int], None] | None = None
                        ) -> BenchFrontierResult:
     from exactedit.solvers.l47 import frontier as F
-    from exactedit.solvers.l47.line import HeadTiles, LineScorer
+    from exactedit.solvers.tail.passes.line_pass import HeadTiles
 
     tail, fr, factors = _world(cfg)
     grid = sorted(set(float(g) for g in cfg.grid))
@@ -107,7 +108,7 @@ def run_bench_frontier(cfg: BenchFrontierConfig, progress: Callable[[int, int], 
     tell = progress or (lambda done, total: None)
 
     t = time.perf_counter()
-    scorer = LineScorer(tail, factors, fr.rows, fr.token, head=HeadTiles(tail))
+    scorer = F.line_scorer(tail, factors, fr.rows, fr.token, head=HeadTiles(tail))
     lines = F.search_strengths(combos, grid, lambda cs: F.line_frontier(scorer, fr, cs), progress=tell, **pick)
     line_s = time.perf_counter() - t
 

@@ -1,6 +1,6 @@
 """`exactedit bench solve-wfld --device gpu`: a whole `solve wfld` with its passes on a JAX device.
 
-The same synthetic hc4 GGUF and three dumps as `bench.solve_wfld` (train and held-out chat with
+The same synthetic hc4 GGUF and three dumps as `bench.wfld.whole` (train and held-out chat with
 planted phrases, anchors; production shape by default), then `solve_wfld(..., device=<the device>)`
 timed whole, twice in one process: the first call is what a fresh `exactedit solve wfld` costs
 (head upload, XLA compiles, everything), the second the same solve with the compiles cached. The
@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from exactedit.bench.solve_wfld import BenchSolveWfldConfig
+from exactedit.bench.wfld.whole import BenchSolveWfldConfig
 from exactedit.solvers.tail.forward import device as devmod
 
 Progress = Callable[[int, int], None]
@@ -59,8 +59,8 @@ class GpuSolveWfldResult:
 
 
 def _build(root: Path, cfg: BenchSolveWfldConfig):
-    """The synthetic model, phrases and dumps of `bench.solve_wfld`, written under root."""
-    from exactedit.bench.solve_wfld import PHRASES, SPECIALS, _stream, _vocab, _write_dump, _write_model
+    """The synthetic model, phrases and dumps of `bench.wfld.whole`, written under root."""
+    from exactedit.bench.wfld.whole import PHRASES, SPECIALS, _stream, _vocab, _write_dump, _write_model
 
     tokens, types = _vocab(cfg.vocab)
     index = {tok: i for i, tok in enumerate(tokens[:len(tokens) - len(SPECIALS)]) if not tok.startswith("tok")}
@@ -86,7 +86,7 @@ def run_gpu_solve_wfld(cfg: BenchSolveWfldConfig, device: str = "gpu",
                        progress: Progress | None = None) -> GpuSolveWfldResult:
     """Build the synthetic inputs, then time `solve_wfld` on `device` ("gpu", "auto" or "cpu": the
     device path on JAX's CPU backend, for tests) twice."""
-    from exactedit.bench.solve_wfld import SPECIALS
+    from exactedit.bench.wfld.whole import SPECIALS
     from exactedit.solvers.l47.config import WfldConfig
     from exactedit.runs.solve.wfld import WfldInputs, solve_wfld
     from exactedit.solvers.tail.forward.jax_cache import CompileCounter

@@ -1,8 +1,9 @@
-"""The strength frontier along a line: one head pass serves every point of a coordinate step.
+"""The log-probabilities along a line of edits: one head pass serves every point of a line.
 
 On a plain RMSNorm tail (no post-FFN norm) the residual is affine in the edit of the last
-ffn_down, and the final norm scales g * y by one number per row. Along a line of strength
-vectors s = a + t v, with y_a the residual at a and y_v = hh dW_v^T (dW_v = sum_p v_p dW_p):
+ffn_down, and the final norm scales g * y by one number per row. For edits sum_p s_p dW_p (the
+strength frontier's per-phrase parts, solvers/l47/frontier.py), along a line of strength vectors
+s = a + t v, with y_a the residual at a and y_v = hh dW_v^T (dW_v = sum_p v_p dW_p):
 
     y(t) = y_a + t y_v,   l(t) = c((U_a + t U_v) / r(t)),   U = (g * y) H^T,
     r(t) = sqrt(mean(y(t)^2) + eps),
@@ -17,7 +18,7 @@ moving at most `MAX_SPAN` phrases (the full per-phrase grid of up to three) is a
 way, U = U_a + sum_k c_k U_k, one product per phrase moved; any other batch goes as its longest
 runs that are lines or planes, in order.
 
-The values are the same mathematics as `frontier.points`' direct path, rounded differently: the
+The values are the same mathematics as the frontier's direct path (`frontier.points`), rounded differently: the
 residuals here are float64 (the direct path's are float32), U_a and U_v are float32 products,
 and U_a of a later line is the previous line's U_a + t U_v, rounded once per step. Measured
 against the direct path: agreeing within `LINE_TOL` nats of log-probability (tests/solvers/l47/
@@ -35,7 +36,6 @@ import numba
 import numpy as np
 from numba import prange
 
-from exactedit.solvers.l47.gauss_newton import PartFactors
 
 
 __all__ = ["HEAD_KEEP_BYTES", "HeadTiles", "LINE_ELEMS", "LINE_TOL", "LineScorer", "MAX_SPAN", "head_products",
@@ -160,28 +160,22 @@ def plan(diffs: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 class LineScorer:
-    """The log-probabilities of a frontier's followed tokens at strength vectors of the per-phrase
-    edits `parts` (formed, [P, n, h], or unformed, `gauss_newton.PartFactors`: then a strength
-    vector's residual change is ((hh G^T) * (lam s)) U, the edits never formed; see the module
-    doc), a batch at a time: `logp(combos)` -> float64
-    [B, T]. `rows` the frontier's RowSet and `token` [T] its followed tokens; the unedited values
-    are `base` (computed on construction); `passes` counts the products with the head."""
+    """The log-probabilities of a frontier's followed tokens `token` [T] on the rows `rows` (R and
+    hh: a RowSet) at strength vectors of P edits (see the module doc), a batch at a time:
+    `logp(combos)` -> float64 [B, T]. `change(s)` -> float64 [T, n] is the rows' residual change
+    hh (sum_p s_p dW_p)^T at strengths s [P] (solvers/l47/frontier.py `line_scorer` makes it from the
+    parts, formed or not); the unedited values are `base` (computed on construction); `passes`
+    counts the products with the head."""
 
-    def __init__(self, tail, parts: np.ndarray, rows, token: np.ndarray, *, tile_rows: int = 8192,
+    def __init__(self, tail, change, P: int, rows, token: np.ndarray, *, tile_rows: int = 8192,
                  max_elems: int = LINE_ELEMS, head: HeadTiles | None = None):
         if not line_ready(tail):
             raise ValueError(f"a line of strengths needs a plain RMSNorm tail, not {tail.kind}"
                              f"{' with a post-FFN norm' if tail.kind == 'rmsnorm' else ''}")
-        self.tail = tail
+        self.tail, self.change, self.P = tail, change, int(P)
         self.head = HeadTiles(tail, tile_rows) if head is None else head
         self.token = np.asarray(token, np.int64)
         self.hh = np.asarray(rows.hh, np.float64)
-        if isinstance(parts, PartFactors):
-            self.parts, self.P = parts, parts.lam.shape[1]
-            self.hg = self.hh @ parts.G.T                  # [T, K]
-        else:
-            self.parts = np.asarray(parts, np.float64)
-            self.P = len(self.parts)
         self.y0 = np.asarray(rows.R, np.float64) + self.hh @ np.asarray(tail.l47.w_down, np.float64).T
         self.g = np.asarray(tail.mix_params.w_norm, np.float64)
         self.eps, self.cap = float(tail.mix_params.eps), tail.softcap
@@ -198,20 +192,11 @@ class LineScorer:
         self.passes += 1
         return head_products(self.head, y * self.g, out)
 
-    def _change(self, s: np.ndarray) -> np.ndarray:
-        """hh (sum_p s_p dW_p)^T, float64 [T, n]: the residual's change at strengths `s`."""
-        if isinstance(self.parts, PartFactors):
-            return (self.hg * (self.parts.lam @ s)) @ self.parts.U
-        nz = np.flatnonzero(s)
-        if nz.size == 1:                    # a single phrase's part itself
-            return self.hh @ (s[nz[0]] * self.parts[nz[0]]).T
-        return self.hh @ np.tensordot(s, self.parts, axes=1).T
-
     def _residual(self, s: np.ndarray) -> np.ndarray:
         """y at the strengths `s` (float64 [T, n]), the anchor's kept until the anchor moves."""
         key = tuple(s)
         if self._ya is None or self._ya[0] != key:
-            self._ya = (key, self.y0 + self._change(s) if s.any() else self.y0)
+            self._ya = (key, self.y0 + self.change(s) if s.any() else self.y0)
         return self._ya[1]
 
     def _find(self, combos: np.ndarray):
@@ -252,7 +237,7 @@ class LineScorer:
                         self.Ua += np.float32(ck) * U[k]
         self.last = None
         ya = self._residual(self.anchor)
-        yd = [self._change(d) for d in dirs]
+        yd = [self.change(d) for d in dirs]
         T, k = len(self.token), len(dirs)
         free = self.max_elems - (T * self.V if self.keep else 0)
         step = max(1, free // (self.V * max(1, k + (0 if self.keep else 1))))
