@@ -58,21 +58,6 @@ class GpuSolveWfldResult:
         return d
 
 
-def _build(root: Path, cfg: BenchSolveWfldConfig):
-    """The synthetic model, phrases and dumps of `bench.wfld.whole`, written under root."""
-    from exactedit.bench.wfld.whole import PHRASES, SPECIALS, _stream, _vocab, _write_dump, _write_model
-
-    tokens, types = _vocab(cfg.vocab)
-    index = {tok: i for i, tok in enumerate(tokens[:len(tokens) - len(SPECIALS)]) if not tok.startswith("tok")}
-    _write_model(root / "model.gguf", cfg, tokens, types)
-    (root / "phrases.txt").write_text("\n".join(PHRASES) + "\n")
-    rng = np.random.default_rng(cfg.seed + 1)
-    plan = (("train", True, ("chat", "slop")), ("heldout", True, ("chat", "slop")),
-            ("anchors", False, ("anchor", "plain")))
-    for name, slop, tags in plan:
-        _write_dump(root / name, cfg, _stream(rng, cfg, index, slop), name, tags, rng)
-
-
 def _numba_warm() -> float:
     from exactedit import quant
 
@@ -86,22 +71,17 @@ def run_gpu_solve_wfld(cfg: BenchSolveWfldConfig, device: str = "gpu",
                        progress: Progress | None = None) -> GpuSolveWfldResult:
     """Build the synthetic inputs, then time `solve_wfld` on `device` ("gpu", "auto" or "cpu": the
     device path on JAX's CPU backend, for tests) twice."""
-    from exactedit.bench.wfld.whole import SPECIALS
-    from exactedit.solvers.l47.config import WfldConfig
-    from exactedit.runs.solve.wfld import WfldInputs, solve_wfld
+    from exactedit.bench.wfld.whole import build_inputs
+    from exactedit.runs.solve.wfld import solve_wfld
     from exactedit.solvers.tail.forward.jax_cache import CompileCounter
 
     dev = devmod.select(device)
     with tempfile.TemporaryDirectory(dir=cfg.workdir) as tmp:
         root = Path(tmp)
         t = time.perf_counter()
-        _build(root, cfg)
+        wcfg, inputs = build_inputs(root, cfg)
         build_s = time.perf_counter() - t
         numba_s = _numba_warm()
-        wcfg = WfldConfig(gn_iters=cfg.gn_iters, special_rows=cfg.special_rows, tile_rows=cfg.tile_rows,
-                          specials=SPECIALS, turn_end="<|im_end|>", gn_tol=0.0)
-        inputs = WfldInputs(str(root / "model.gguf"), str(root / "phrases.txt"), (str(root / "train"),),
-                            (str(root / "heldout"),), (), (str(root / "anchors"),))
         runs = []
         for i in range(2):
             with CompileCounter() as counter:

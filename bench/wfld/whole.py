@@ -141,37 +141,48 @@ def _write_dump(path: Path, cfg, toks, name, tags, rng):
     write_dump(path, arch="hc4", layer=0, fields=fields, docs=docs)
 
 
+#: the three dumps: name, whether phrases are planted, document tags
+TRACES = (("train", True, ("chat", "slop")), ("heldout", True, ("chat", "slop")),
+          ("anchors", False, ("anchor", "plain")))
+
+
+def build_inputs(root: Path, cfg: BenchSolveWfldConfig):
+    """(WfldConfig, WfldInputs) of the synthetic model, phrases and dumps (`TRACES`), written under
+    root (this bench's and `bench.wfld.gpu`'s)."""
+    from exactedit.solvers.l47.config import WfldConfig
+    from exactedit.runs.solve.wfld import WfldInputs
+
+    tokens, types = _vocab(cfg.vocab)
+    index = {tok: i for i, tok in enumerate(tokens[:len(tokens) - len(SPECIALS)]) if not tok.startswith("tok")}
+    _write_model(root / "model.gguf", cfg, tokens, types)
+    (root / "phrases.txt").write_text("\n".join(PHRASES) + "\n")
+    rng = np.random.default_rng(cfg.seed + 1)
+    for name, slop, tags in TRACES:
+        _write_dump(root / name, cfg, _stream(rng, cfg, index, slop), name, tags, rng)
+    wcfg = WfldConfig(gn_iters=cfg.gn_iters, special_rows=cfg.special_rows, tile_rows=cfg.tile_rows,
+                      specials=SPECIALS, turn_end="<|im_end|>", gn_tol=0.0)
+    inputs = WfldInputs(str(root / "model.gguf"), str(root / "phrases.txt"), (str(root / "train"),),
+                        (str(root / "heldout"),), (), (str(root / "anchors"),))
+    return wcfg, inputs
+
+
 def run_bench_solve_wfld(cfg: BenchSolveWfldConfig, progress: Callable[[int, int], None] | None = None
                          ) -> BenchSolveWfldResult:
     from exactedit.solvers.tail.passes.vocab_pass import vocab_pass
-    from exactedit.solvers.l47.config import WfldConfig
-    from exactedit.runs.solve.wfld import WfldInputs, solve_wfld
+    from exactedit.runs.solve.wfld import solve_wfld
     from exactedit.solvers.tail.logits import open_pair, tail_mix
 
     with tempfile.TemporaryDirectory(dir=cfg.workdir) as tmp:
         root = Path(tmp)
         t = time.perf_counter()
-        tokens, types = _vocab(cfg.vocab)
-        index = {tok: i for i, tok in enumerate(tokens[:len(tokens) - len(SPECIALS)]) if not tok.startswith("tok")}
-        _write_model(root / "model.gguf", cfg, tokens, types)
-        (root / "phrases.txt").write_text("\n".join(PHRASES) + "\n")
-        rng = np.random.default_rng(cfg.seed + 1)
-        plan = (("train", True, ("chat", "slop")), ("heldout", True, ("chat", "slop")),
-                ("anchors", False, ("anchor", "plain")))
-        for name, slop, tags in plan:
-            _write_dump(root / name, cfg, _stream(rng, cfg, index, slop), name, tags, rng)
+        wcfg, inputs = build_inputs(root, cfg)
         build_s = time.perf_counter() - t
-
-        wcfg = WfldConfig(gn_iters=cfg.gn_iters, special_rows=cfg.special_rows, tile_rows=cfg.tile_rows,
-                          specials=SPECIALS, turn_end="<|im_end|>", gn_tol=0.0)
-        inputs = WfldInputs(str(root / "model.gguf"), str(root / "phrases.txt"), (str(root / "train"),),
-                            (str(root / "heldout"),), (), (str(root / "anchors"),))
         t = time.perf_counter()
         res = solve_wfld(wcfg, inputs, root / "bundle", progress=progress)
         solve_s = time.perf_counter() - t
 
         mixes, tail = [], None
-        for name, _, _ in plan:
+        for name, _, _ in TRACES:
             _, tail, d = open_pair(root / "model.gguf", root / name, check_finite=False)
             mixes.append(tail_mix(tail, d))
         mix = np.concatenate(mixes)

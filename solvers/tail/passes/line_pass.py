@@ -95,34 +95,33 @@ def head_products(head: HeadTiles, X: np.ndarray, out: np.ndarray | None = None)
     return out
 
 
+@numba.njit(inline="always")
+def _logit(Ua, Us, c, i, j, s, cap):
+    """cap((Ua + sum_k c_k Us[k]) [i, j] * s), in float64."""
+    x = np.float64(Ua[i, j])
+    for k in range(c.size):
+        x += c[k] * np.float64(Us[k, i, j])
+    x *= s
+    if cap > 0.0:
+        x = cap * math.tanh(x / cap)
+    return x
+
+
 @numba.njit(parallel=True, cache=True)
 def _fold(Ua, Us, c, inv_r, cap, token, lse, sel):
     T, V = Ua.shape
-    K = c.size
     for i in prange(T):
         s = inv_r[i]
         m, acc = -np.inf, 0.0          # an online logsumexp: one read of the products
         for j in range(V):
-            x = np.float64(Ua[i, j])
-            for k in range(K):
-                x += c[k] * np.float64(Us[k, i, j])
-            x *= s
-            if cap > 0.0:
-                x = cap * math.tanh(x / cap)
+            x = _logit(Ua, Us, c, i, j, s, cap)
             if x > m:
                 acc = acc * math.exp(m - x) + 1.0
                 m = x
             else:
                 acc += math.exp(x - m)
         lse[i] = m + math.log(acc)
-        j = token[i]
-        x = np.float64(Ua[i, j])
-        for k in range(K):
-            x += c[k] * np.float64(Us[k, i, j])
-        x *= s
-        if cap > 0.0:
-            x = cap * math.tanh(x / cap)
-        sel[i] = x
+        sel[i] = _logit(Ua, Us, c, i, token[i], s, cap)
 
 
 def span_logp(Ua: np.ndarray, Us: np.ndarray, c: np.ndarray, y: np.ndarray, eps: float, softcap: float | None,
