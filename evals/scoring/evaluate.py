@@ -10,7 +10,7 @@ shaping rule's triggers.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -67,6 +67,20 @@ class TraceInput:
     path: Path
     roles: Mapping[str, str]
     domain: str = ""
+
+
+@dataclass(frozen=True)
+class KnownRows:
+    """Rows already scored exactly, by the same pass `score_traces` makes, for the same base model
+    and edit: `solve wfld`'s rescore of the bundle it wrote (solvers.l47.rescore.rescore_parts:
+    the tail forward of each side from the dump, one numba KL pass over the shared head). `dumps`:
+    a dump's sha256 -> RowScores of its every row in order. A caller hands them on only where it
+    holds both in one process; `score_traces` checks the model, `runs.eval.workflow.score` the
+    bundle, and each dump's rows, tokens and special tokens."""
+
+    model_sha256: str
+    bundle_sha256: str
+    dumps: Mapping[str, RowScores]
 
 
 @dataclass(frozen=True)
@@ -164,6 +178,20 @@ def rows_fast(tail, mix_b, mix_e, tokens, next_tokens, roles, doc, special_ids, 
         logp_sel_base=np.zeros((nxt.size, 0)), logp_sel_edit=np.zeros((nxt.size, 0)), docs=tuple(docs))
 
 
+def _known_rows(have: RowScores, t: TraceInput, d, docs, specials, metas) -> RowScores:
+    """The listed documents' rows of a dump scored already (KnownRows), as `rows_fast` gives them."""
+    if have.rows != d.rows or not np.array_equal(have.tokens, np.asarray(d.tokens, np.int32)):
+        raise EvalError(f"{t.path}: the rows handed in for this dump are not its rows ({have.rows} vs {d.rows})")
+    if have.special_ids != tuple(int(x) for x in specials):
+        raise EvalError(f"{t.path}: the rows handed in score special tokens {list(have.special_ids)}, "
+                        f"the protocol's are {list(specials)}")
+    rows = np.concatenate([np.arange(doc.first_row, doc.stop) for doc in docs])
+    part = have.take(rows, np.concatenate([np.full(doc.stop - doc.first_row, di) for di, doc in enumerate(docs)]),
+                     metas)
+    nan = np.where(part.next >= 0, 0.0, np.nan)
+    return replace(part, logp_base=part.logp_base + nan, logp_edit=part.logp_edit + nan)
+
+
 def _batches(spans, limit: int):
     """Consecutive (doc, start, stop) spans grouped so each group has at most `limit` rows (a span
     is never split; each is at most `limit` rows already)."""
@@ -181,10 +209,13 @@ def _batches(spans, limit: int):
 
 def score_traces(protocol: Protocol, model, traces: Sequence[TraceInput], config: ScoreConfig, *,
                  edited=None, splits: Splits | None = None, meta: Mapping | None = None, marker: str = "",
-                 kind: str = "score", cache=None, progress: Progress | None = None) -> Scored:
+                 kind: str = "score", cache=None, known: KnownRows | None = None,
+                 progress: Progress | None = None) -> Scored:
     """RowScores of `edited` (a GGUF path; None: the base itself) plus `config.shapes` against
     `model`, on the listed documents of `traces`, and the bars of `config.bars`. Every dump's field
-    hashes are verified (`cache`, a dumps.VerifyCache the caller owns, skips dumps it verified)."""
+    hashes are verified (`cache`, a dumps.VerifyCache the caller owns, skips dumps it verified).
+    `known`: rows the caller already scored for this model and `edited` (KnownRows): a dump it
+    holds is read from there instead of a second pass (without shaping rules only)."""
     from exactedit.dumps import read_dump
     from exactedit.quant import gguf
     from exactedit.solvers.tail.logits import tail_mix
@@ -200,6 +231,8 @@ def score_traces(protocol: Protocol, model, traces: Sequence[TraceInput], config
     tokens = resolve_tokens(protocol, texts)
     # no shaping and the same head bytes (a last-layer edit, or no edit): the numba KL pass
     fast = not config.shapes and same_head(tail, tail2)
+    if known is not None and known.model_sha256 != g.sha256():
+        raise EvalError(f"{model}: the rows handed in were scored for another model (sha256 {known.model_sha256[:12]}...)")
     dumps = [(t, read_dump(t.path, expect=tail.dump_expect(), cache=cache)) for t in traces]
     total = sum(doc.rows for t, d in dumps for doc in d.docs if doc.name in t.roles)
     done, parts, triggers = 0, [], {}
@@ -216,7 +249,13 @@ def score_traces(protocol: Protocol, model, traces: Sequence[TraceInput], config
         roles = np.asarray(d.roles) if d.roles is not None else np.zeros(d.rows, np.uint8)
         chunks = []
         nxt = np.asarray(d.next)
-        if fast:
+        have = known.dumps.get(d.sha256()) if known is not None and fast and docs else None
+        if have is not None:
+            chunks.append(_known_rows(have, t, d, docs, tokens.specials, metas))
+            done += chunks[-1].rows
+            if progress is not None:
+                progress(done, total)
+        elif fast:
             # rows of several documents share one head pass (the head is dequantized once per pass)
             step = config.fast_rows
             for spans in _batches([(di, a, min(a + step, doc.stop)) for di, doc in enumerate(docs)

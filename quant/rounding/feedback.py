@@ -45,6 +45,7 @@ from exactedit.quant.rounding.grid import GRID_TYPES, Grid, grid_of, nearest, pa
 
 POLISH_SWEEPS = 1
 BLOCK = 128         # columns per block: across blocks the feedback is matrix products (BLAS)
+TRI_BLOCK = 1024    # rows of a triangular factor per product in `times_ft`
 
 
 @numba.njit(error_model="numpy", cache=True)
@@ -91,13 +92,33 @@ def _block_woodbury(T):
     return A, W
 
 
-def _plan(F, d, block: int):
+def upper(F) -> bool:
+    """Whether F has no entry below its diagonal (F[r, j] = 0 for j < r; at most as many rows as
+    columns): a QR's R or a Cholesky factor, whose column j is zero below row j."""
+    return F.shape[0] <= F.shape[1] and not np.any(np.tril(F, -1))
+
+
+def times_ft(x, F, tri: bool) -> np.ndarray:
+    """x @ F.T; with `tri` (F upper, `upper`) by row blocks of F that skip the zeros left of its
+    diagonal: about half the flops of the full product, the same sums less exact zero terms."""
+    if not tri:
+        return x @ F.T
+    p = F.shape[0]
+    y = np.empty((x.shape[0], p))
+    for r0 in range(0, p, TRI_BLOCK):
+        r1 = min(p, r0 + TRI_BLOCK)
+        y[:, r0:r1] = x[:, r0:] @ F[r0:r1, r0:].T
+    return y
+
+
+def _plan(F, d, block: int, tri: bool = False):
     """Z[q] = z_q and c[q] = S_qq of the module docstring, a block of columns at a time from the
     last one down. Q = P^-1 of the columns after the block is kept explicitly; inside the block
     (local columns i, their V = F[:, block] / sqrt(d), X = Q V, T = I + V^T X), Woodbury over the
     block's later columns J = i+1.. gives P_{q+1}^-1 f_q = sqrt(d_q) (X_i - X_J T_JJ^-1 T_Ji), the
     T_JJ being leading blocks of one Cholesky of T in reversed order. Then Q -= X T^-1 X^T
-    (as N N^T, N = X P R^-T, so Q stays symmetric)."""
+    (as N N^T, N = X P R^-T, so Q stays symmetric). With `tri` (F upper) the block's columns have
+    no entries below row q1, and the products skip those rows."""
     p, h = F.shape
     Z = np.zeros((h, p))
     c = np.zeros(h)
@@ -105,13 +126,14 @@ def _plan(F, d, block: int):
     for q1 in range(h, 0, -block):
         q0 = max(0, q1 - block)
         B = q1 - q0
+        k = min(p, q1) if tri else p               # F[k:, q0:q1] is zero
         sd = np.sqrt(d[q0:q1])
-        V = F[:, q0:q1] / sd
-        X = Q @ V
-        T = np.eye(B) + V.T @ X
+        V = F[:k, q0:q1] / sd
+        X = Q[:, :k] @ V
+        T = np.eye(B) + V.T @ X[:k]
         A, W = _block_woodbury(np.ascontiguousarray((T + T.T) / 2))
         Y = (X - X @ A) * sd                       # column i: P_{q+1}^-1 f_q
-        s = np.einsum("pi,pi->i", F[:, q0:q1], Y) / d[q0:q1]
+        s = np.einsum("pi,pi->i", F[:k, q0:q1], Y[:k]) / d[q0:q1]
         Z[q0:q1] = (Y / (1.0 + s)).T
         c[q0:q1] = 1.0 / (d[q0:q1] * (1.0 + s))
         N = X[:, ::-1] @ W.T                       # X T^-1 X^T = N N^T
@@ -122,7 +144,9 @@ def _plan(F, d, block: int):
 class Metric:
     """H = diag(d) + F^T F, with the shared part of the recursion planned once (the object is
     the cache: reuse it for every row and round). d float [h] > 0, F float [p, h]; a p larger
-    than h is folded to an h x h factor first (F^T F = R^T R)."""
+    than h is folded to an h x h factor first (F^T F = R^T R). An upper F (`upper`: R, or a
+    Cholesky factor) is used as one: every product with it skips the zeros below its diagonal
+    (`tri`, `top`)."""
 
     def __init__(self, d, F):
         d = np.asarray(d, dtype=np.float64)
@@ -138,12 +162,17 @@ class Metric:
         if F.shape[0] > F.shape[1]:
             F = np.linalg.qr(F, mode="r")
         self.d, self.F = d, np.ascontiguousarray(F)
+        self.tri = upper(self.F)
         self.hdiag = d + np.einsum("pk,pk->k", self.F, self.F)
-        self.Z, self.c = _plan(self.F, self.d, BLOCK)
-        # per block, the in-block couplings: K[l, i] = z_l . f_i / d_i (feedback), G = F^T F (polish)
-        self.K = [(self.Z[q0:q0 + BLOCK] @ self.F[:, q0:q0 + BLOCK]) / self.d[q0:q0 + BLOCK]
-                  for q0 in range(0, d.size, BLOCK)]
-        self.G = [self.F[:, q0:q0 + BLOCK].T @ self.F[:, q0:q0 + BLOCK] for q0 in range(0, d.size, BLOCK)]
+        self.Z, self.c = _plan(self.F, self.d, BLOCK, self.tri)
+        # per block: the rows of F that can be non-zero in its columns (`top`), the in-block
+        # couplings K[l, i] = z_l . f_i / d_i (feedback) and G = F^T F (polish)
+        p = self.F.shape[0]
+        self.top = [min(p, q0 + BLOCK) if self.tri else p for q0 in range(0, d.size, BLOCK)]
+        self.K = [(self.Z[q0:q0 + BLOCK, :k] @ self.F[:k, q0:q0 + BLOCK]) / self.d[q0:q0 + BLOCK]
+                  for k, q0 in zip(self.top, range(0, d.size, BLOCK))]
+        self.G = [self.F[:k, q0:q0 + BLOCK].T @ self.F[:k, q0:q0 + BLOCK]
+                  for k, q0 in zip(self.top, range(0, d.size, BLOCK))]
 
     @classmethod
     def dense(cls, H) -> "Metric":
@@ -175,7 +204,7 @@ class Metric:
         """f per row: e^T H e for err float64 [rows, h] (inf or NaN where err is not finite)."""
         err = np.asarray(err, dtype=np.float64)
         with np.errstate(invalid="ignore", over="ignore"):
-            y = err @ self.F.T
+            y = times_ft(err, self.F, self.tri)
             return np.einsum("rk,rk->r", y, y) + (err * err) @ self.d
 
 
@@ -311,7 +340,8 @@ def feedback(target, grid: Grid, metric: Metric) -> np.ndarray:
     steps = np.ascontiguousarray(grid.steps, dtype=np.float32)
     for b, q0 in enumerate(range(0, h, BLOCK)):
         q1 = min(h, q0 + BLOCK)
-        t0 = target[:, q0:q1] + (a @ metric.F[:, q0:q1]) / metric.d[q0:q1]
+        k = metric.top[b]
+        t0 = target[:, q0:q1] + (a[:, :k] @ metric.F[:k, q0:q1]) / metric.d[q0:q1]
         beta = np.zeros((rows, q1 - q0))
         blk = np.zeros((rows, q1 - q0), np.int64)
         _feedback_block(np.ascontiguousarray(t0), np.ascontiguousarray(steps[:, q0:q1]), grid.lo, grid.hi,
@@ -330,18 +360,18 @@ def polish(target, grid: Grid, metric: Metric, codes, sweeps: int = POLISH_SWEEP
     steps = np.ascontiguousarray(grid.steps, dtype=np.float32)
     live = np.isfinite(steps) & (steps != 0)
     err = np.where(live, values(grid, c), 0).astype(np.float64) - target
-    y = err @ metric.F.T
+    y = times_ft(err, metric.F, metric.tri)
     for _ in range(sweeps):
         moved = 0
         for b, q0 in enumerate(range(0, h, BLOCK)):
-            q1 = min(h, q0 + BLOCK)
-            g0 = metric.d[q0:q1] * err[:, q0:q1] + y @ metric.F[:, q0:q1]
+            q1, k = min(h, q0 + BLOCK), metric.top[b]
+            g0 = metric.d[q0:q1] * err[:, q0:q1] + y[:, :k] @ metric.F[:k, q0:q1]
             cb, eb = np.ascontiguousarray(c[:, q0:q1]), np.ascontiguousarray(err[:, q0:q1])
             dx = np.zeros((rows, q1 - q0))
             moved += _polish_block(np.ascontiguousarray(g0), cb, eb, np.ascontiguousarray(steps[:, q0:q1]),
                                    grid.lo, grid.hi, metric.G[b], metric.hdiag[q0:q1], dx)
             c[:, q0:q1], err[:, q0:q1] = cb, eb
-            y += dx @ metric.F[:, q0:q1].T
+            y[:, :k] += dx @ metric.F[:k, q0:q1].T
         if not moved:
             break
     return c.astype(np.int16)

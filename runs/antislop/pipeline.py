@@ -243,7 +243,8 @@ def _solve(r: _Run, rec: dict) -> dict:
             shutil.copytree(out / dest[key], out / "wfld")
         wf = solved[key]
         dev = workflow.score(protocol, ws, r.model, out / "dev", cmd, bundle=out / "wfld",
-                             config=ScoreConfig(heldout_role="dev", bars="anti-slop"), progress=r.tick("eval score"))
+                             config=ScoreConfig(heldout_role="dev", bars="anti-slop"), known=wf.known,
+                             progress=r.tick("eval score"))
         return {"protocol": str(protocol), "bundle": str(out / "wfld"), "verdict": wf.verdict, "report": wf.report,
                 "key": key, "key_choice": choice, "solve_seconds": round(solve_s, 2),
                 "dev_verdict": dev.report.verdict, "dev_report": str(dev.files.paths["json"])}

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from exactedit.runs.eval.blind import BlindResult, dev_settings, run_blind
-from exactedit.evals.scoring.evaluate import EvalError, ScoreConfig, TraceInput, protocol_traces, score_traces
+from exactedit.evals.scoring.evaluate import EvalError, KnownRows, ScoreConfig, TraceInput, protocol_traces, score_traces
 from exactedit.dumps import VerifyCache
 from exactedit.evals.protocol.ledger import (
     Ledger, LedgerRefusal, ProtocolRecord, head_json, register_protocol, require_registered,
@@ -157,10 +157,12 @@ def edited_model(model, bundle, workspace) -> Iterator[tuple[Path | None, str]]:
 
 
 def score(protocol_path, workspace, model, out_dir, command: str, *, bundle=None, edited=None,
-          config: ScoreConfig = ScoreConfig(), unregistered: bool = False,
+          config: ScoreConfig = ScoreConfig(), unregistered: bool = False, known: KnownRows | None = None,
           progress: Progress | None = None) -> ScoreResult:
     """Dev bars of `model` edited by a bundle or an edited GGUF and/or shaping rules; writes
-    dev-report.{json,md,png} into out_dir and records the report's sha256."""
+    dev-report.{json,md,png} into out_dir and records the report's sha256. `known`: the rows the
+    bundle's own solve scored (its rescore, the same pass), read instead of a second pass; refused
+    unless they are of this bundle. The report's meta says where its rows came from."""
     if config.heldout_role != "dev":
         raise EvalError("`eval score` scores the dev role; test is read by `eval test`, blind by `eval blind`")
     if bundle is not None and edited is not None:
@@ -173,9 +175,14 @@ def score(protocol_path, workspace, model, out_dir, command: str, *, bundle=None
         cache = VerifyCache()
         _require_registered_dumps(ledger, record, _read_hashes(traces, cache), command)
         with edited_model(model, bundle, workspace) as (path, bundle_sha):
+            meta = {"bundle_sha256": bundle_sha, "ledger_head": head_json(ledger)}
+            if known is not None:
+                if not bundle_sha or known.bundle_sha256 != bundle_sha:
+                    raise EvalError(f"the rows handed in are of bundle {known.bundle_sha256[:12]}..., not of "
+                                    f"{bundle} ({(bundle_sha or 'none')[:12]}...)")
+                meta["rows_from"] = f"solve wfld's rescore of bundle {bundle_sha} (the same KL pass)"
             scored = score_traces(protocol, model, traces, config, edited=path or edited, splits=splits,
-                                  meta={"bundle_sha256": bundle_sha, "ledger_head": head_json(ledger)},
-                                  marker=record.marker, cache=cache, progress=progress)
+                                  meta=meta, marker=record.marker, cache=cache, known=known, progress=progress)
         files = write_report(scored.report, out_dir, "dev-report", title="Dev report")
         e = ledger.append("score", command,
                           {"protocol": protocol.sha256, "model": scored.report.meta["model_sha256"],

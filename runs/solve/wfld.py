@@ -24,7 +24,7 @@ import numpy as np
 from exactedit.dumps import ROLE_REPLY, VerifyCache, read_dump
 from exactedit.evals.scoring.bars import BarContext, anti_slop_bars, verdict
 from exactedit.evals.scoring.collateral import collateral_lines, collateral_uses
-from exactedit.evals.scoring.evaluate import token_texts
+from exactedit.evals.scoring.evaluate import KnownRows, token_texts
 from exactedit.evals.protocol.ledger import DEFAULT_WORKSPACE, Ledger, head_json, require_registered
 from exactedit.evals.protocol.protocol import Bars, ResolvedTokens, load_protocol, resolve_tokens
 from exactedit.evals.protocol.splits import Splits, same_doc_heldout
@@ -41,7 +41,8 @@ from exactedit.solvers.l47.mining import Mining, mine
 from exactedit.solvers.l47.frontier import BarD
 from exactedit.solvers.l47.problem import ftpo_rows, uses_by_word
 from exactedit.solvers.l47.report import build_report, gated_lines
-from exactedit.solvers.l47.rescore import ScoredTrace, rescore_traces
+from exactedit.solvers.l47.rescore import ScoredTrace, rescore_parts
+from exactedit.solvers.tail.scores import concat
 from exactedit.solvers.l47.solve import DenseInputs, solve_dense, summaries
 from exactedit.solvers.tail.model import load_tail
 
@@ -90,6 +91,7 @@ class WfldResult:
     gn: wfld.GaussNewton
     scores: object            # solvers.tail.scores.RowScores of every scored row
     timings: dict = field(default_factory=dict)
+    known: KnownRows | None = None    # the rows per dump, for `eval score` of this bundle (dense edits)
 
 
 class _Stages:
@@ -260,8 +262,9 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
     scored = [ScoredTrace(t.name, t.dump, tuple(_split_role(t, cfg) for _ in t.dump.docs),
                           Path(t.path).name if t.role == "anchors" else "", seen.get(t.name))
               for t in traces if t.role != "null"]
-    scores = rescore_traces(tail, with_weights(tail, gn.w_new), scored, specials, tile_rows=cfg.tile_rows,
+    parts = rescore_parts(tail, with_weights(tail, gn.w_new), scored, specials, tile_rows=cfg.tile_rows,
                           device_head=dhead)
+    scores = concat(parts, chunks=False)
     heldout_b = np.concatenate([_rows_mask(t, mining, held) for t in traces if t.role != "null"])
     tokens = ResolvedTokens(specials, turn_end, (), mining.tuples, mining.words, ())
     ctx = BarContext(tokens, bars_cfg, cfg.heldout_role, heldout_b,
@@ -302,8 +305,12 @@ def _solve_wfld(cfg: WfldConfig, inputs: WfldInputs, out, *, overwrite: bool = F
                           files={"report.json": json.dumps(report, indent=1, allow_nan=False).encode("utf-8")},
                           record=record, ledger_head=ledger_head, overwrite=overwrite)
     st.mark("write")
+    # `eval score` of this bundle would repeat the rescore's pass row for row; a gated edit's rows come
+    # from its rewritten unit (GatedDump), which `eval score` recomputes from the edited model itself
+    known = None if gated is not None else KnownRows(
+        g.sha256(), bundle.sha256, {t.dump.sha256(): p for t, p in zip(scored, parts)})
     return WfldResult(bundle.path, bundle.sha256, report, report["verdict"], bars, mining, gn, scores,
-                      dict(st.timings))
+                      dict(st.timings), known)
 
 
 def _ffn_name(tail, part: str) -> str:

@@ -46,10 +46,17 @@ def special_probs(tail, mix_b, mix_e, r, special_ids) -> tuple[np.ndarray, np.nd
 
 
 def rescore_traces(tail, tail_edit, traces: Sequence[ScoredTrace], specials: Sequence[int], *,
-                 tile_rows: int = 8192, device_head=None, progress: Progress | None = None) -> RowScores:
-    """RowScores of every row of every trace (documents appended in order, as `concat` does). With
-    `device_head` (the head on a JAX device, `device_pass.to_device`) the pass is `kl_pass_jax` in
-    exact mode there (same fields as `kl_rows_numba`); without, the host `kl_rows_numba`."""
+                   tile_rows: int = 8192, device_head=None, progress: Progress | None = None) -> RowScores:
+    """RowScores of every row of every trace (documents appended in order, as `concat` does)."""
+    return concat(rescore_parts(tail, tail_edit, traces, specials, tile_rows=tile_rows, device_head=device_head,
+                                progress=progress), chunks=False)
+
+
+def rescore_parts(tail, tail_edit, traces: Sequence[ScoredTrace], specials: Sequence[int], *,
+                  tile_rows: int = 8192, device_head=None, progress: Progress | None = None) -> list[RowScores]:
+    """RowScores of each trace's every row, one per trace in order. With `device_head` (the head on
+    a JAX device, `device_pass.to_device`) the pass is `kl_pass_jax` in exact mode there (same
+    fields as `kl_rows_numba`); without, the host `kl_rows_numba`."""
     mix_b = np.concatenate([tail_mix(tail, t.dump) for t in traces], axis=0)
     mix_e = np.concatenate([tail_mix(tail_edit, t.dump if t.edited is None else t.edited) for t in traces], axis=0)
     nxt = np.concatenate([np.asarray(t.dump.next, dtype=np.int64) for t in traces])
@@ -75,4 +82,4 @@ def rescore_traces(tail, tail_edit, traces: Sequence[ScoredTrace], specials: Seq
             argmax_base=r.argmax_base[a:b].astype(np.int32), argmax_edit=r.argmax_edited[a:b].astype(np.int32),
             special_ids=tuple(sp), p_special_base=p_b[a:b], p_special_edit=p_e[a:b], docs=_docs(t)))
         a = b
-    return concat(parts, chunks=False)
+    return parts

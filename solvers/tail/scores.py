@@ -87,6 +87,17 @@ class RowScores:
     def with_docs(self, docs: Sequence[DocMeta]) -> "RowScores":
         return replace(self, docs=tuple(docs))
 
+    def take(self, rows, doc, docs: Sequence[DocMeta]) -> "RowScores":
+        """The rows `rows` (indices into these), their documents renumbered: `doc` indexes `docs`."""
+        rows = np.asarray(rows, dtype=np.int64)
+        pick = lambda name: np.asarray(getattr(self, name))[rows]  # noqa: E731
+        return RowScores(
+            tokens=pick("tokens"), next=pick("next"), roles=pick("roles"), doc=np.asarray(doc, np.int32),
+            logp_base=pick("logp_base"), logp_edit=pick("logp_edit"), kl=pick("kl"), argmax_base=pick("argmax_base"),
+            argmax_edit=pick("argmax_edit"), special_ids=self.special_ids, p_special_base=pick("p_special_base"),
+            p_special_edit=pick("p_special_edit"), selected_ids=self.selected_ids, logp_sel_base=pick("logp_sel_base"),
+            logp_sel_edit=pick("logp_sel_edit"), docs=tuple(docs))
+
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     x = np.asarray(logits, dtype=np.float64)

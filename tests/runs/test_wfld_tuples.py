@@ -104,3 +104,100 @@ def test_the_strength_search_shows_progress_inside_its_stage():
     st.within(9, 58)
     st.mark("strength")
     assert seen == [(1, 9), (5, 70), (10, 67), (2, 9)] and set(st.timings) == {"open", "strength"}
+
+
+def _without_meta(report):
+    from exactedit.evals.scoring.report import report_to_json
+
+    out = report_to_json(report)
+    out.pop("meta")
+    return out
+
+
+def _close(a, b, path=""):
+    """Equal structure and strings; numbers within ROW_TOL relative or 1e-6 absolute (a bar that is a
+    difference of two means, a cut near 0, has no relative resolution)."""
+    import math
+
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), path
+        for k in a:
+            _close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and not isinstance(a, bool):
+        assert (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=ROW_TOL, abs_tol=1e-6), (path, a, b)
+    else:
+        assert a == b, (path, a, b)
+
+
+# The solve's rescore and `eval score` make the same pass (tail forward, one numba KL pass over the
+# head) over different row batches: the vocabulary is tiled by the batch's size (vocab_pass.tile_size)
+# and OpenBLAS rounds a row by its position in the product, so the float64 sums of float32 logits
+# differ in their last bits (3e-7 relative here): the tolerance is float32's resolution, with room.
+ROW_TOL = 1e-5
+
+
+def test_eval_score_reads_the_solves_rows_with_the_same_result(solved, tmp_path):
+    """`eval score` of the bundle with the rows its solve's rescore scored (KnownRows, what
+    `exactedit antislop` hands on) gives the rows and the report of its own pass, within float32's
+    rounding, with the same verdicts and counts; the report says where its rows came from."""
+    import numpy as np
+
+    from exactedit.evals.protocol.ledger import Ledger
+    from exactedit.evals.protocol.protocol import load_protocol
+    from exactedit.evals.scoring.evaluate import protocol_traces, score_traces
+    from exactedit.runs.eval.workflow import _splits_or_error, edited_model
+    from exactedit.solvers.tail.scores import RowScores
+
+    res, dev = solved["res"], solved["dev"]
+    ws = solved["w"]["model"].parent / "ws"
+    assert res.known is not None and res.known.bundle_sha256 == res.bundle_sha256
+    again = workflow.score(solved["protocol"].path, ws, solved["w"]["model"], tmp_path / "dev", "score",
+                           bundle=res.bundle, config=ScoreConfig(heldout_role="dev", bars="anti-slop"),
+                           known=res.known)
+    assert "rows_from" in again.report.meta and "rows_from" not in dev.report.meta
+    assert again.report.verdict == dev.report.verdict
+    assert [(r.key, r.n, r.passed) for r in again.report.rows] == [(r.key, r.n, r.passed) for r in dev.report.rows]
+    _close(_without_meta(dev.report), _without_meta(again.report))
+    # the rows themselves, field by field
+    protocol = load_protocol(solved["protocol"].path)
+    with Ledger.open(ws) as ledger:
+        splits = _splits_or_error(ledger, protocol)
+    traces = protocol_traces(protocol, splits, "dev")
+    with edited_model(solved["w"]["model"], res.bundle, tmp_path / "w2") as (path, _):
+        own = score_traces(protocol, solved["w"]["model"], traces, ScoreConfig(), edited=path).scores
+        read = score_traces(protocol, solved["w"]["model"], traces, ScoreConfig(), edited=path,
+                            known=res.known).scores
+    assert own.rows == read.rows > 0
+    for f in RowScores.__dataclass_fields__:
+        x, y = getattr(own, f), getattr(read, f)
+        if f in ("logp_base", "logp_edit", "kl", "p_special_base", "p_special_edit"):
+            np.testing.assert_allclose(y, x, rtol=ROW_TOL, atol=1e-9, err_msg=f)
+        elif isinstance(x, np.ndarray):
+            np.testing.assert_array_equal(x, y, err_msg=f)
+        else:
+            assert x == y, f
+
+
+def test_eval_score_refuses_rows_of_another_bundle_or_dump(solved, tmp_path):
+    import dataclasses
+
+    import numpy as np
+
+    from exactedit.evals.scoring.evaluate import EvalError
+
+    res = solved["res"]
+    ws = solved["w"]["model"].parent / "ws"
+    run = lambda known: workflow.score(solved["protocol"].path, ws, solved["w"]["model"], tmp_path / "o", "score",  # noqa: E731
+                                       bundle=res.bundle, known=known)
+    with pytest.raises(EvalError, match="not of"):
+        run(dataclasses.replace(res.known, bundle_sha256="0" * 64))
+    with pytest.raises(EvalError, match="another model"):
+        run(dataclasses.replace(res.known, model_sha256="0" * 64))
+    sha, rows = next(iter(res.known.dumps.items()))
+    short = rows.take(np.arange(rows.rows - 1), rows.doc[:-1], rows.docs)
+    with pytest.raises(EvalError, match="not its rows"):
+        run(dataclasses.replace(res.known, dumps={**res.known.dumps, sha: short}))
