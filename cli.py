@@ -899,7 +899,7 @@ def untie_cmd(model, out, overwrite, as_json) -> None:
     emit(res, render_untie(res), as_json)
 
 
-# ---- bench: dump-verify, engine, frontier, gbnf, generate, gguf-open, head, loop, quant, serve, shape-compile, solve-head, solve-wfld
+# ---- bench: dump-verify, engine, frontier, gbnf, generate, gguf-open, head, loop, quant, serve, shape-compile, ship, solve-head, solve-wfld
 
 @main.group()
 def bench() -> None:
@@ -1194,6 +1194,23 @@ def bench_frontier(as_json, **flags) -> None:
         cfg = BenchFrontierConfig(**flags)
     r = with_progress("bench frontier", run_bench_frontier, cfg)
     emit(r, render_bench_frontier(r), as_json)
+
+
+@bench.command("ship")
+@click.option("--h", default=8960, show_default=True, type=click.IntRange(1), help="FFN width (the tensor's row length).")
+@click.option("--rows", default=256, show_default=True, type=click.IntRange(1), help="Tensor rows shipped.")
+@click.option("--extra", default=512, show_default=True, type=click.IntRange(1),
+              help="Background rows beyond h (the metric's factor is folded to h x h).")
+@click.option("--seed", default=0, show_default=True, type=int)
+@JSON_FLAG
+def bench_ship(as_json, **flags) -> None:
+    """The feedback ship with the metric's upper factor used as one vs as a general factor, same run."""
+    from exactedit.bench import BenchShipConfig, render_bench_ship, run_bench_ship
+
+    with _bad_parameter():
+        cfg = BenchShipConfig(**flags)
+    r = with_progress("bench ship", run_bench_ship, cfg)
+    emit(r, render_bench_ship(r), as_json)
 
 
 @bench.command("solve-wfld")
