@@ -1198,7 +1198,7 @@ def bench_frontier(as_json, **flags) -> None:
 
 @bench.command("ship")
 @click.option("--h", default=8960, show_default=True, type=click.IntRange(1), help="FFN width (the tensor's row length).")
-@click.option("--rows", default=256, show_default=True, type=click.IntRange(1), help="Tensor rows shipped.")
+@click.option("--rows", default=1536, show_default=True, type=click.IntRange(1), help="Tensor rows shipped.")
 @click.option("--extra", default=512, show_default=True, type=click.IntRange(1),
               help="Background rows beyond h (the metric's factor is folded to h x h).")
 @click.option("--seed", default=0, show_default=True, type=int)

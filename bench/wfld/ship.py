@@ -21,7 +21,7 @@ TARGET_RATIO = 1.3     # the ship with the upper factor at least this much faste
 @dataclass(frozen=True)
 class BenchShipConfig:
     h: int = 8960             # the FFN's width (Qwen2.5-1.5B's)
-    rows: int = 256           # tensor rows shipped (ffn_down has n = 1,536)
+    rows: int = 1536          # tensor rows shipped (Qwen2.5-1.5B's ffn_down has n = 1,536)
     extra: int = 512          # background rows beyond h (the factor is folded to h x h)
     seed: int = 0
 

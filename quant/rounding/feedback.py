@@ -93,9 +93,9 @@ def _block_woodbury(T):
 
 
 def upper(F) -> bool:
-    """Whether F has no entry below its diagonal (F[r, j] = 0 for j < r; at most as many rows as
-    columns): a QR's R or a Cholesky factor, whose column j is zero below row j."""
-    return F.shape[0] <= F.shape[1] and not np.any(np.tril(F, -1))
+    """Whether F has no entry below its diagonal (F[r, j] = 0 for j < r; one row or more, at most
+    as many as columns): a QR's R or a Cholesky factor, whose column j is zero below row j."""
+    return 0 < F.shape[0] <= F.shape[1] and not np.any(np.tril(F, -1))
 
 
 def times_ft(x, F, tri: bool) -> np.ndarray:
@@ -118,11 +118,15 @@ def _plan(F, d, block: int, tri: bool = False):
     block's later columns J = i+1.. gives P_{q+1}^-1 f_q = sqrt(d_q) (X_i - X_J T_JJ^-1 T_Ji), the
     T_JJ being leading blocks of one Cholesky of T in reversed order. Then Q -= X T^-1 X^T
     (as N N^T, N = X P R^-T, so Q stays symmetric). With `tri` (F upper) the block's columns have
-    no entries below row q1, and the products skip those rows."""
+    no entries below row q1 (q1 <= p), and the products skip those rows; then only Q's first q0
+    columns are read again, and only they are updated, in place (Q column-major: a p x p
+    temporary per block was most of the plan's time)."""
+    from scipy.linalg.blas import dgemm
+
     p, h = F.shape
     Z = np.zeros((h, p))
     c = np.zeros(h)
-    Q = np.eye(p)
+    Q = np.asfortranarray(np.eye(p)) if tri else np.eye(p)
     for q1 in range(h, 0, -block):
         q0 = max(0, q1 - block)
         B = q1 - q0
@@ -137,7 +141,12 @@ def _plan(F, d, block: int, tri: bool = False):
         Z[q0:q1] = (Y / (1.0 + s)).T
         c[q0:q1] = 1.0 / (d[q0:q1] * (1.0 + s))
         N = X[:, ::-1] @ W.T                       # X T^-1 X^T = N N^T
-        Q -= N @ N.T
+        if not tri:
+            Q -= N @ N.T
+        elif q0:                                   # only the columns of Q a later block reads
+            out = dgemm(-1.0, N, N[:q0], beta=1.0, c=Q[:, :q0], trans_b=True, overwrite_c=True)
+            if not np.shares_memory(out, Q):
+                Q[:, :q0] = out
     return Z, c
 
 

@@ -32,6 +32,6 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "build_problem": "problem",
     "parse_phrase_margin": "config",
     "parse_same_sense": "config",
-    "rescore_traces": "rescore",
+    "rescore_parts": "rescore",
     "solve_min_norm": "gauss_newton",
 })

@@ -11,7 +11,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from exactedit.solvers.tail.scores import DocMeta, RowScores, concat
+from exactedit.solvers.tail.scores import DocMeta, RowScores
 from exactedit.solvers.tail.forward.head_ref import apply_softcap
 from exactedit.solvers.l47.jacobian import token_rows
 from exactedit.solvers.tail.passes.kl_pass_numba import kl_rows_numba
@@ -45,18 +45,12 @@ def special_probs(tail, mix_b, mix_e, r, special_ids) -> tuple[np.ndarray, np.nd
     return np.exp(l_b - r.lse_base[:, None]), np.exp(l_e - r.lse_edited[:, None])
 
 
-def rescore_traces(tail, tail_edit, traces: Sequence[ScoredTrace], specials: Sequence[int], *,
-                   tile_rows: int = 8192, device_head=None, progress: Progress | None = None) -> RowScores:
-    """RowScores of every row of every trace (documents appended in order, as `concat` does)."""
-    return concat(rescore_parts(tail, tail_edit, traces, specials, tile_rows=tile_rows, device_head=device_head,
-                                progress=progress), chunks=False)
-
-
 def rescore_parts(tail, tail_edit, traces: Sequence[ScoredTrace], specials: Sequence[int], *,
                   tile_rows: int = 8192, device_head=None, progress: Progress | None = None) -> list[RowScores]:
     """RowScores of each trace's every row, one per trace in order. With `device_head` (the head on
     a JAX device, `device_pass.to_device`) the pass is `kl_pass_jax` in exact mode there (same
-    fields as `kl_rows_numba`); without, the host `kl_rows_numba`."""
+    fields as `kl_rows_numba`); without, the host `kl_rows_numba`. `concat(parts, chunks=False)`
+    joins them (documents appended in order)."""
     mix_b = np.concatenate([tail_mix(tail, t.dump) for t in traces], axis=0)
     mix_e = np.concatenate([tail_mix(tail_edit, t.dump if t.edited is None else t.edited) for t in traces], axis=0)
     nxt = np.concatenate([np.asarray(t.dump.next, dtype=np.int64) for t in traces])

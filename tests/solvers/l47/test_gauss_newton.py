@@ -245,3 +245,18 @@ def test_gauss_newton_through_a_post_ffn_norm_shipped_in_q6_k(seed):
     plain = wfld.gauss_newton(w0, cond, Hh, M, evaluate, wfld.Shipper(raw0, "Q6_K", w0.shape[1], quant.dequantize),
                               iters=4, tol=0.0)
     assert max(plain.iterations[-1].exact_err.values()) > max(gn.iterations[-1].exact_err.values())
+
+
+@pytest.mark.parametrize("h", [1, 7, 130])
+def test_spd_inverse_is_the_inverse(h):
+    """C^-1 by potri against numpy's LU inverse: within float64 rounding times C's condition,
+    exactly symmetric; a matrix that is not positive definite is refused."""
+    rng = np.random.default_rng(h)
+    A = rng.normal(size=(h + 3, h))
+    C = A.T @ A / h + 1e-2 * np.eye(h)
+    inv = wfld.spd_inverse(C)
+    assert np.array_equal(inv, inv.T)
+    np.testing.assert_allclose(inv, np.linalg.inv(C), rtol=0, atol=1e-12 * np.linalg.cond(C) * np.abs(inv).max())
+    np.testing.assert_allclose(inv @ C, np.eye(h), rtol=0, atol=1e-11 * np.linalg.cond(C))
+    with pytest.raises(np.linalg.LinAlgError, match="positive definite"):
+        wfld.spd_inverse(C - 2 * np.linalg.eigvalsh(C).max() * np.eye(h))
