@@ -57,8 +57,6 @@ class BenchShipResult:
 
 
 def run_bench_ship(cfg: BenchShipConfig, progress: Callable[[int, int], None] | None = None) -> BenchShipResult:
-    from unittest import mock
-
     from exactedit import quant
     from exactedit.quant.rounding import feedback as fb
 
@@ -72,11 +70,7 @@ def run_bench_ship(cfg: BenchShipConfig, progress: Callable[[int, int], None] | 
     out = {}
     for i, name in enumerate(("general", "upper")):
         t = time.perf_counter()
-        if name == "general":
-            with mock.patch.object(fb, "upper", lambda F: False):
-                metric = fb.Metric(d, F)
-        else:
-            metric = fb.Metric(d, F)
+        metric = fb.Metric(d, F, general=name == "general")
         plan = time.perf_counter() - t
         t = time.perf_counter()
         ship = fb.ship_rows(target, "Q6_K", metric, {"orig": raw0})

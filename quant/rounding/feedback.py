@@ -155,9 +155,10 @@ class Metric:
     the cache: reuse it for every row and round). d float [h] > 0, F float [p, h]; a p larger
     than h is folded to an h x h factor first (F^T F = R^T R). An upper F (`upper`: R, or a
     Cholesky factor) is used as one: every product with it skips the zeros below its diagonal
-    (`tri`, `top`)."""
+    (`tri`, `top`); `general=True` uses it as a general factor all the same (the baseline
+    `exactedit bench ship` measures against)."""
 
-    def __init__(self, d, F):
+    def __init__(self, d, F, *, general: bool = False):
         d = np.asarray(d, dtype=np.float64)
         F = np.asarray(F, dtype=np.float64)
         if d.ndim != 1 or d.size == 0:
@@ -171,7 +172,7 @@ class Metric:
         if F.shape[0] > F.shape[1]:
             F = np.linalg.qr(F, mode="r")
         self.d, self.F = d, np.ascontiguousarray(F)
-        self.tri = upper(self.F)
+        self.tri = not general and upper(self.F)
         self.hdiag = d + np.einsum("pk,pk->k", self.F, self.F)
         self.Z, self.c = _plan(self.F, self.d, BLOCK, self.tri)
         # per block: the rows of F that can be non-zero in its columns (`top`), the in-block

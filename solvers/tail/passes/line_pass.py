@@ -36,8 +36,6 @@ import numba
 import numpy as np
 from numba import prange
 
-
-
 __all__ = ["HEAD_KEEP_BYTES", "HeadTiles", "LINE_ELEMS", "LINE_TOL", "LineScorer", "MAX_SPAN", "head_products",
            "line_ready", "plan", "span_logp"]
 
